@@ -1,0 +1,248 @@
+/* fusedloss — fused loss kernels for training: the one public header.
+ * SPDX-License-Identifier: MIT
+ *
+ * C99 and C++ clean; includes only <stddef.h> and <stdint.h>; no CUDA header needed.
+ */
+#ifndef FUSEDLOSS_H
+#define FUSEDLOSS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#  define FL_API
+#elif defined(__GNUC__)
+#  define FL_API __attribute__((visibility("default")))
+#else
+#  define FL_API
+#endif
+
+/*-****************************************************************************
+ *  Introduction
+ *
+ *  fusedloss computes training losses and their gradients without the extra
+ *  passes over memory that an op-by-op framework makes. Every op has two
+ *  backends with the same semantics and the same argument list:
+ *
+ *    - `_cpu`  : plain C11 (optionally OpenMP); all pointers are host pointers;
+ *                synchronous; the executable specification.
+ *    - `_cuda` : CUDA kernels; all array pointers are device pointers; every
+ *                call is asynchronous on `stream`, never synchronises the host,
+ *                never allocates, and can be captured in a CUDA graph.
+ *                In a build without CUDA these return FL_ERR_NOT_BUILT.
+ *
+ *  Errors: every function returns an fl_status. The detail (function name and
+ *  offending value) is in fl_last_error(), a thread-local string. Faults that
+ *  happen inside a kernel surface at the caller's next synchronising call, as
+ *  usual for CUDA; data errors found inside a kernel (an out-of-range target)
+ *  are reported through a caller-provided device flag, never by killing the
+ *  CUDA context (see fl_ce_options.error_flag).
+ *
+ *  Outputs are always overwritten, never accumulated into. Nothing the caller
+ *  owns is written except the outputs named in a call; in-place gradients
+ *  (dlogits == logits) are allowed where a function says so.
+ *
+ *  Layout: logits are row-major [N, ld] with the first V columns used
+ *  (ld >= V; columns V..ld-1 are neither read nor written). N, V, ld are int64;
+ *  offsets are computed in 64 bits everywhere (N*V may exceed 2^31).
+ ******************************************************************************/
+
+/*-****************************************************************************
+ *  1. Version
+ ******************************************************************************/
+#define FL_VERSION_MAJOR 0
+#define FL_VERSION_MINOR 1
+#define FL_VERSION_PATCH 0
+#define FL_VERSION_NUMBER (FL_VERSION_MAJOR * 10000 + FL_VERSION_MINOR * 100 + FL_VERSION_PATCH)
+
+/*! fl_version_number() : FL_VERSION_NUMBER of the library actually linked. */
+FL_API unsigned fl_version_number(void);
+/*! fl_version_string() : "MAJOR.MINOR.PATCH" plus build flags, e.g. "0.1.0 (cuda)". Static string. */
+FL_API const char* fl_version_string(void);
+/*! fl_cuda_built() : 1 if this build contains the CUDA backend, else 0. */
+FL_API int fl_cuda_built(void);
+
+/*-****************************************************************************
+ *  2. Status codes — values are fixed forever; new codes are only appended.
+ ******************************************************************************/
+typedef enum {
+    FL_OK                         = 0,
+    FL_ERR_INVALID_ARGUMENT       = 1, /* null pointer, bad size, bad option, bad aliasing */
+    FL_ERR_UNSUPPORTED            = 2, /* valid request this build/device cannot serve      */
+    FL_ERR_OUT_OF_MEMORY          = 3,
+    FL_ERR_CUDA                   = 4, /* a CUDA runtime call failed; detail in fl_last_error() */
+    FL_ERR_NOT_BUILT              = 5, /* CUDA entry point in a build without CUDA          */
+    FL_ERR_TARGET_OUT_OF_RANGE    = 6, /* a target not in [0, V) and not ignore_index (CPU) */
+    FL_ERR_INTERNAL               = 7,
+    FL_ERR_INSUFFICIENT_WORKSPACE = 8  /* workspace_bytes below the size query's answer     */
+} fl_status;
+
+/*! fl_status_string() : static English name of a status; never NULL ("unknown status" if out of range). */
+FL_API const char* fl_status_string(fl_status status);
+/*! fl_last_error() : detail of the last failure on this thread, naming the function and the
+ *  bad value; "" after a successful call. Valid until the next fusedloss call on this thread. */
+FL_API const char* fl_last_error(void);
+
+/*-****************************************************************************
+ *  3. Types
+ ******************************************************************************/
+typedef enum { FL_DTYPE_F32 = 0, FL_DTYPE_F16 = 1, FL_DTYPE_BF16 = 2 } fl_dtype;
+typedef enum { FL_INDEX_I32 = 0, FL_INDEX_I64 = 1 } fl_index_dtype;
+/* Same numbering as PyTorch's at::Reduction. */
+typedef enum { FL_REDUCTION_NONE = 0, FL_REDUCTION_MEAN = 1, FL_REDUCTION_SUM = 2 } fl_reduction;
+
+/* ABI-identical to cudaStream_t; NULL is the legacy default stream. */
+typedef struct CUstream_st* fl_stream;
+
+/*-****************************************************************************
+ *  5. Cross-entropy on logits
+ *
+ *  For row i with target t = targets[i] (class index), raw logits x[j], j < V:
+ *
+ *    z_j   = s * x_j                     when softcap c == 0  (s = logit_scale)
+ *    z_j   = c * tanh(s * x_j / c)       when softcap c  > 0  (Gemma-2 style)
+ *    lse   = log sum_j exp(z_j)
+ *    nll   = lse - z_t
+ *    with eps = label_smoothing, w = class weights (all 1 when weight == NULL),
+ *    the per-row loss, exactly as PyTorch F.cross_entropy:
+ *      l_i = (1-eps) * w_t * (lse - z_t)  +  (eps/V) * sum_j w_j * (lse - z_j)
+ *    plus the z-loss (PaLM / Liger lse_square_scale; NOT multiplied by class weights):
+ *      l_i += zeta * lse^2                                   (zeta = z_loss)
+ *
+ *  Rows whose target equals ignore_index are ignored: loss 0, gradient 0, lse 0,
+ *  and their logits are not read.
+ *
+ *  Reductions:
+ *    NONE : loss[i] = l_i                                (loss has N entries)
+ *    SUM  : loss[0] = sum_i l_i                          (one entry)
+ *    MEAN : loss[0] = sum_i (l_i - zeta*lse_i^2) / D_w  +  sum_i zeta*lse_i^2 / D_n
+ *           D_w = sum of w_t over non-ignored rows (= D_n without weights),
+ *           D_n = number of non-ignored rows.
+ *           This is PyTorch's weighted mean (sum w_t l_i / sum w_t, the smoothing
+ *           term divided by the same sum) and Liger's z-loss mean (over tokens).
+ *           If every row is ignored (or N == 0), D = 0 and the MEAN loss is NaN,
+ *           as in PyTorch; the gradient is then all zeros.
+ *
+ *  Gradients: dlogits[i, j] = g_i * d l_i / d x_j, where the upstream gradient
+ *    g_i = grad_scale * (grad_loss ? grad_loss[r] : 1) [/ D for MEAN],
+ *    r = i for reduction NONE, r = 0 otherwise. Formulas beside src/cpu/cross_entropy.c.
+ *
+ *  Numerics: fp32 (CUDA) / double (CPU) accumulation for every input dtype; the loss and
+ *  lse are fp32; dlogits has the logits' dtype and is rounded once from fp32/double.
+ *
+ *  Out-of-range targets (not in [0, V), not ignore_index):
+ *    CPU : checked before anything is written; returns FL_ERR_TARGET_OUT_OF_RANGE naming
+ *          the first bad row.
+ *    CUDA: cannot be checked without a host sync, so the kernel never reads out of
+ *          bounds, makes that row's loss (and so any SUM/MEAN) NaN, fills that row's
+ *          dlogits with NaN, counts it as a non-ignored row of weight 1, and, when
+ *          opts->error_flag is non-NULL, stores 1 into *error_flag (device memory the
+ *          caller zeroed beforehand). The CUDA context stays usable.
+ *
+ *  Class weights (opts->weight, fp32 [V], host for CPU / device for CUDA) must be finite
+ *  and >= 0; the CPU backend checks this, the CUDA backend cannot without a sync.
+ *
+ *  Determinism: both backends give bitwise-identical results on every run for the same
+ *  inputs (no order-dependent float atomics). CPU results do not depend on the thread count.
+ ******************************************************************************/
+typedef struct fl_ce_options {
+    size_t        struct_size;     /* = sizeof(fl_ce_options); set by FL_CE_OPTIONS_INIT */
+    int64_t       ignore_index;    /* default -100 */
+    fl_reduction  reduction;       /* default FL_REDUCTION_MEAN */
+    float         label_smoothing; /* eps in [0, 1]; default 0 */
+    const float*  weight;          /* class weights, fp32 [V], or NULL; default NULL */
+    float         z_loss;          /* zeta >= 0, coefficient of lse^2; default 0 */
+    float         softcap;         /* c >= 0; 0 = off; default 0 */
+    float         logit_scale;     /* s, finite and != 0; multiplies logits first; default 1 */
+    int32_t*      error_flag;      /* CUDA: device int set to 1 on an out-of-range target; or NULL */
+} fl_ce_options;
+
+#define FL_CE_OPTIONS_INIT { sizeof(fl_ce_options), -100, FL_REDUCTION_MEAN, 0.0f, NULL, 0.0f, 0.0f, 1.0f, NULL }
+
+/*! fl_cross_entropy_workspace_size() :
+ *  Bytes of scratch memory that every cross-entropy entry point (both backends) needs for
+ *  these arguments; pass at least this much as `workspace, workspace_bytes` (CUDA:
+ *  device memory, 256-byte aligned; CPU: host memory or NULL when the answer is 0).
+ *  The workspace's content need not be initialised and is clobbered by each call.
+ *  opts may be NULL (defaults). Never fails for valid arguments.
+ * @return : FL_OK or FL_ERR_INVALID_ARGUMENT. */
+FL_API fl_status fl_cross_entropy_workspace_size(size_t* bytes, int64_t N, int64_t V,
+                                                 fl_dtype dtype, const fl_ce_options* opts);
+
+/*! fl_cross_entropy_forward_{cpu,cuda}() :
+ *  loss : fp32, [N] for reduction NONE, [1] otherwise. Overwritten. Required.
+ *  lse  : fp32 [N] log-sum-exp of the transformed logits z (0 for ignored rows), or NULL.
+ *         Save it to call fl_cross_entropy_backward_*() later.
+ *  logits : [N, ld] of `dtype`; targets : [N] of `index_dtype`.
+ *  N >= 0, V >= 1, ld >= V. opts may be NULL (defaults).
+ *  Aliasing: loss and lse must not overlap each other, logits or targets.
+ * @return : FL_OK or an error status (fl_last_error() has the detail). */
+FL_API fl_status fl_cross_entropy_forward_cpu(float* loss, float* lse, const void* logits,
+                                              const void* targets, int64_t N, int64_t V, int64_t ld,
+                                              fl_dtype dtype, fl_index_dtype index_dtype,
+                                              const fl_ce_options* opts,
+                                              void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_cross_entropy_forward_cuda(float* loss, float* lse, const void* logits,
+                                               const void* targets, int64_t N, int64_t V, int64_t ld,
+                                               fl_dtype dtype, fl_index_dtype index_dtype,
+                                               const fl_ce_options* opts,
+                                               void* workspace, size_t workspace_bytes,
+                                               fl_stream stream);
+
+/*! fl_cross_entropy_backward_{cpu,cuda}() :
+ *  dlogits[N, ld] (dtype of logits; first V columns overwritten) from the logits, the
+ *  targets, the lse saved by forward (same options!) and the upstream gradient:
+ *    grad_loss : fp32, [N] for reduction NONE, [1] otherwise, or NULL meaning 1.
+ *    grad_scale: multiplies grad_loss (e.g. 1/accumulation_steps); 1 for plain autograd.
+ *  For MEAN the library divides by D itself (do not pre-divide).
+ *  In place: dlogits == logits is allowed (the logits are destroyed); any other overlap
+ *  of dlogits with an input is an error.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_cross_entropy_backward_cpu(void* dlogits, const void* logits,
+                                               const void* targets, const float* lse,
+                                               const float* grad_loss, float grad_scale,
+                                               int64_t N, int64_t V, int64_t ld,
+                                               fl_dtype dtype, fl_index_dtype index_dtype,
+                                               const fl_ce_options* opts,
+                                               void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_cross_entropy_backward_cuda(void* dlogits, const void* logits,
+                                                const void* targets, const float* lse,
+                                                const float* grad_loss, float grad_scale,
+                                                int64_t N, int64_t V, int64_t ld,
+                                                fl_dtype dtype, fl_index_dtype index_dtype,
+                                                const fl_ce_options* opts,
+                                                void* workspace, size_t workspace_bytes,
+                                                fl_stream stream);
+
+/*! fl_cross_entropy_fused_{cpu,cuda}() :
+ *  Forward and backward in one pass over the logits, with the upstream gradient known up
+ *  front (grad_loss / grad_scale exactly as for backward; grad_loss may be a device
+ *  pointer computed on the device, so no host sync is ever needed).
+ *  Outputs: loss (as forward), lse (optional, as forward), dlogits (as backward).
+ *  In place: dlogits == logits is allowed (the logits are destroyed).
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_cross_entropy_fused_cpu(float* loss, float* lse, void* dlogits,
+                                            const void* logits, const void* targets,
+                                            const float* grad_loss, float grad_scale,
+                                            int64_t N, int64_t V, int64_t ld,
+                                            fl_dtype dtype, fl_index_dtype index_dtype,
+                                            const fl_ce_options* opts,
+                                            void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_cross_entropy_fused_cuda(float* loss, float* lse, void* dlogits,
+                                             const void* logits, const void* targets,
+                                             const float* grad_loss, float grad_scale,
+                                             int64_t N, int64_t V, int64_t ld,
+                                             fl_dtype dtype, fl_index_dtype index_dtype,
+                                             const fl_ce_options* opts,
+                                             void* workspace, size_t workspace_bytes,
+                                             fl_stream stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FUSEDLOSS_H */

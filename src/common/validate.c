@@ -1,0 +1,179 @@
+/* validate.c — argument checks shared by the CPU and CUDA cross-entropy backends.
+ *
+ * Every message names the public function and the offending value (NCCL ArgsCheck style).
+ * Nothing here dereferences a caller pointer except, on the CPU, the class weights. */
+#include <math.h>
+#include <stdint.h>
+
+#include "../internal.h"
+
+size_t fl__dtype_size(fl_dtype dtype) {
+    switch (dtype) {
+        case FL_DTYPE_F32: return 4;
+        case FL_DTYPE_F16: return 2;
+        case FL_DTYPE_BF16: return 2;
+    }
+    return 0;
+}
+
+size_t fl__index_size(fl_index_dtype dtype) {
+    switch (dtype) {
+        case FL_INDEX_I32: return 4;
+        case FL_INDEX_I64: return 8;
+    }
+    return 0;
+}
+
+static size_t align256(size_t x) { return (x + 255u) & ~(size_t)255u; }
+
+size_t fl__ce_workspace_bytes(int64_t N) {
+    return 256u + align256((size_t)(N > 0 ? N : 0) * 16u);
+}
+
+fl_status fl_cross_entropy_workspace_size(size_t* bytes, int64_t N, int64_t V, fl_dtype dtype,
+                                          const fl_ce_options* opts) {
+    static const char* fn = "fl_cross_entropy_workspace_size";
+    fl__clear_error();
+    if (!bytes) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: bytes is NULL", fn);
+    if (N < 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: N (%lld) < 0", fn, (long long)N);
+    if (V < 1) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: V (%lld) < 1", fn, (long long)V);
+    if (fl__dtype_size(dtype) == 0)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown dtype (%d)", fn, (int)dtype);
+    if (opts && opts->struct_size != sizeof(fl_ce_options))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: opts->struct_size (%zu) != sizeof(fl_ce_options) (%zu)",
+                        fn, opts->struct_size, sizeof(fl_ce_options));
+    *bytes = fl__ce_workspace_bytes(N);
+    return FL_OK;
+}
+
+/* Byte range [lo, hi) of a buffer; empty when p is NULL or n == 0. */
+typedef struct { uintptr_t lo, hi; } range;
+
+static range mkrange(const void* p, size_t n) {
+    range r;
+    r.lo = (uintptr_t)p;
+    r.hi = p ? r.lo + n : r.lo;
+    return r;
+}
+
+static int overlap(range a, range b) {
+    if (a.lo == a.hi || b.lo == b.hi) return 0;
+    return a.lo < b.hi && b.lo < a.hi;
+}
+
+fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
+                          const float* loss, const float* lse, const void* dlogits,
+                          const void* logits, const void* targets, const float* grad_loss,
+                          int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
+                          fl_index_dtype index_dtype, const fl_ce_options* opts,
+                          const void* workspace, size_t workspace_bytes, fl__ce_params* p) {
+    static const fl_ce_options defaults = FL_CE_OPTIONS_INIT;
+    const fl_ce_options* o = opts ? opts : &defaults;
+    const int has_loss = pass != FL__PASS_BACKWARD;
+    const int has_grad = pass != FL__PASS_FORWARD;
+
+    /* sizes first: every byte-range computation below depends on them */
+    if (N < 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: N (%lld) < 0", fn, (long long)N);
+    if (V < 1) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: V (%lld) < 1", fn, (long long)V);
+    if (ld < V)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: ld (%lld) < V (%lld)", fn, (long long)ld, (long long)V);
+    const size_t esize = fl__dtype_size(dtype);
+    if (esize == 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown dtype (%d)", fn, (int)dtype);
+    const size_t isize = fl__index_size(index_dtype);
+    if (isize == 0)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown index_dtype (%d)", fn, (int)index_dtype);
+    /* N*ld elements must be addressable: guard the 64-bit products used everywhere */
+    if (N > 0 && (uint64_t)ld > (uint64_t)INT64_MAX / (uint64_t)N / esize)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: N*ld (%lld*%lld) overflows", fn, (long long)N,
+                        (long long)ld);
+
+    /* options */
+    if (o->struct_size != sizeof(fl_ce_options))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT,
+                        "%s: opts->struct_size (%zu) != sizeof(fl_ce_options) (%zu); initialise with FL_CE_OPTIONS_INIT",
+                        fn, o->struct_size, sizeof(fl_ce_options));
+    if (o->reduction != FL_REDUCTION_NONE && o->reduction != FL_REDUCTION_MEAN && o->reduction != FL_REDUCTION_SUM)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown reduction (%d)", fn, (int)o->reduction);
+    if (!(o->label_smoothing >= 0.0f && o->label_smoothing <= 1.0f))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: label_smoothing (%g) not in [0, 1]", fn,
+                        (double)o->label_smoothing);
+    if (!(o->z_loss >= 0.0f) || isinf(o->z_loss))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: z_loss (%g) must be finite and >= 0", fn, (double)o->z_loss);
+    if (!(o->softcap >= 0.0f) || isinf(o->softcap))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: softcap (%g) must be finite and >= 0 (0 = off)", fn,
+                        (double)o->softcap);
+    if (!isfinite(o->logit_scale) || o->logit_scale == 0.0f)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: logit_scale (%g) must be finite and nonzero", fn,
+                        (double)o->logit_scale);
+
+    /* required pointers */
+    if (N > 0 && !logits) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: logits is NULL", fn);
+    if (N > 0 && !targets) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: targets is NULL", fn);
+    if (has_loss && !loss) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: loss is NULL", fn);
+    if (has_grad && N > 0 && !dlogits) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: dlogits is NULL", fn);
+    if (pass == FL__PASS_BACKWARD && N > 0 && !lse)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: lse is NULL (backward needs the lse saved by forward)", fn);
+
+    /* class weights: values checkable only where they are host memory */
+    if (o->weight && !is_cuda) {
+        for (int64_t j = 0; j < V; j++) {
+            float w = o->weight[j];
+            if (!(w >= 0.0f) || isinf(w))
+                return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: weight[%lld] (%g) must be finite and >= 0", fn,
+                                (long long)j, (double)w);
+        }
+    }
+
+    /* workspace */
+    const size_t need = fl__ce_workspace_bytes(N);
+    if (workspace_bytes < need)
+        return fl__fail(FL_ERR_INSUFFICIENT_WORKSPACE, "%s: workspace_bytes (%zu) < required (%zu)", fn,
+                        workspace_bytes, need);
+    if (!workspace) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace is NULL (need %zu bytes)", fn, need);
+    if (is_cuda && ((uintptr_t)workspace & 255u))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace (%p) is not 256-byte aligned", fn, workspace);
+
+    /* aliasing */
+    const size_t nloss = (o->reduction == FL_REDUCTION_NONE) ? (size_t)N : 1u;
+    const size_t mat_bytes = N > 0 ? ((size_t)(N - 1) * (size_t)ld + (size_t)V) * esize : 0;
+    const size_t ngrad = (o->reduction == FL_REDUCTION_NONE) ? (size_t)N : 1u;
+    range r_logits = mkrange(logits, mat_bytes);
+    range r_targets = mkrange(targets, (size_t)N * isize);
+    range r_loss = mkrange(has_loss ? loss : NULL, nloss * sizeof(float));
+    range r_lse = mkrange(lse, (size_t)N * sizeof(float));
+    range r_dl = mkrange(has_grad ? dlogits : NULL, mat_bytes);
+    range r_gl = mkrange(has_grad ? grad_loss : NULL, ngrad * sizeof(float));
+    range r_ws = mkrange(workspace, need);
+    range r_w = mkrange(o->weight, (size_t)V * sizeof(float));
+
+    if (overlap(r_loss, r_logits) || overlap(r_loss, r_targets) || overlap(r_loss, r_lse) ||
+        overlap(r_loss, r_dl) || overlap(r_loss, r_gl) || overlap(r_loss, r_w) || overlap(r_loss, r_ws))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: loss (%p) overlaps another argument", fn, (const void*)loss);
+    if (pass != FL__PASS_BACKWARD) {  /* lse is an output */
+        if (overlap(r_lse, r_logits) || overlap(r_lse, r_targets) || overlap(r_lse, r_dl) ||
+            overlap(r_lse, r_gl) || overlap(r_lse, r_w) || overlap(r_lse, r_ws))
+            return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: lse (%p) overlaps another argument", fn, (const void*)lse);
+    }
+    if (has_grad && dlogits) {
+        if (dlogits != logits && overlap(r_dl, r_logits))
+            return fl__fail(FL_ERR_INVALID_ARGUMENT,
+                            "%s: dlogits (%p) partially overlaps logits (%p); only dlogits == logits (in place) is allowed",
+                            fn, dlogits, logits);
+        if (overlap(r_dl, r_targets) || overlap(r_dl, r_lse) || overlap(r_dl, r_gl) || overlap(r_dl, r_w) ||
+            overlap(r_dl, r_ws))
+            return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: dlogits (%p) overlaps another argument", fn, dlogits);
+    }
+    if (overlap(r_ws, r_logits) || overlap(r_ws, r_targets) || overlap(r_ws, r_lse) || overlap(r_ws, r_gl) ||
+        overlap(r_ws, r_w))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace (%p) overlaps another argument", fn, workspace);
+
+    p->ignore_index = o->ignore_index;
+    p->reduction = o->reduction;
+    p->label_smoothing = o->label_smoothing;
+    p->weight = o->weight;
+    p->z_loss = o->z_loss;
+    p->softcap = o->softcap;
+    p->logit_scale = o->logit_scale;
+    p->error_flag = o->error_flag;
+    return FL_OK;
+}

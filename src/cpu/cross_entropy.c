@@ -1,0 +1,263 @@
+/* cross_entropy.c — CPU reference backend of cross-entropy (the executable specification).
+ *
+ * Plain C11 loops, double accumulation, one row at a time:
+ *   pass 1 over the row: online max/sum-exp (rescaled when the max grows), the target logit
+ *          and the weighted logit sum needed by label smoothing;
+ *   pass 2 (gradient passes only): p_j = exp(z_j - lse) and the gradient below.
+ * Rows are spread over threads with OpenMP when it is available; sums over rows are done
+ * afterwards in a fixed order from per-row values kept in the workspace, so the result is
+ * bitwise independent of the thread count.
+ *
+ * ---- Formulas (row i, target t, upstream gradient g_a for the CE part, g_b for z-loss) ----
+ *   z_j  = s x_j                       (softcap c == 0)      dz_j/dx_j = s
+ *   z_j  = c tanh(s x_j / c)           (softcap c  > 0)      dz_j/dx_j = s (1 - (z_j/c)^2)
+ *   lse  = log sum_j exp z_j,  p_j = exp(z_j - lse)
+ *   W    = sum_j w_j  (= V without class weights; w_j = 1 then)
+ *   a_i  = (1-eps) w_t (lse - z_t) + (eps/V) (W lse - sum_j w_j z_j)     CE + smoothing
+ *   b_i  = zeta lse^2                                                      z-loss
+ *   d a_i / d z_j = (1-eps) w_t (p_j - [j==t]) + (eps/V) (W p_j - w_j)
+ *   d b_i / d z_j = 2 zeta lse p_j
+ *   dlogits_ij    = (g_a d a_i/d z_j + g_b d b_i/d z_j) dz_j/dx_j
+ * Upstream: G_i = grad_scale * (grad_loss ? grad_loss[NONE ? i : 0] : 1);
+ *   NONE, SUM: g_a = g_b = G_i;  MEAN: g_a = G/D_w, g_b = G/D_n with
+ *   D_w = sum of w_t over non-ignored rows, D_n = their count.
+ * Ignored rows (target == ignore_index): a = b = 0, gradient 0, lse reported as 0.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../internal.h"
+
+/* ---------------------------------------------------------------------------------------- */
+/* dtype conversion in portable C (no _Float16 / __bf16 extensions)                          */
+
+static float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t bits_from_f32(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0) {                      /* zero or subnormal: man * 2^-24 */
+        float f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    if (exp == 31) return f32_from_bits(sign | 0x7f800000u | (man << 13)); /* inf / nan */
+    return f32_from_bits(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+static uint16_t float_to_half(float f) {  /* round to nearest even, like __float2half_rn */
+    uint32_t u = bits_from_f32(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);        /* rounds to >= 65520: inf */
+    if (a < 0x38800000u) {                                           /* below 2^-14: subnormal */
+        float v = f32_from_bits(a) * 16777216.0f;                    /* exact: value * 2^24 */
+        /* nearbyint-free RNE of v (v < 1024) */
+        uint32_t q = (uint32_t)v;
+        float rem = v - (float)q;
+        if (rem > 0.5f || (rem == 0.5f && (q & 1u))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t e = (a >> 23) - 112u, m = a & 0x7fffffu;
+    uint32_t h = (e << 10) | (m >> 13);
+    uint32_t r = m & 0x1fffu;
+    if (r > 0x1000u || (r == 0x1000u && (h & 1u))) h++;              /* carry may bump the exponent: fine */
+    return (uint16_t)(sign | h);
+}
+
+static float bf16_to_float(uint16_t b) { return f32_from_bits((uint32_t)b << 16); }
+
+static uint16_t float_to_bf16(float f) {  /* round to nearest even, like __float2bfloat16_rn */
+    uint32_t u = bits_from_f32(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet nan */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static double load_logit(const void* base, fl_dtype dt, int64_t idx) {
+    switch (dt) {
+        case FL_DTYPE_F32: return (double)((const float*)base)[idx];
+        case FL_DTYPE_F16: return (double)half_to_float(((const uint16_t*)base)[idx]);
+        case FL_DTYPE_BF16: return (double)bf16_to_float(((const uint16_t*)base)[idx]);
+    }
+    return NAN;
+}
+
+/* double -> float (RN) -> output dtype (RN); the CUDA backend rounds its fp32 the same way */
+static void store_grad(void* base, fl_dtype dt, int64_t idx, double v) {
+    float f = (float)v;
+    switch (dt) {
+        case FL_DTYPE_F32: ((float*)base)[idx] = f; break;
+        case FL_DTYPE_F16: ((uint16_t*)base)[idx] = float_to_half(f); break;
+        case FL_DTYPE_BF16: ((uint16_t*)base)[idx] = float_to_bf16(f); break;
+    }
+}
+
+static int64_t load_target(const void* t, fl_index_dtype it, int64_t i) {
+    return it == FL_INDEX_I32 ? (int64_t)((const int32_t*)t)[i] : ((const int64_t*)t)[i];
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* per-row math                                                                               */
+
+static double transform(double x, const fl__ce_params* p) {
+    double z = (double)p->logit_scale * x;
+    if (p->softcap > 0.0f) z = (double)p->softcap * tanh(z / (double)p->softcap);
+    return z;
+}
+
+static double dtransform(double z, const fl__ce_params* p) {
+    if (p->softcap > 0.0f) {
+        double r = z / (double)p->softcap;
+        return (double)p->logit_scale * (1.0 - r * r);
+    }
+    return (double)p->logit_scale;
+}
+
+/* Pass 1: lse, target logit z_t and sum_j w_j z_j of one row. */
+static void row_stats(const void* logits, fl_dtype dt, int64_t off, int64_t V, int64_t t,
+                      const fl__ce_params* p, double* lse, double* zt, double* wz) {
+    double m = -INFINITY, s = 0.0, sw = 0.0, z_t = 0.0;
+    for (int64_t j = 0; j < V; j++) {
+        double z = transform(load_logit(logits, dt, off + j), p);
+        if (j == t) z_t = z;
+        sw += (p->weight ? (double)p->weight[j] : 1.0) * z;
+        if (z > m) {                       /* online rescale: s was relative to the old max */
+            s = (m == -INFINITY ? 0.0 : s * exp(m - z)) + 1.0;
+            m = z;
+        } else {
+            s += exp(z - m);               /* NaN z falls here and poisons s, as it should */
+        }
+    }
+    /* all-(-inf) row: m = -inf, s = 0 -> lse = -inf, the loss is +inf (as PyTorch) */
+    *lse = (m == -INFINITY) ? -INFINITY : m + log(s);
+    *zt = z_t;
+    *wz = sw;
+}
+
+/* Gradient of one row into dlogits (may alias logits: element j is read before written). */
+static void row_grad(void* dlogits, const void* logits, fl_dtype dt, int64_t off, int64_t V,
+                     int64_t t, double lse, double W, double g_a, double g_b,
+                     const fl__ce_params* p) {
+    const double eps = (double)p->label_smoothing;
+    const double w_t = p->weight ? (double)p->weight[t] : 1.0;
+    const double c_t = (1.0 - eps) * w_t;          /* coefficient of (p_j - [j==t]) */
+    const double c_s = eps / (double)V;            /* coefficient of (W p_j - w_j)  */
+    const double c_z = 2.0 * (double)p->z_loss * lse;
+    for (int64_t j = 0; j < V; j++) {
+        double z = transform(load_logit(logits, dt, off + j), p);
+        double pj = exp(z - lse);
+        double w_j = p->weight ? (double)p->weight[j] : 1.0;
+        double da = c_t * (pj - (j == t ? 1.0 : 0.0)) + c_s * (W * pj - w_j);
+        double db = c_z * pj;
+        store_grad(dlogits, dt, off + j, (g_a * da + g_b * db) * dtransform(z, p));
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* the three passes share one driver                                                         */
+
+static fl_status ce_cpu(const char* fn, fl__pass pass, float* loss, float* lse_out, void* dlogits,
+                        const void* logits, const void* targets, const float* lse_in,
+                        const float* grad_loss, float grad_scale, int64_t N, int64_t V, int64_t ld,
+                        fl_dtype dt, fl_index_dtype it, const fl_ce_options* opts,
+                        void* workspace, size_t workspace_bytes) {
+    fl__clear_error();
+    fl__ce_params p;
+    FL_CHECK(fl__ce_validate(fn, pass, 0, loss, pass == FL__PASS_BACKWARD ? lse_in : lse_out, dlogits,
+                             logits, targets, grad_loss, N, V, ld, dt, it, opts, workspace, workspace_bytes, &p));
+    if (pass != FL__PASS_FORWARD && !isfinite(grad_scale))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: grad_scale (%g) is not finite", fn, (double)grad_scale);
+
+    /* targets are checked before anything is written: the first bad row is reported */
+    double D_w = 0.0, D_n = 0.0;
+    for (int64_t i = 0; i < N; i++) {
+        int64_t t = load_target(targets, it, i);
+        if (t == p.ignore_index) continue;
+        if (t < 0 || t >= V)
+            return fl__fail(FL_ERR_TARGET_OUT_OF_RANGE, "%s: targets[%lld] = %lld (row %lld) not in [0, %lld) and not ignore_index (%lld)",
+                            fn, (long long)i, (long long)t, (long long)i, (long long)V, (long long)p.ignore_index);
+        D_n += 1.0;
+        D_w += p.weight ? (double)p.weight[t] : 1.0;
+    }
+    double W = (double)V;
+    if (p.weight) {
+        W = 0.0;
+        for (int64_t j = 0; j < V; j++) W += (double)p.weight[j];
+    }
+    const int none = p.reduction == FL_REDUCTION_NONE, mean = p.reduction == FL_REDUCTION_MEAN;
+    const double eps = (double)p.label_smoothing;
+    double* part = (double*)((char*)workspace + 256);   /* [N][2]: a_i, b_i */
+
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (N * V > 65536)
+#endif
+    for (int64_t i = 0; i < N; i++) {
+        const int64_t off = i * ld;                      /* 64-bit: N*ld may exceed 2^31 */
+        const int64_t t = load_target(targets, it, i);
+        if (t == p.ignore_index) {
+            part[2 * i] = part[2 * i + 1] = 0.0;
+            if (pass != FL__PASS_BACKWARD) {
+                if (none) loss[i] = 0.0f;
+                if (lse_out) lse_out[i] = 0.0f;
+            }
+            if (pass != FL__PASS_FORWARD)
+                for (int64_t j = 0; j < V; j++) store_grad(dlogits, dt, off + j, 0.0);
+            continue;
+        }
+        double lse, z_t = 0.0, wz = 0.0;
+        if (pass == FL__PASS_BACKWARD) {
+            lse = (double)lse_in[i];
+        } else {
+            row_stats(logits, dt, off, V, t, &p, &lse, &z_t, &wz);
+            const double w_t = p.weight ? (double)p.weight[t] : 1.0;
+            const double a = (1.0 - eps) * w_t * (lse - z_t) + (eps / (double)V) * (W * lse - wz);
+            const double b = (double)p.z_loss * lse * lse;
+            part[2 * i] = a;
+            part[2 * i + 1] = b;
+            if (none) loss[i] = (float)(a + b);
+            if (lse_out) lse_out[i] = (float)lse;
+        }
+        if (pass != FL__PASS_FORWARD) {
+            double G = (double)grad_scale * (grad_loss ? (double)grad_loss[none ? i : 0] : 1.0);
+            double g_a = mean ? G / D_w : G, g_b = mean ? G / D_n : G;
+            row_grad(dlogits, logits, dt, off, V, t, lse, W, g_a, g_b, &p);
+        }
+    }
+
+    if (pass != FL__PASS_BACKWARD && !none) {
+        double sa = 0.0, sb = 0.0;                       /* fixed order: thread-count independent */
+        for (int64_t i = 0; i < N; i++) { sa += part[2 * i]; sb += part[2 * i + 1]; }
+        double total = mean ? sa / D_w + (p.z_loss > 0.0f ? sb / D_n : 0.0) : sa + sb;
+        loss[0] = (float)total;
+    }
+    return FL_OK;
+}
+
+fl_status fl_cross_entropy_forward_cpu(float* loss, float* lse, const void* logits, const void* targets,
+                                       int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
+                                       fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                       void* workspace, size_t workspace_bytes) {
+    return ce_cpu("fl_cross_entropy_forward_cpu", FL__PASS_FORWARD, loss, lse, NULL, logits, targets, NULL,
+                  NULL, 1.0f, N, V, ld, dtype, index_dtype, opts, workspace, workspace_bytes);
+}
+
+fl_status fl_cross_entropy_backward_cpu(void* dlogits, const void* logits, const void* targets,
+                                        const float* lse, const float* grad_loss, float grad_scale,
+                                        int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
+                                        fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                        void* workspace, size_t workspace_bytes) {
+    return ce_cpu("fl_cross_entropy_backward_cpu", FL__PASS_BACKWARD, NULL, NULL, dlogits, logits, targets,
+                  lse, grad_loss, grad_scale, N, V, ld, dtype, index_dtype, opts, workspace, workspace_bytes);
+}
+
+fl_status fl_cross_entropy_fused_cpu(float* loss, float* lse, void* dlogits, const void* logits,
+                                     const void* targets, const float* grad_loss, float grad_scale,
+                                     int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
+                                     fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                     void* workspace, size_t workspace_bytes) {
+    return ce_cpu("fl_cross_entropy_fused_cpu", FL__PASS_FUSED, loss, lse, dlogits, logits, targets, NULL,
+                  grad_loss, grad_scale, N, V, ld, dtype, index_dtype, opts, workspace, workspace_bytes);
+}

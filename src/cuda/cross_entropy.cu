@@ -1,0 +1,703 @@
+/* cross_entropy.cu — CUDA backend of cross-entropy: forward, backward from lse, fused.
+ *
+ * Semantics and gradient formulas: include/fusedloss.h and src/cpu/cross_entropy.c (the CPU
+ * backend is the specification; tests/test_cross_entropy_cuda.c checks this file against it).
+ * Dtypes built: logits fp32 / fp16 / bf16 (dlogits in the same dtype), targets int32 / int64.
+ * Numerics: all arithmetic in fp32 (expf / tanhf / logf, no fast-math); sums over rows in double
+ * in a fixed order, so results are bitwise reproducible run to run.
+ *
+ * Kernels (chosen per call by choose_config()):
+ *   ce_row_kernel   "row on chip": one row is split over a thread-block cluster of C CTAs
+ *                   (C = 1 without clusters); each thread keeps K 16-byte vectors of the row in
+ *                   registers, so the fused pass reads the logits ONCE and writes dlogits ONCE.
+ *                   Per-CTA (max, sum-exp, target logit, weighted sum) are combined across the
+ *                   cluster through distributed shared memory (sm_90), in rank order.
+ *                   Backward from lse needs no combine: its chunks are independent CTAs (any arch).
+ *   ce_loop_kernel  fallback for rows that do not fit on chip (sm_80 with long rows, V > ~260K):
+ *                   one CTA per row, pass 1 reads the row, pass 2 re-reads it (mostly from L2,
+ *                   since a CTA re-reads its own row right away) and writes the gradient.
+ *   ce_setup_kernel one CTA: denominators D_w, D_n of MEAN and the class-weight sum W; runs first
+ *                   when needed (MEAN, or smoothing with weights), so no host sync is ever needed.
+ *   ce_reduce_kernel one CTA: fixed-order double sum of the per-row partial losses for SUM/MEAN.
+ * Launches per call: 1 (NONE, no weights+smoothing) to 3 (MEAN). No allocation, no sync: every
+ * launch is on the caller's stream and graph-capturable.
+ *
+ * Rows with target == ignore_index are not read (their dlogits are zero-filled).
+ * Out-of-range targets: loss NaN, dlogits NaN, *error_flag = 1 (see the header).
+ */
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cooperative_groups.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../internal.h"
+
+namespace cg = cooperative_groups;
+
+#define FL_CUDA_TRY(expr)                                                                   \
+    do {                                                                                    \
+        cudaError_t fl__e_ = (expr);                                                        \
+        if (fl__e_ != cudaSuccess) {                                                        \
+            (void)cudaGetLastError(); /* clear a sticky launch error, as NCCL CUDACHECK */  \
+            return fl__fail(FL_ERR_CUDA, "%s: %s (%s:%d)", fn, cudaGetErrorString(fl__e_),  \
+                            __FILE__, __LINE__);                                            \
+        }                                                                                   \
+    } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// device helpers
+
+enum { PASS_FORWARD = 0, PASS_BACKWARD = 1, PASS_FUSED = 2 };
+
+struct CeArgs {
+    float* loss;          // NONE: [N]; else unused by the row kernels
+    float* lse_out;       // [N] or NULL
+    void* dlogits;
+    const void* logits;
+    const void* targets;
+    const float* lse_in;  // backward
+    const float* grad_loss;
+    float grad_scale;
+    int64_t N, V, ld;
+    int idx64;
+    int64_t ignore_index;
+    int reduction;
+    float eps, zeta, softcap, scale;
+    const float* weight;
+    int32_t* error_flag;
+    double* hdr;          // workspace header: [0] D_w, [1] D_n, [2] W
+    float* part;          // workspace: [N][2] per-row a_i, b_i
+};
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+// A 16-byte vector of logits; VEC = 4 (fp32) or 8 (fp16/bf16) elements.
+template <typename T>
+struct alignas(16) Pack {
+    static constexpr int VEC = 16 / sizeof(T);
+    T v[VEC];
+};
+
+__device__ __forceinline__ int64_t load_target(const CeArgs& a, int64_t i) {
+    return a.idx64 ? ((const int64_t*)a.targets)[i] : (int64_t)((const int32_t*)a.targets)[i];
+}
+
+__device__ __forceinline__ float transform(float x, float scale, float softcap) {
+    float z = scale * x;
+    if (softcap > 0.0f) z = softcap * tanhf(z / softcap);
+    return z;
+}
+
+__device__ __forceinline__ float dtransform(float z, float scale, float softcap) {
+    if (softcap > 0.0f) {
+        float r = z / softcap;
+        return scale * (1.0f - r * r);
+    }
+    return scale;
+}
+
+// (max, sum-exp) pair merge; -inf maxima carry no mass.
+__device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2) {
+    if (m2 == -INFINITY) return;
+    if (m == -INFINITY) { m = m2; s = s2; return; }
+    float M = fmaxf(m, m2);
+    s = s * expf(m - M) + s2 * expf(m2 - M);
+    m = M;
+}
+
+struct RowStats { float m, s, wz; };  // max, sum exp(z - max), sum_j w_j z_j
+
+// Reduce per-thread stats to the whole CTA; result valid in every thread. `sh` has >= 32 slots.
+__device__ __forceinline__ RowStats block_reduce_stats(RowStats r, RowStats* sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, r.m, o), s2 = __shfl_xor_sync(0xffffffffu, r.s, o);
+        ms_merge(r.m, r.s, m2, s2);
+        r.wz += __shfl_xor_sync(0xffffffffu, r.wz, o);
+    }
+    __syncthreads();  // why: `sh` may still be read by a previous reduction in this CTA
+    if (lane == 0) sh[warp] = r;
+    __syncthreads();  // why: warp partials visible to all threads
+    RowStats t = sh[0];
+    for (int w = 1; w < nwarps; w++) {  // fixed order: identical result in every thread
+        ms_merge(t.m, t.s, sh[w].m, sh[w].s);
+        t.wz += sh[w].wz;
+    }
+    return t;
+}
+
+// Per-row upstream gradients g_a (CE part) and g_b (z-loss part).
+__device__ __forceinline__ void upstream(const CeArgs& a, int64_t i, float& g_a, float& g_b) {
+    float G = a.grad_scale * (a.grad_loss ? a.grad_loss[a.reduction == FL_REDUCTION_NONE ? i : 0] : 1.0f);
+    g_a = g_b = G;
+    if (a.reduction == FL_REDUCTION_MEAN) {
+        g_a = (float)((double)G / a.hdr[0]);
+        g_b = (float)((double)G / a.hdr[1]);
+    }
+}
+
+// Everything the gradient of one element needs, constant over a row.
+struct GradCoef {
+    float lse, c_t, c_s, W, c_z, g_a, g_b;
+    int t;
+    bool bad;  // out-of-range target: NaN gradient
+};
+
+__device__ __forceinline__ float grad_elem(const CeArgs& a, const GradCoef& c, float x, int j) {
+    float z = transform(x, a.scale, a.softcap);
+    float p = expf(z - c.lse);
+    float w_j = a.weight ? __ldg(a.weight + j) : 1.0f;
+    // (p - [j==t]) formed in fp32 before any rounding (the target entry is the large one)
+    float da = c.c_t * (j == c.t ? p - 1.0f : p) + c.c_s * (c.W * p - w_j);
+    float g = (c.g_a * da + c.g_b * (c.c_z * p)) * dtransform(z, a.scale, a.softcap);
+    return c.bad ? __int_as_float(0x7fc00000) : g;
+}
+
+// Row bookkeeping shared by all kernels: vector grid of the row.
+// Element e of the row lives at row + e. We cover [s0, s0 + nv*VEC) with s0 in (-VEC, 0] chosen
+// so that element s0 + q*VEC is 16-byte aligned: "full" vectors (all elements in [0, V)) are then
+// loaded with one 16-byte access; the partial head/tail vectors element by element with a mask.
+// Why: with odd V (50257) and ld = V, consecutive rows start at different alignments.
+template <typename T>
+struct RowGrid {
+    int s0, nv;  // 32-bit: positions inside a row (V < 2^31 is checked on the host)
+    __device__ RowGrid(const T* row, int V) {
+        constexpr int VEC = Pack<T>::VEC;
+        uintptr_t addr = (uintptr_t)row;
+        int h = (int)(((16u - (addr & 15u)) & 15u) / sizeof(T));  // first aligned element
+        s0 = h > 0 ? h - VEC : 0;
+        nv = (V - s0 + VEC - 1) / VEC;
+    }
+};
+
+template <typename T>
+__device__ __forceinline__ void load_pack(Pack<T>& p, const T* row, int e0, int V, bool streaming) {
+    constexpr int VEC = Pack<T>::VEC;
+    if (e0 >= 0 && e0 + VEC <= V) {
+        const uint4* src = reinterpret_cast<const uint4*>(row + e0);
+        uint4 u = streaming ? __ldcs(src) : *src;
+        p = *reinterpret_cast<Pack<T>*>(&u);
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            int e = e0 + k;
+            p.v[k] = (e >= 0 && e < V) ? row[e] : from_float<T>(0.0f);
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_pack(const Pack<T>& p, T* row, int e0, int V) {
+    constexpr int VEC = Pack<T>::VEC;
+    if (e0 >= 0 && e0 + VEC <= V) {
+        __stcs(reinterpret_cast<uint4*>(row + e0), *reinterpret_cast<const uint4*>(&p));
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            int e = e0 + k;
+            if (e >= 0 && e < V) row[e] = p.v[k];
+        }
+    }
+}
+
+// Thread-local stats of one 16-byte vector, in two sweeps over registers (max, then sum-exp):
+// one expf per element and no data-dependent branch. Masked lanes (outside [0, V)) are skipped.
+template <typename T>
+__device__ __forceinline__ void stats_pack(RowStats& r, const CeArgs& a, const Pack<T>& x, int e0, int V,
+                                           bool need_wz) {
+    constexpr int VEC = Pack<T>::VEC;
+    const bool full = e0 >= 0 && e0 + VEC <= V;
+    float z[VEC];
+    float m = -INFINITY;
+#pragma unroll
+    for (int v = 0; v < VEC; v++) {
+        const bool in = full || (e0 + v >= 0 && e0 + v < V);
+        z[v] = in ? transform(to_float(x.v[v]), a.scale, a.softcap) : -INFINITY;
+        m = fmaxf(m, z[v]);
+    }
+    // NaN logits: fmaxf ignores NaN, but the sum below does not (NaN - m = NaN), so the row's
+    // lse becomes NaN, as in PyTorch.
+    float s = 0.0f;
+#pragma unroll
+    for (int v = 0; v < VEC; v++) s += (z[v] == -INFINITY) ? 0.0f : expf(z[v] - m);
+    ms_merge(r.m, r.s, m, s);
+    if (need_wz) {
+#pragma unroll
+        for (int v = 0; v < VEC; v++)
+            if (z[v] != -INFINITY || full) r.wz += (a.weight ? __ldg(a.weight + e0 + v) : 1.0f) * z[v];
+    }
+}
+
+// Row loss pieces (a: CE + smoothing, b: z-loss) from combined stats; writes loss/lse/partials.
+__device__ __forceinline__ void finish_row(const CeArgs& a, int64_t i, int t, bool bad, float lse,
+                                           float zt, float wz) {
+    float a_i, b_i;
+    if (bad) {
+        a_i = __int_as_float(0x7fc00000);
+        b_i = 0.0f;
+    } else {
+        float W = a.weight ? (float)a.hdr[2] : (float)a.V;
+        float w_t = a.weight ? a.weight[t] : 1.0f;
+        a_i = (1.0f - a.eps) * w_t * (lse - zt);
+        if (a.eps > 0.0f) a_i += (a.eps / (float)a.V) * (W * lse - wz);
+        b_i = a.zeta * lse * lse;
+    }
+    if (a.reduction == FL_REDUCTION_NONE) a.loss[i] = a_i + b_i;
+    else { a.part[2 * i] = a_i; a.part[2 * i + 1] = b_i; }
+    if (a.lse_out) a.lse_out[i] = lse;
+}
+
+__device__ __forceinline__ void ignored_row_outputs(const CeArgs& a, int64_t i, int pass) {
+    if (pass == PASS_BACKWARD) return;
+    if (a.reduction == FL_REDUCTION_NONE) a.loss[i] = 0.0f;
+    else { a.part[2 * i] = 0.0f; a.part[2 * i + 1] = 0.0f; }
+    if (a.lse_out) a.lse_out[i] = 0.0f;
+}
+
+__device__ __forceinline__ GradCoef make_coef(const CeArgs& a, int64_t i, int t, bool bad, float lse) {
+    GradCoef c;
+    c.lse = lse;
+    c.t = t;
+    c.bad = bad;
+    float w_t = (a.weight && !bad) ? a.weight[t] : 1.0f;
+    c.c_t = (1.0f - a.eps) * w_t;
+    c.c_s = a.eps / (float)a.V;
+    // W only matters with smoothing; hdr[2] is not computed otherwise (and 0 * garbage may be NaN)
+    c.W = a.eps > 0.0f ? (a.weight ? (float)a.hdr[2] : (float)a.V) : 0.0f;
+    c.c_z = 2.0f * a.zeta * lse;
+    upstream(a, i, c.g_a, c.g_b);
+    return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// kernels
+
+// Row on chip. grid.x = N * C, cluster (C,1,1) when C > 1; CTA rank r of a cluster holds vectors
+// [r*T*K, (r+1)*T*K) of the row's vector grid, K per thread, in registers.
+template <typename T, int K, int PASS>
+__global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a, int C) {
+    constexpr int VEC = Pack<T>::VEC;
+    __shared__ RowStats sh[32];
+    __shared__ RowStats cta_stats;  // read by the other CTAs of the cluster (DSMEM)
+    const int64_t i = (int64_t)blockIdx.x / C;
+    const int rank = (int)(blockIdx.x % C);
+    const int V = (int)a.V;
+    const T* row = (const T*)a.logits + i * a.ld;  // 64-bit: i*ld exceeds 2^31 for big N*V
+    T* drow = (T*)a.dlogits + i * a.ld;
+    const int64_t t64 = load_target(a, i);
+    const bool ignored = t64 == a.ignore_index;
+    const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
+    const int t = bad ? -1 : (int)t64;  // never used as an index when bad: no out-of-bounds read
+    RowGrid<T> g(row, V);
+    const int q0 = rank * (int)blockDim.x * K + (int)threadIdx.x;
+
+    if (ignored) {  // uniform over the cluster: no cluster barrier is reached by anyone
+        if (rank == 0 && threadIdx.x == 0) ignored_row_outputs(a, i, PASS);
+        if (PASS != PASS_FORWARD) {
+            Pack<T> zero;
+#pragma unroll
+            for (int k = 0; k < VEC; k++) zero.v[k] = from_float<T>(0.0f);
+#pragma unroll
+            for (int k = 0; k < K; k++) {
+                int q = q0 + k * (int)blockDim.x;
+                if (q < g.nv) store_pack(zero, drow, g.s0 + q * VEC, V);
+            }
+        }
+        return;
+    }
+    if (bad && rank == 0 && threadIdx.x == 0 && a.error_flag) *a.error_flag = 1;
+
+    // one read of this CTA's chunk: all K loads issued before any use
+    Pack<T> x[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        int q = q0 + k * (int)blockDim.x;
+        if (q < g.nv) load_pack(x[k], row, g.s0 + q * VEC, V, true);
+    }
+
+    float lse;
+    if (PASS == PASS_BACKWARD) {
+        lse = a.lse_in[i];
+    } else {
+        // the target logit, read before any CTA of the cluster passes the barrier after which
+        // gradients (in place: over this very row) are written
+        float zt = 0.0f;
+        if (rank == 0 && threadIdx.x == 0 && !bad) zt = transform(to_float(row[t]), a.scale, a.softcap);
+        const bool need_wz = a.eps > 0.0f;
+        RowStats r = {-INFINITY, 0.0f, 0.0f};
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int q = q0 + k * (int)blockDim.x;
+            if (q < g.nv) stats_pack(r, a, x[k], g.s0 + q * VEC, V, need_wz);
+        }
+        r = block_reduce_stats(r, sh);
+        if (C > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            cg::cluster_group cluster = cg::this_cluster();
+            if (threadIdx.x == 0) cta_stats = r;
+            cluster.sync();  // why: every CTA's stats written before anyone reads them remotely
+            RowStats tot = *cluster.map_shared_rank(&cta_stats, 0);
+            for (int c = 1; c < C; c++) {  // rank order: every CTA computes the same lse bitwise
+                RowStats o = *cluster.map_shared_rank(&cta_stats, c);
+                ms_merge(tot.m, tot.s, o.m, o.s);
+                tot.wz += o.wz;
+            }
+            cluster.sync();  // why: no CTA may exit (freeing its smem) while others still read it
+            r = tot;
+#else
+            __trap();  // clusters are only chosen on sm_90+
+#endif
+        }
+        lse = (r.m == -INFINITY) ? -INFINITY : r.m + logf(r.s);
+        if (rank == 0 && threadIdx.x == 0) finish_row(a, i, t, bad, lse, zt, r.wz);
+    }
+
+    if (PASS != PASS_FORWARD) {
+        GradCoef c = make_coef(a, i, t, bad, lse);
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int q = q0 + k * (int)blockDim.x;
+            if (q < g.nv) {
+                const int e0 = g.s0 + q * VEC;
+                Pack<T> o;
+#pragma unroll
+                for (int v = 0; v < VEC; v++) o.v[v] = from_float<T>(grad_elem(a, c, to_float(x[k].v[v]), e0 + v));
+                store_pack(o, drow, e0, V);
+            }
+        }
+    }
+}
+
+// Fallback: one CTA per row, loop over the row; the gradient pass re-reads the row (from L2 when
+// the row was read moments before by the same CTA; rows in flight = resident CTAs).
+template <typename T, int PASS>
+__global__ void __launch_bounds__(512) ce_loop_kernel(CeArgs a) {
+    constexpr int VEC = Pack<T>::VEC;
+    constexpr int U = 4;  // vectors in flight per thread per iteration
+    __shared__ RowStats sh[32];
+    const int64_t i = blockIdx.x;
+    const int V = (int)a.V;
+    const T* row = (const T*)a.logits + i * a.ld;
+    T* drow = (T*)a.dlogits + i * a.ld;
+    const int64_t t64 = load_target(a, i);
+    const bool ignored = t64 == a.ignore_index;
+    const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
+    const int t = bad ? -1 : (int)t64;
+    RowGrid<T> g(row, V);
+    const int step = (int)blockDim.x * U;
+
+    if (ignored) {
+        if (threadIdx.x == 0) ignored_row_outputs(a, i, PASS);
+        if (PASS != PASS_FORWARD) {
+            Pack<T> zero;
+#pragma unroll
+            for (int k = 0; k < VEC; k++) zero.v[k] = from_float<T>(0.0f);
+            for (int q = threadIdx.x; q < g.nv; q += blockDim.x) store_pack(zero, drow, g.s0 + q * VEC, V);
+        }
+        return;
+    }
+    if (bad && threadIdx.x == 0 && a.error_flag) *a.error_flag = 1;
+
+    float lse;
+    if (PASS == PASS_BACKWARD) {
+        lse = a.lse_in[i];
+    } else {
+        float zt = 0.0f;  // read before the barrier that precedes any (in-place) gradient write
+        if (threadIdx.x == 0 && !bad) zt = transform(to_float(row[t]), a.scale, a.softcap);
+        const bool need_wz = a.eps > 0.0f;
+        RowStats r = {-INFINITY, 0.0f, 0.0f};
+        for (int qb = threadIdx.x; qb < g.nv; qb += step) {
+            Pack<T> x[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int q = qb + u * (int)blockDim.x;
+                if (q < g.nv) load_pack(x[u], row, g.s0 + q * VEC, V, false);  // keep in L2 for pass 2
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int q = qb + u * (int)blockDim.x;
+                if (q < g.nv) stats_pack(r, a, x[u], g.s0 + q * VEC, V, need_wz);
+            }
+        }
+        r = block_reduce_stats(r, sh);
+        lse = (r.m == -INFINITY) ? -INFINITY : r.m + logf(r.s);
+        if (threadIdx.x == 0) finish_row(a, i, t, bad, lse, zt, r.wz);
+    }
+
+    if (PASS != PASS_FORWARD) {
+        GradCoef c = make_coef(a, i, t, bad, lse);
+        for (int qb = threadIdx.x; qb < g.nv; qb += step) {
+            Pack<T> x[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int q = qb + u * (int)blockDim.x;
+                if (q < g.nv) load_pack(x[u], row, g.s0 + q * VEC, V, true);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int q = qb + u * (int)blockDim.x;
+                if (q < g.nv) {
+                    const int e0 = g.s0 + q * VEC;
+                    Pack<T> o;
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) o.v[v] = from_float<T>(grad_elem(a, c, to_float(x[u].v[v]), e0 + v));
+                    store_pack(o, drow, e0, V);
+                }
+            }
+        }
+    }
+}
+
+// One CTA: D_w, D_n (MEAN) and W = sum of class weights, into the workspace header (double).
+// Fixed per-thread striding + fixed-order tree: deterministic.
+__global__ void __launch_bounds__(1024) ce_setup_kernel(CeArgs a) {
+    __shared__ double sh[3][32];
+    double dw = 0.0, dn = 0.0, W = 0.0;
+    for (int64_t i = threadIdx.x; i < a.N; i += blockDim.x) {
+        int64_t t = load_target(a, i);
+        if (t == a.ignore_index) continue;
+        dn += 1.0;
+        dw += (a.weight && t >= 0 && t < a.V) ? (double)a.weight[t] : 1.0;  // bad targets weigh 1
+    }
+    if (a.weight)
+        for (int64_t j = threadIdx.x; j < a.V; j += blockDim.x) W += (double)a.weight[j];
+    for (int o = 16; o > 0; o >>= 1) {
+        dw += __shfl_xor_sync(0xffffffffu, dw, o);
+        dn += __shfl_xor_sync(0xffffffffu, dn, o);
+        W += __shfl_xor_sync(0xffffffffu, W, o);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { sh[0][warp] = dw; sh[1][warp] = dn; sh[2][warp] = W; }
+    __syncthreads();  // why: warp partials visible to thread 0
+    if (threadIdx.x == 0) {
+        double s0 = 0, s1 = 0, s2 = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) { s0 += sh[0][w]; s1 += sh[1][w]; s2 += sh[2][w]; }
+        a.hdr[0] = s0; a.hdr[1] = s1; a.hdr[2] = s2;
+    }
+}
+
+// One CTA: loss[0] from the per-row partials (SUM / MEAN). needs_setup: hdr holds D_w, D_n.
+__global__ void __launch_bounds__(1024) ce_reduce_kernel(CeArgs a) {
+    __shared__ double sh[2][32];
+    double sa = 0.0, sb = 0.0;
+    for (int64_t i = threadIdx.x; i < a.N; i += blockDim.x) {
+        sa += (double)a.part[2 * i];
+        sb += (double)a.part[2 * i + 1];
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        sa += __shfl_xor_sync(0xffffffffu, sa, o);
+        sb += __shfl_xor_sync(0xffffffffu, sb, o);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { sh[0][warp] = sa; sh[1][warp] = sb; }
+    __syncthreads();  // why: warp partials visible to thread 0
+    if (threadIdx.x == 0) {
+        double A = 0, B = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) { A += sh[0][w]; B += sh[1][w]; }
+        double total;
+        if (a.reduction == FL_REDUCTION_MEAN)
+            total = A / a.hdr[0] + (a.zeta > 0.0f ? B / a.hdr[1] : 0.0);
+        else
+            total = A + B;
+        a.loss[0] = (float)total;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// launchers
+
+struct DevInfo { int cc_major; int sms; };
+
+static cudaError_t dev_info(DevInfo* out) {
+    // Cached per device: attribute queries do not synchronise, but skip them on the hot path.
+    static DevInfo cache[64];
+    static int have[64];
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    if (dev >= 0 && dev < 64 && have[dev]) { *out = cache[dev]; return cudaSuccess; }
+    DevInfo d;
+    e = cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e != cudaSuccess) return e;
+    e = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+    if (dev >= 0 && dev < 64) { cache[dev] = d; have[dev] = 1; }
+    *out = d;
+    return cudaSuccess;
+}
+
+struct Config { int use_loop; int T, K, C; };
+
+// Pick the on-chip kernel when the row fits in C <= Cmax CTAs of T threads x K vectors.
+// Smallest K first: it gives the most CTAs per row (parallelism for small N) and the fewest
+// registers per thread (more CTAs resident per SM to overlap one row's writes with the next reads).
+static Config choose_config(int64_t V, int vec, int cmax) {
+    Config c = {0, 256, 1, 1};
+    const int64_t nv = (V + 2 * vec - 2) / vec;  // vectors per row, any alignment
+    if (nv <= 256) {
+        c.T = (int)((nv + 31) / 32 * 32);
+        return c;
+    }
+    static const int Ks[4] = {1, 2, 4, 8};
+    for (int T = 256; T <= 512; T *= 2)
+        for (int k = 0; k < 4; k++) {
+            int64_t C = (nv + (int64_t)T * Ks[k] - 1) / ((int64_t)T * Ks[k]);
+            if (C <= cmax) { c.T = T; c.K = Ks[k]; c.C = (int)C; return c; }
+        }
+    c.use_loop = 1;
+    c.T = 512;
+    return c;
+}
+
+template <typename T, int K, int PASS>
+static cudaError_t launch_row(const CeArgs& a, const Config& c, cudaStream_t s) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(a.N * c.C), 1, 1);
+    cfg.blockDim = dim3((unsigned)c.T, 1, 1);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    if (c.C > 1 && PASS != PASS_BACKWARD) {  // backward chunks never talk to each other
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = (unsigned)c.C;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, ce_row_kernel<T, K, PASS>, a, c.C);
+}
+
+template <typename T, int PASS>
+static cudaError_t launch_main(const CeArgs& a, const Config& c, cudaStream_t s) {
+    if (c.use_loop) {
+        ce_loop_kernel<T, PASS><<<(unsigned)a.N, c.T, 0, s>>>(a);
+        return cudaGetLastError();
+    }
+    switch (c.K) {
+        case 1: return launch_row<T, 1, PASS>(a, c, s);
+        case 2: return launch_row<T, 2, PASS>(a, c, s);
+        case 4: return launch_row<T, 4, PASS>(a, c, s);
+        default: return launch_row<T, 8, PASS>(a, c, s);
+    }
+}
+
+template <int PASS>
+static cudaError_t launch_dtype(fl_dtype dt, const CeArgs& a, const Config& c, cudaStream_t s) {
+    switch (dt) {
+        case FL_DTYPE_F32: return launch_main<float, PASS>(a, c, s);
+        case FL_DTYPE_F16: return launch_main<__half, PASS>(a, c, s);
+        default: return launch_main<__nv_bfloat16, PASS>(a, c, s);
+    }
+}
+
+static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, void* dlogits,
+                         const void* logits, const void* targets, const float* lse_in,
+                         const float* grad_loss, float grad_scale, int64_t N, int64_t V, int64_t ld,
+                         fl_dtype dt, fl_index_dtype it, const fl_ce_options* opts, void* workspace,
+                         size_t workspace_bytes, cudaStream_t stream) {
+    fl__clear_error();
+    fl__ce_params p;
+    FL_CHECK(fl__ce_validate(fn, (fl__pass)pass, 1, loss, pass == PASS_BACKWARD ? lse_in : lse_out, dlogits,
+                             logits, targets, grad_loss, N, V, ld, dt, it, opts, workspace, workspace_bytes, &p));
+    if (pass != PASS_FORWARD && !isfinite(grad_scale))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: grad_scale (%g) is not finite", fn, (double)grad_scale);
+    if ((uintptr_t)logits % fl__dtype_size(dt) || (dlogits && (uintptr_t)dlogits % fl__dtype_size(dt)))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: logits/dlogits not aligned to the dtype size", fn);
+    if (N > 0 && dlogits && dlogits != logits &&
+        ((uintptr_t)dlogits & 15u) != ((uintptr_t)logits & 15u))
+        return fl__fail(FL_ERR_UNSUPPORTED,
+                        "%s: dlogits (%p) and logits (%p) must have the same address modulo 16 bytes", fn,
+                        dlogits, logits);
+
+    if (V > INT32_MAX - 64)  // positions inside a row are 32-bit in the kernels
+        return fl__fail(FL_ERR_UNSUPPORTED, "%s: V (%lld) above 2^31 - 64 is not supported on CUDA", fn, (long long)V);
+
+    CeArgs a;
+    a.loss = loss; a.lse_out = lse_out; a.dlogits = dlogits; a.logits = logits; a.targets = targets;
+    a.lse_in = lse_in; a.grad_loss = grad_loss; a.grad_scale = grad_scale;
+    a.N = N; a.V = V; a.ld = ld; a.idx64 = it == FL_INDEX_I64;
+    a.ignore_index = p.ignore_index; a.reduction = (int)p.reduction;
+    a.eps = p.label_smoothing; a.zeta = p.z_loss; a.softcap = p.softcap; a.scale = p.logit_scale;
+    a.weight = p.weight; a.error_flag = p.error_flag;
+    a.hdr = (double*)workspace;
+    a.part = (float*)((char*)workspace + 256);
+
+    const int reduced = p.reduction != FL_REDUCTION_NONE;
+    const int mean = p.reduction == FL_REDUCTION_MEAN;
+    const int needs_setup = mean || (p.weight && p.label_smoothing > 0.0f);
+
+    if (N == 0) {  // nothing to read; SUM = 0, MEAN = NaN (0/0) still come from the reduce kernel
+        if (!reduced || pass == PASS_BACKWARD) return FL_OK;
+    }
+    DevInfo d;
+    FL_CUDA_TRY(dev_info(&d));
+    if (needs_setup) {
+        ce_setup_kernel<<<1, 1024, 0, stream>>>(a);
+        FL_CUDA_TRY(cudaGetLastError());
+    }
+    if (N > 0) {
+        const int vec = 16 / (int)fl__dtype_size(dt);
+        // backward chunks are independent CTAs: no cluster needed, any number of chunks
+        Config c = choose_config(V, vec, pass == PASS_BACKWARD ? 1 << 20 : (d.cc_major >= 9 ? 8 : 1));
+        if (!c.use_loop && (int64_t)N * c.C > INT32_MAX)
+            return fl__fail(FL_ERR_UNSUPPORTED, "%s: N (%lld) too large for one launch", fn, (long long)N);
+        if (c.use_loop && N > INT32_MAX)
+            return fl__fail(FL_ERR_UNSUPPORTED, "%s: N (%lld) too large for one launch", fn, (long long)N);
+        cudaError_t e;
+        if (pass == PASS_FORWARD) e = launch_dtype<PASS_FORWARD>(dt, a, c, stream);
+        else if (pass == PASS_BACKWARD) e = launch_dtype<PASS_BACKWARD>(dt, a, c, stream);
+        else e = launch_dtype<PASS_FUSED>(dt, a, c, stream);
+        FL_CUDA_TRY(e);
+    }
+    if (reduced && pass != PASS_BACKWARD) {
+        ce_reduce_kernel<<<1, 1024, 0, stream>>>(a);
+        FL_CUDA_TRY(cudaGetLastError());
+    }
+    return FL_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// public entry points
+
+extern "C" {
+
+fl_status fl_cross_entropy_forward_cuda(float* loss, float* lse, const void* logits, const void* targets,
+                                        int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
+                                        fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                        void* workspace, size_t workspace_bytes, fl_stream stream) {
+    return ce_cuda("fl_cross_entropy_forward_cuda", PASS_FORWARD, loss, lse, NULL, logits, targets, NULL, NULL,
+                   1.0f, N, V, ld, dtype, index_dtype, opts, workspace, workspace_bytes, (cudaStream_t)stream);
+}
+
+fl_status fl_cross_entropy_backward_cuda(void* dlogits, const void* logits, const void* targets,
+                                         const float* lse, const float* grad_loss, float grad_scale,
+                                         int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
+                                         fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                         void* workspace, size_t workspace_bytes, fl_stream stream) {
+    return ce_cuda("fl_cross_entropy_backward_cuda", PASS_BACKWARD, NULL, NULL, dlogits, logits, targets, lse,
+                   grad_loss, grad_scale, N, V, ld, dtype, index_dtype, opts, workspace, workspace_bytes,
+                   (cudaStream_t)stream);
+}
+
+fl_status fl_cross_entropy_fused_cuda(float* loss, float* lse, void* dlogits, const void* logits,
+                                      const void* targets, const float* grad_loss, float grad_scale,
+                                      int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
+                                      fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                      void* workspace, size_t workspace_bytes, fl_stream stream) {
+    return ce_cuda("fl_cross_entropy_fused_cuda", PASS_FUSED, loss, lse, dlogits, logits, targets, NULL,
+                   grad_loss, grad_scale, N, V, ld, dtype, index_dtype, opts, workspace, workspace_bytes,
+                   (cudaStream_t)stream);
+}
+
+}  // extern "C"

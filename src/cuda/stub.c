@@ -1,0 +1,37 @@
+/* stub.c — CUDA entry points of a build without CUDA: they exist (so a dynamic lookup
+ * never fails) and return FL_ERR_NOT_BUILT. Compiled only when nvcc is absent. */
+#include "../internal.h"
+
+#define FL_NOT_BUILT(fn) \
+    (fl__clear_error(), fl__fail(FL_ERR_NOT_BUILT, "%s: this build of fusedloss has no CUDA backend", fn))
+
+fl_status fl_cross_entropy_forward_cuda(float* loss, float* lse, const void* logits, const void* targets,
+                                        int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
+                                        fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                        void* workspace, size_t workspace_bytes, fl_stream stream) {
+    (void)loss; (void)lse; (void)logits; (void)targets; (void)N; (void)V; (void)ld; (void)dtype;
+    (void)index_dtype; (void)opts; (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_cross_entropy_forward_cuda");
+}
+
+fl_status fl_cross_entropy_backward_cuda(void* dlogits, const void* logits, const void* targets,
+                                         const float* lse, const float* grad_loss, float grad_scale,
+                                         int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
+                                         fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                         void* workspace, size_t workspace_bytes, fl_stream stream) {
+    (void)dlogits; (void)logits; (void)targets; (void)lse; (void)grad_loss; (void)grad_scale; (void)N;
+    (void)V; (void)ld; (void)dtype; (void)index_dtype; (void)opts; (void)workspace; (void)workspace_bytes;
+    (void)stream;
+    return FL_NOT_BUILT("fl_cross_entropy_backward_cuda");
+}
+
+fl_status fl_cross_entropy_fused_cuda(float* loss, float* lse, void* dlogits, const void* logits,
+                                      const void* targets, const float* grad_loss, float grad_scale,
+                                      int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
+                                      fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                      void* workspace, size_t workspace_bytes, fl_stream stream) {
+    (void)loss; (void)lse; (void)dlogits; (void)logits; (void)targets; (void)grad_loss; (void)grad_scale;
+    (void)N; (void)V; (void)ld; (void)dtype; (void)index_dtype; (void)opts; (void)workspace;
+    (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_cross_entropy_fused_cuda");
+}

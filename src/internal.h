@@ -1,0 +1,73 @@
+/* internal.h — shared internals of fusedloss (not installed).
+ *
+ * fl__fail() records a message in the thread-local error buffer and returns the status;
+ * FL_CHECK() forwards a non-OK status. Validation shared by the CPU and CUDA backends
+ * lives in src/common/validate.c so CI's CPU tests exercise the checks the CUDA path uses.
+ */
+#ifndef FL_INTERNAL_H
+#define FL_INTERNAL_H
+
+#include "fusedloss.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#  define FL_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#  define FL_PRINTF(a, b)
+#endif
+
+/* Record "fmt..." as this thread's last error and return `status`. */
+fl_status fl__fail(fl_status status, const char* fmt, ...) FL_PRINTF(2, 3);
+/* Clear this thread's last error (called on entry to every public function). */
+void fl__clear_error(void);
+
+#define FL_CHECK(expr)                          \
+    do {                                        \
+        fl_status fl__st_ = (expr);             \
+        if (fl__st_ != FL_OK) return fl__st_;   \
+    } while (0)
+
+/* ---- cross-entropy: resolved options and shared validation ---------------------------- */
+
+typedef enum { FL__PASS_FORWARD = 0, FL__PASS_BACKWARD = 1, FL__PASS_FUSED = 2 } fl__pass;
+
+typedef struct {
+    int64_t      ignore_index;
+    fl_reduction reduction;
+    float        label_smoothing;
+    const float* weight;
+    float        z_loss;
+    float        softcap;
+    float        logit_scale;
+    int32_t*     error_flag;
+} fl__ce_params;
+
+/* Bytes per logit of a dtype (0 if unknown). */
+size_t fl__dtype_size(fl_dtype dtype);
+size_t fl__index_size(fl_index_dtype dtype);
+
+/* Workspace bytes the CE entry points require (same for both backends). Layout (CUDA):
+ *   [0, 256)                     header: denominators and class-weight sum
+ *   [256, 256 + align(16*N))     per-row partial losses (two values per row) */
+size_t fl__ce_workspace_bytes(int64_t N);
+
+/* Validate every argument of a cross-entropy entry point (either backend) and resolve the
+ * options into *p. Pointers that a pass does not use must be given as NULL by the caller
+ * wrapper (e.g. dlogits for forward). `is_cuda` only changes which checks are possible:
+ * on the CPU the class weights' values are checked (they are host memory). Targets are
+ * range-checked by the CPU backend itself (it reads them); the CUDA kernels flag them. */
+fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
+                          const float* loss, const float* lse, const void* dlogits,
+                          const void* logits, const void* targets, const float* grad_loss,
+                          int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
+                          fl_index_dtype index_dtype, const fl_ce_options* opts,
+                          const void* workspace, size_t workspace_bytes, fl__ce_params* p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FL_INTERNAL_H */
