@@ -136,13 +136,27 @@ __device__ __forceinline__ RowStats block_reduce_stats(RowStats r, RowStats* sh)
     return t;
 }
 
+// Row-independent scalars: MEAN denominators D_w, D_n and the class-weight sum W (= V without
+// weights). Computed on the device (setup kernel, or in-kernel by the small kernel).
+struct Denoms { double Dw, Dn, W; };
+
+__device__ __forceinline__ Denoms load_denoms(const CeArgs& a) {
+    Denoms d;
+    const bool mean = a.reduction == FL_REDUCTION_MEAN;
+    d.Dw = mean ? a.hdr[0] : 1.0;
+    d.Dn = mean ? a.hdr[1] : 1.0;
+    // W only matters with smoothing; hdr[2] is not computed otherwise (and 0 * garbage may be NaN)
+    d.W = a.eps > 0.0f ? (a.weight ? a.hdr[2] : (double)a.V) : 0.0;
+    return d;
+}
+
 // Per-row upstream gradients g_a (CE part) and g_b (z-loss part).
-__device__ __forceinline__ void upstream(const CeArgs& a, int64_t i, float& g_a, float& g_b) {
+__device__ __forceinline__ void upstream(const CeArgs& a, const Denoms& d, int64_t i, float& g_a, float& g_b) {
     float G = a.grad_scale * (a.grad_loss ? a.grad_loss[a.reduction == FL_REDUCTION_NONE ? i : 0] : 1.0f);
     g_a = g_b = G;
     if (a.reduction == FL_REDUCTION_MEAN) {
-        g_a = (float)((double)G / a.hdr[0]);
-        g_b = (float)((double)G / a.hdr[1]);
+        g_a = (float)((double)G / d.Dw);
+        g_b = (float)((double)G / d.Dn);
     }
 }
 
@@ -239,20 +253,21 @@ __device__ __forceinline__ void stats_pack(RowStats& r, const CeArgs& a, const P
 }
 
 // Row loss pieces (a: CE + smoothing, b: z-loss) from combined stats; writes loss/lse/partials.
-__device__ __forceinline__ void finish_row(const CeArgs& a, int64_t i, int t, bool bad, float lse,
-                                           float zt, float wz) {
+__device__ __forceinline__ void finish_row(const CeArgs& a, const Denoms& d, int64_t i, int t, bool bad,
+                                           float lse, float zt, float wz, float* a_out, float* b_out) {
     float a_i, b_i;
     if (bad) {
         a_i = __int_as_float(0x7fc00000);
         b_i = 0.0f;
     } else {
-        float W = a.weight ? (float)a.hdr[2] : (float)a.V;
+        float W = (float)d.W;
         float w_t = a.weight ? a.weight[t] : 1.0f;
         a_i = (1.0f - a.eps) * w_t * (lse - zt);
         if (a.eps > 0.0f) a_i += (a.eps / (float)a.V) * (W * lse - wz);
         b_i = a.zeta * lse * lse;
     }
-    if (a.reduction == FL_REDUCTION_NONE) a.loss[i] = a_i + b_i;
+    if (a_out) { *a_out = a_i; *b_out = b_i; }  // the small kernel sums these itself
+    else if (a.reduction == FL_REDUCTION_NONE) a.loss[i] = a_i + b_i;
     else { a.part[2 * i] = a_i; a.part[2 * i + 1] = b_i; }
     if (a.lse_out) a.lse_out[i] = lse;
 }
@@ -264,7 +279,8 @@ __device__ __forceinline__ void ignored_row_outputs(const CeArgs& a, int64_t i, 
     if (a.lse_out) a.lse_out[i] = 0.0f;
 }
 
-__device__ __forceinline__ GradCoef make_coef(const CeArgs& a, int64_t i, int t, bool bad, float lse) {
+__device__ __forceinline__ GradCoef make_coef(const CeArgs& a, const Denoms& d, int64_t i, int t, bool bad,
+                                              float lse) {
     GradCoef c;
     c.lse = lse;
     c.t = t;
@@ -272,10 +288,9 @@ __device__ __forceinline__ GradCoef make_coef(const CeArgs& a, int64_t i, int t,
     float w_t = (a.weight && !bad) ? a.weight[t] : 1.0f;
     c.c_t = (1.0f - a.eps) * w_t;
     c.c_s = a.eps / (float)a.V;
-    // W only matters with smoothing; hdr[2] is not computed otherwise (and 0 * garbage may be NaN)
-    c.W = a.eps > 0.0f ? (a.weight ? (float)a.hdr[2] : (float)a.V) : 0.0f;
+    c.W = (float)d.W;
     c.c_z = 2.0f * a.zeta * lse;
-    upstream(a, i, c.g_a, c.g_b);
+    upstream(a, d, i, c.g_a, c.g_b);
     return c;
 }
 
@@ -288,7 +303,9 @@ template <typename T, int K, int PASS>
 __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a, int C) {
     constexpr int VEC = Pack<T>::VEC;
     __shared__ RowStats sh[32];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ RowStats cta_stats;  // read by the other CTAs of the cluster (DSMEM)
+#endif
     const int64_t i = (int64_t)blockIdx.x / C;
     const int rank = (int)(blockIdx.x % C);
     const int V = (int)a.V;
@@ -359,11 +376,11 @@ __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a, int C) {
 #endif
         }
         lse = (r.m == -INFINITY) ? -INFINITY : r.m + logf(r.s);
-        if (rank == 0 && threadIdx.x == 0) finish_row(a, i, t, bad, lse, zt, r.wz);
+        if (rank == 0 && threadIdx.x == 0) finish_row(a, load_denoms(a), i, t, bad, lse, zt, r.wz, NULL, NULL);
     }
 
     if (PASS != PASS_FORWARD) {
-        GradCoef c = make_coef(a, i, t, bad, lse);
+        GradCoef c = make_coef(a, load_denoms(a), i, t, bad, lse);
 #pragma unroll
         for (int k = 0; k < K; k++) {
             int q = q0 + k * (int)blockDim.x;
@@ -431,11 +448,11 @@ __global__ void __launch_bounds__(512) ce_loop_kernel(CeArgs a) {
         }
         r = block_reduce_stats(r, sh);
         lse = (r.m == -INFINITY) ? -INFINITY : r.m + logf(r.s);
-        if (threadIdx.x == 0) finish_row(a, i, t, bad, lse, zt, r.wz);
+        if (threadIdx.x == 0) finish_row(a, load_denoms(a), i, t, bad, lse, zt, r.wz, NULL, NULL);
     }
 
     if (PASS != PASS_FORWARD) {
-        GradCoef c = make_coef(a, i, t, bad, lse);
+        GradCoef c = make_coef(a, load_denoms(a), i, t, bad, lse);
         for (int qb = threadIdx.x; qb < g.nv; qb += step) {
             Pack<T> x[U];
 #pragma unroll
@@ -456,6 +473,157 @@ __global__ void __launch_bounds__(512) ce_loop_kernel(CeArgs a) {
             }
         }
     }
+}
+
+// Small problems (SUM/MEAN, N <= SMALL_MAX_ROWS, short rows), sm_90: the whole call in ONE launch
+// of ONE cluster of C CTAs x 8 warps, a warp per row with the row in registers (KW vectors per
+// lane). The denominators are computed first (each CTA a fixed slice of the targets, combined
+// across the cluster through DSMEM) and the loss is summed in a fixed order (row order within a
+// warp, warp order within a CTA, rank order across the cluster): deterministic, no atomics, no
+// workspace traffic, no second kernel. Launch overhead dominates such shapes, so one launch wins.
+#define SMALL_WARPS 8
+#define SMALL_MAX_ROWS 4096
+struct SmallShared { double d[3]; double l[2]; };
+
+template <typename T, int KW, int PASS>
+__global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, int C) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int VEC = Pack<T>::VEC;
+    cg::cluster_group cluster = cg::this_cluster();
+    __shared__ double wsum[3][SMALL_WARPS];
+    __shared__ SmallShared cta;  // read remotely by the cluster's other CTAs
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rank = (int)cluster.block_rank();
+    const int V = (int)a.V;
+
+    // 1. denominators: CTA `rank` sums targets [lo, hi) (and class weights [wlo, whi))
+    {
+        double dw = 0.0, dn = 0.0, W = 0.0;
+        const int64_t lo = a.N * rank / C, hi = a.N * (rank + 1) / C;
+        for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+            int64_t t = load_target(a, i);
+            if (t == a.ignore_index) continue;
+            dn += 1.0;
+            dw += (a.weight && t >= 0 && t < a.V) ? (double)a.weight[t] : 1.0;
+        }
+        if (a.weight && a.eps > 0.0f) {
+            const int64_t wlo = a.V * rank / C, whi = a.V * (rank + 1) / C;
+            for (int64_t j = wlo + threadIdx.x; j < whi; j += blockDim.x) W += (double)a.weight[j];
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            dw += __shfl_xor_sync(0xffffffffu, dw, o);
+            dn += __shfl_xor_sync(0xffffffffu, dn, o);
+            W += __shfl_xor_sync(0xffffffffu, W, o);
+        }
+        if (lane == 0) { wsum[0][warp] = dw; wsum[1][warp] = dn; wsum[2][warp] = W; }
+        __syncthreads();  // why: warp partials visible to thread 0
+        if (threadIdx.x == 0) {
+            double s0 = 0, s1 = 0, s2 = 0;
+            for (int w = 0; w < SMALL_WARPS; w++) { s0 += wsum[0][w]; s1 += wsum[1][w]; s2 += wsum[2][w]; }
+            cta.d[0] = s0; cta.d[1] = s1; cta.d[2] = s2;
+        }
+    }
+    cluster.sync();  // why: every CTA's denominator slice written before anyone reads it remotely
+    Denoms d = {0.0, 0.0, 0.0};
+    for (int c = 0; c < C; c++) {  // rank order: identical in every CTA
+        const SmallShared* o = cluster.map_shared_rank(&cta, c);
+        d.Dw += o->d[0]; d.Dn += o->d[1]; d.W += o->d[2];
+    }
+    if (a.reduction != FL_REDUCTION_MEAN) { d.Dw = 1.0; d.Dn = 1.0; }
+    d.W = a.eps > 0.0f ? (a.weight ? d.W : (double)a.V) : 0.0;
+
+    // 2. rows: warp gw handles rows gw, gw + C*WARPS, ...; its lane 0 sums their losses in row order
+    double acc_a = 0.0, acc_b = 0.0;
+    const int gw = rank * SMALL_WARPS + warp, nw = C * SMALL_WARPS;
+    for (int64_t i = gw; i < a.N; i += nw) {
+        const T* row = (const T*)a.logits + i * a.ld;
+        T* drow = (T*)a.dlogits + i * a.ld;
+        const int64_t t64 = load_target(a, i);
+        const bool ignored = t64 == a.ignore_index;
+        const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
+        const int t = bad ? -1 : (int)t64;
+        RowGrid<T> g(row, V);
+        if (ignored) {
+            if (lane == 0 && a.lse_out) a.lse_out[i] = 0.0f;
+            if (PASS != PASS_FORWARD) {
+                Pack<T> zero;
+#pragma unroll
+                for (int k = 0; k < VEC; k++) zero.v[k] = from_float<T>(0.0f);
+#pragma unroll
+                for (int k = 0; k < KW; k++) {
+                    int q = lane + 32 * k;
+                    if (q < g.nv) store_pack(zero, drow, g.s0 + q * VEC, V);
+                }
+            }
+            continue;
+        }
+        if (bad && lane == 0 && a.error_flag) *a.error_flag = 1;
+        Pack<T> x[KW];
+#pragma unroll
+        for (int k = 0; k < KW; k++) {
+            int q = lane + 32 * k;
+            if (q < g.nv) load_pack(x[k], row, g.s0 + q * VEC, V, true);
+        }
+        // target logit read before the warp's shuffles below, which order it before any
+        // (in-place) gradient store of this warp
+        float zt = (lane == 0 && !bad) ? transform(to_float(row[t]), a.scale, a.softcap) : 0.0f;
+        RowStats r = {-INFINITY, 0.0f, 0.0f};
+#pragma unroll
+        for (int k = 0; k < KW; k++) {
+            int q = lane + 32 * k;
+            if (q < g.nv) stats_pack(r, a, x[k], g.s0 + q * VEC, V, a.eps > 0.0f);
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float m2 = __shfl_xor_sync(0xffffffffu, r.m, o), s2 = __shfl_xor_sync(0xffffffffu, r.s, o);
+            ms_merge(r.m, r.s, m2, s2);
+            r.wz += __shfl_xor_sync(0xffffffffu, r.wz, o);
+        }
+        const float lse = (r.m == -INFINITY) ? -INFINITY : r.m + logf(r.s);
+        if (lane == 0) {
+            float ai, bi;
+            finish_row(a, d, i, t, bad, lse, zt, r.wz, &ai, &bi);
+            acc_a += (double)ai;
+            acc_b += (double)bi;
+        }
+        if (PASS != PASS_FORWARD) {
+            GradCoef cf = make_coef(a, d, i, t, bad, lse);
+#pragma unroll
+            for (int k = 0; k < KW; k++) {
+                int q = lane + 32 * k;
+                if (q < g.nv) {
+                    const int e0 = g.s0 + q * VEC;
+                    Pack<T> o;
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) o.v[v] = from_float<T>(grad_elem(a, cf, to_float(x[k].v[v]), e0 + v));
+                    store_pack(o, drow, e0, V);
+                }
+            }
+        }
+    }
+
+    // 3. loss: warps in order, then CTAs in rank order
+    __syncthreads();  // why: wsum is reused
+    if (lane == 0) { wsum[0][warp] = acc_a; wsum[1][warp] = acc_b; }
+    __syncthreads();  // why: warp sums visible to thread 0
+    if (threadIdx.x == 0) {
+        double A = 0, B = 0;
+        for (int w = 0; w < SMALL_WARPS; w++) { A += wsum[0][w]; B += wsum[1][w]; }
+        cta.l[0] = A; cta.l[1] = B;
+    }
+    cluster.sync();  // why: every CTA's loss sum written before rank 0 reads them remotely
+    if (rank == 0 && threadIdx.x == 0) {
+        double A = 0, B = 0;
+        for (int c = 0; c < C; c++) {
+            const SmallShared* o = cluster.map_shared_rank(&cta, c);
+            A += o->l[0]; B += o->l[1];
+        }
+        double total = a.reduction == FL_REDUCTION_MEAN ? A / d.Dw + (a.zeta > 0.0f ? B / d.Dn : 0.0) : A + B;
+        a.loss[0] = (float)total;
+    }
+    cluster.sync();  // why: no CTA may exit (freeing its smem) while rank 0 still reads it
+#else
+    __trap();  // chosen only on sm_90+
+#endif
 }
 
 // One CTA: D_w, D_n (MEAN) and W = sum of class weights, into the workspace header (double).
@@ -592,6 +760,41 @@ static cudaError_t launch_main(const CeArgs& a, const Config& c, cudaStream_t s)
     }
 }
 
+template <typename T, int KW, int PASS>
+static cudaError_t launch_small_k(const CeArgs& a, int C, cudaStream_t s) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)C, 1, 1);
+    cfg.blockDim = dim3(SMALL_WARPS * 32, 1, 1);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = (unsigned)C;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, ce_small_kernel<T, KW, PASS>, a, C);
+}
+
+template <typename T, int PASS>
+static cudaError_t launch_small_t(const CeArgs& a, int kw, int C, cudaStream_t s) {
+    switch (kw) {
+        case 1: return launch_small_k<T, 1, PASS>(a, C, s);
+        case 2: return launch_small_k<T, 2, PASS>(a, C, s);
+        case 4: return launch_small_k<T, 4, PASS>(a, C, s);
+        default: return launch_small_k<T, 8, PASS>(a, C, s);
+    }
+}
+
+template <int PASS>
+static cudaError_t launch_small(fl_dtype dt, const CeArgs& a, int kw, int C, cudaStream_t s) {
+    switch (dt) {
+        case FL_DTYPE_F32: return launch_small_t<float, PASS>(a, kw, C, s);
+        case FL_DTYPE_F16: return launch_small_t<__half, PASS>(a, kw, C, s);
+        default: return launch_small_t<__nv_bfloat16, PASS>(a, kw, C, s);
+    }
+}
+
 template <int PASS>
 static cudaError_t launch_dtype(fl_dtype dt, const CeArgs& a, const Config& c, cudaStream_t s) {
     switch (dt) {
@@ -642,12 +845,26 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
     }
     DevInfo d;
     FL_CUDA_TRY(dev_info(&d));
+    const int vec = 16 / (int)fl__dtype_size(dt);
+
+    // small reduced problems on sm_90: one launch does everything (see ce_small_kernel)
+    const int64_t nv_max = (V + 2 * vec - 2) / vec;
+    if (d.cc_major >= 9 && reduced && pass != PASS_BACKWARD && N <= SMALL_MAX_ROWS && nv_max <= 32 * 8 &&
+        (int64_t)N * V <= (int64_t)1 << 22) {
+        const int kw = nv_max <= 32 ? 1 : nv_max <= 64 ? 2 : nv_max <= 128 ? 4 : 8;
+        int64_t C = (N + 4 * SMALL_WARPS - 1) / (4 * SMALL_WARPS);  // about 4 rows per warp
+        C = C < 1 ? 1 : C > 8 ? 8 : C;
+        cudaError_t e = pass == PASS_FORWARD ? launch_small<PASS_FORWARD>(dt, a, kw, (int)C, stream)
+                                             : launch_small<PASS_FUSED>(dt, a, kw, (int)C, stream);
+        FL_CUDA_TRY(e);
+        return FL_OK;
+    }
+
     if (needs_setup) {
         ce_setup_kernel<<<1, 1024, 0, stream>>>(a);
         FL_CUDA_TRY(cudaGetLastError());
     }
     if (N > 0) {
-        const int vec = 16 / (int)fl__dtype_size(dt);
         // backward chunks are independent CTAs: no cluster needed, any number of chunks
         Config c = choose_config(V, vec, pass == PASS_BACKWARD ? 1 << 20 : (d.cc_major >= 9 ? 8 : 1));
         if (!c.use_loop && (int64_t)N * c.C > INT32_MAX)
