@@ -125,7 +125,9 @@ typedef struct CUstream_st* fl_stream;
  *           This is PyTorch's weighted mean (sum w_t l_i / sum w_t, the smoothing
  *           term divided by the same sum) and Liger's z-loss mean (over tokens).
  *           If every row is ignored (or N == 0), D = 0 and the MEAN loss is NaN,
- *           as in PyTorch; the gradient is then all zeros.
+ *           as in PyTorch; the gradient is then all zeros. If rows count but all their
+ *           target weights are 0 (D_w = 0), the loss is NaN (no smoothing) or +inf (with
+ *           smoothing; PyTorch gives NaN) and the gradient is NaN/inf.
  *
  *  Gradients: dlogits[i, j] = g_i * d l_i / d x_j, where the upstream gradient
  *    g_i = grad_scale * (grad_loss ? grad_loss[r] : 1) [/ D for MEAN],
@@ -133,6 +135,10 @@ typedef struct CUstream_st* fl_stream;
  *
  *  Numerics: fp32 (CUDA) / double (CPU) accumulation for every input dtype; the loss and
  *  lse are fp32; dlogits has the logits' dtype and is rounded once from fp32/double.
+ *  backward starts from the fp32 lse, so its gradient carries an extra error of about
+ *  p_j * |g| * ulp(lse) / 2 (e.g. 1e-6 when lse ~ 32): fused, which keeps lse on chip in
+ *  full precision, is the more accurate (and faster) of the two.
+ *  grad_scale must be finite (else FL_ERR_INVALID_ARGUMENT).
  *
  *  Out-of-range targets (not in [0, V), not ignore_index):
  *    CPU : checked before anything is written; returns FL_ERR_TARGET_OUT_OF_RANGE naming
@@ -180,6 +186,9 @@ FL_API fl_status fl_cross_entropy_workspace_size(size_t* bytes, int64_t N, int64
  *  logits : [N, ld] of `dtype`; targets : [N] of `index_dtype`.
  *  N >= 0, V >= 1, ld >= V. opts may be NULL (defaults).
  *  Aliasing: loss and lse must not overlap each other, logits or targets.
+ *  CUDA: logits/dlogits aligned to their element size; a separate dlogits buffer must have
+ *  the same address modulo 16 bytes as logits (true for any two framework allocations with
+ *  the same strides), else FL_ERR_UNSUPPORTED.
  * @return : FL_OK or an error status (fl_last_error() has the detail). */
 FL_API fl_status fl_cross_entropy_forward_cpu(float* loss, float* lse, const void* logits,
                                               const void* targets, int64_t N, int64_t V, int64_t ld,
