@@ -67,6 +67,7 @@ struct CeArgs {
     float eps, zeta, softcap, scale;
     const float* weight;
     int32_t* error_flag;
+    float inv_softcap;   // 1/softcap (0 when off)
     double* hdr;          // workspace header: [0] D_w, [1] D_n, [2] W
     float* part;          // workspace: [N][2] per-row a_i, b_i
 };
@@ -92,18 +93,26 @@ __device__ __forceinline__ int64_t load_target(const CeArgs& a, int64_t i) {
     return a.idx64 ? ((const int64_t*)a.targets)[i] : (int64_t)((const int32_t*)a.targets)[i];
 }
 
-__device__ __forceinline__ float transform(float x, float scale, float softcap) {
-    float z = scale * x;
-    if (softcap > 0.0f) z = softcap * tanhf(z / softcap);
-    return z;
+// Option flags compiled into the per-element code (template F): the common case (no softcap, no
+// label smoothing) gets the shortest instruction stream; the unrolled per-element code is what
+// limits a memory-bound kernel's speed once its bytes are minimal.
+enum { F_SOFTCAP = 1, F_SMOOTH = 2 };
+
+#define FL_LOG2E 1.4426950408889634f
+
+// 2^x on the SFU. Max relative error ~2^-22 (PTX ISA), far below the output dtypes' ulp except
+// fp32, where expf's own ~1 ulp and the lse rounding dominate anyway. -inf -> +0, NaN -> NaN.
+__device__ __forceinline__ float fexp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
-__device__ __forceinline__ float dtransform(float z, float scale, float softcap) {
-    if (softcap > 0.0f) {
-        float r = z / softcap;
-        return scale * (1.0f - r * r);
-    }
-    return scale;
+template <int F>
+__device__ __forceinline__ float zval(const CeArgs& a, float x) {
+    float z = a.scale * x;
+    if (F & F_SOFTCAP) z = a.softcap * tanhf(z * a.inv_softcap);
+    return z;
 }
 
 // (max, sum-exp) pair merge; -inf maxima carry no mass.
@@ -111,20 +120,25 @@ __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2)
     if (m2 == -INFINITY) return;
     if (m == -INFINITY) { m = m2; s = s2; return; }
     float M = fmaxf(m, m2);
-    s = s * expf(m - M) + s2 * expf(m2 - M);
+    s = s * fexp2((m - M) * FL_LOG2E) + s2 * fexp2((m2 - M) * FL_LOG2E);
     m = M;
 }
 
 struct RowStats { float m, s, wz; };  // max, sum exp(z - max), sum_j w_j z_j
 
-// Reduce per-thread stats to the whole CTA; result valid in every thread. `sh` has >= 32 slots.
-__device__ __forceinline__ RowStats block_reduce_stats(RowStats r, RowStats* sh) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+__device__ __forceinline__ RowStats warp_reduce_stats(RowStats r) {
     for (int o = 16; o > 0; o >>= 1) {
         float m2 = __shfl_xor_sync(0xffffffffu, r.m, o), s2 = __shfl_xor_sync(0xffffffffu, r.s, o);
         ms_merge(r.m, r.s, m2, s2);
         r.wz += __shfl_xor_sync(0xffffffffu, r.wz, o);
     }
+    return r;
+}
+
+// Reduce per-thread stats to the whole CTA; result valid in every thread. `sh` has >= 32 slots.
+__device__ __forceinline__ RowStats block_reduce_stats(RowStats r, RowStats* sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    r = warp_reduce_stats(r);
     __syncthreads();  // why: `sh` may still be read by a previous reduction in this CTA
     if (lane == 0) sh[warp] = r;
     __syncthreads();  // why: warp partials visible to all threads
@@ -145,111 +159,105 @@ __device__ __forceinline__ Denoms load_denoms(const CeArgs& a) {
     const bool mean = a.reduction == FL_REDUCTION_MEAN;
     d.Dw = mean ? a.hdr[0] : 1.0;
     d.Dn = mean ? a.hdr[1] : 1.0;
-    // W only matters with smoothing; hdr[2] is not computed otherwise (and 0 * garbage may be NaN)
+    // W only matters with smoothing; hdr[2] is not computed otherwise
     d.W = a.eps > 0.0f ? (a.weight ? a.hdr[2] : (double)a.V) : 0.0;
     return d;
 }
 
-// Per-row upstream gradients g_a (CE part) and g_b (z-loss part).
-__device__ __forceinline__ void upstream(const CeArgs& a, const Denoms& d, int64_t i, float& g_a, float& g_b) {
+// Everything the gradient of one element needs, constant over a row:
+//   dlogits_j = (P p_j - [j==t] Tt - Wc w_j) * (softcap ? 1 - (z_j/c)^2 : 1),  p_j = 2^(z_j log2e - lseL)
+// with P = s (g_a (c_t + c_s W) + g_b 2 zeta lse), Tt = s g_a c_t, Wc = s g_a c_s (see cpu/cross_entropy.c).
+// At the target, fmaf(P, p, -Tt) rounds once: no cancellation when p ~ 1.
+struct GradCoef { float P, Tt, Wc, lseL; int t; };
+
+__device__ __forceinline__ GradCoef make_coef(const CeArgs& a, const Denoms& d, int64_t i, int t, bool bad,
+                                              float lse) {
     float G = a.grad_scale * (a.grad_loss ? a.grad_loss[a.reduction == FL_REDUCTION_NONE ? i : 0] : 1.0f);
-    g_a = g_b = G;
+    float g_a = G, g_b = G;
     if (a.reduction == FL_REDUCTION_MEAN) {
         g_a = (float)((double)G / d.Dw);
         g_b = (float)((double)G / d.Dn);
     }
+    if (bad) g_a = g_b = __int_as_float(0x7fc00000);  // out-of-range target: NaN gradient row
+    const float w_t = (a.weight && !bad) ? a.weight[t] : 1.0f;
+    const float c_t = (1.0f - a.eps) * w_t, c_s = a.eps / (float)a.V;
+    GradCoef c;
+    c.P = a.scale * (g_a * (c_t + c_s * (float)d.W) + g_b * (2.0f * a.zeta * lse));
+    c.Tt = a.scale * g_a * c_t;
+    c.Wc = a.scale * g_a * c_s;
+    c.lseL = lse * FL_LOG2E;
+    c.t = t;
+    return c;
 }
 
-// Everything the gradient of one element needs, constant over a row.
-struct GradCoef {
-    float lse, c_t, c_s, W, c_z, g_a, g_b;
-    int t;
-    bool bad;  // out-of-range target: NaN gradient
-};
-
-__device__ __forceinline__ float grad_elem(const CeArgs& a, const GradCoef& c, float x, int j) {
-    float z = transform(x, a.scale, a.softcap);
-    float p = expf(z - c.lse);
-    float w_j = a.weight ? __ldg(a.weight + j) : 1.0f;
-    // (p - [j==t]) formed in fp32 before any rounding (the target entry is the large one)
-    float da = c.c_t * (j == c.t ? p - 1.0f : p) + c.c_s * (c.W * p - w_j);
-    float g = (c.g_a * da + c.g_b * (c.c_z * p)) * dtransform(z, a.scale, a.softcap);
-    return c.bad ? __int_as_float(0x7fc00000) : g;
+template <int F>
+__device__ __forceinline__ float grad_elem(const CeArgs& a, const GradCoef& c, float z, int j) {
+    float p = fexp2(fmaf(z, FL_LOG2E, -c.lseL));
+    float g = fmaf(c.P, p, j == c.t ? -c.Tt : 0.0f);
+    if (F & F_SMOOTH) g -= c.Wc * (a.weight ? __ldg(a.weight + j) : 1.0f);
+    if (F & F_SOFTCAP) {
+        float r = z * a.inv_softcap;
+        g *= 1.0f - r * r;
+    }
+    return g;
 }
 
-// Row bookkeeping shared by all kernels: vector grid of the row.
-// Element e of the row lives at row + e. We cover [s0, s0 + nv*VEC) with s0 in (-VEC, 0] chosen
-// so that element s0 + q*VEC is 16-byte aligned: "full" vectors (all elements in [0, V)) are then
-// loaded with one 16-byte access; the partial head/tail vectors element by element with a mask.
-// Why: with odd V (50257) and ld = V, consecutive rows start at different alignments.
+// Row layout shared by all kernels. With odd V (50257) and ld = V, rows start at different
+// 16-byte alignments, so each row is cut into: `h` head elements before the first 16-byte
+// boundary, `nfull` aligned VEC-element vectors (one 16-byte access each), and a tail of
+// fewer than VEC elements. Head and tail ("extras", < 2*VEC of them) are handled one element per
+// thread by the first threads of the row's first CTA/warp; the vectors need no masks at all.
 template <typename T>
 struct RowGrid {
-    int s0, nv;  // 32-bit: positions inside a row (V < 2^31 is checked on the host)
+    int h, nfull, nextra;  // 32-bit: positions inside a row (V < 2^31 is checked on the host)
     __device__ RowGrid(const T* row, int V) {
         constexpr int VEC = Pack<T>::VEC;
-        uintptr_t addr = (uintptr_t)row;
-        int h = (int)(((16u - (addr & 15u)) & 15u) / sizeof(T));  // first aligned element
-        s0 = h > 0 ? h - VEC : 0;
-        nv = (V - s0 + VEC - 1) / VEC;
+        int hh = (int)(((16u - ((uintptr_t)row & 15u)) & 15u) / sizeof(T));
+        h = hh < V ? hh : V;
+        nfull = (V - h) / VEC;
+        nextra = V - nfull * VEC;
     }
+    __device__ int extra_elem(int k) const { return k < h ? k : k + nfull * Pack<T>::VEC; }
+    __device__ int vec_elem(int q) const { return h + q * Pack<T>::VEC; }
 };
 
 template <typename T>
-__device__ __forceinline__ void load_pack(Pack<T>& p, const T* row, int e0, int V, bool streaming) {
-    constexpr int VEC = Pack<T>::VEC;
-    if (e0 >= 0 && e0 + VEC <= V) {
-        const uint4* src = reinterpret_cast<const uint4*>(row + e0);
-        uint4 u = streaming ? __ldcs(src) : *src;
-        p = *reinterpret_cast<Pack<T>*>(&u);
-    } else {
-#pragma unroll
-        for (int k = 0; k < VEC; k++) {
-            int e = e0 + k;
-            p.v[k] = (e >= 0 && e < V) ? row[e] : from_float<T>(0.0f);
-        }
-    }
+__device__ __forceinline__ void load_vec(Pack<T>& p, const T* row, int e0, bool streaming) {
+    const uint4* src = reinterpret_cast<const uint4*>(row + e0);
+    uint4 u = streaming ? __ldcs(src) : *src;
+    p = *reinterpret_cast<Pack<T>*>(&u);
 }
 
 template <typename T>
-__device__ __forceinline__ void store_pack(const Pack<T>& p, T* row, int e0, int V) {
-    constexpr int VEC = Pack<T>::VEC;
-    if (e0 >= 0 && e0 + VEC <= V) {
-        __stcs(reinterpret_cast<uint4*>(row + e0), *reinterpret_cast<const uint4*>(&p));
-    } else {
+__device__ __forceinline__ void store_vec(const Pack<T>& p, T* row, int e0) {
+    __stcs(reinterpret_cast<uint4*>(row + e0), *reinterpret_cast<const uint4*>(&p));
+}
+
+// Per-thread stats, first sweep (max) and second sweep (sum-exp, weighted sum) over one vector.
+template <int F, typename T>
+__device__ __forceinline__ float vec_max(const CeArgs& a, const Pack<T>& x, float m) {
 #pragma unroll
-        for (int k = 0; k < VEC; k++) {
-            int e = e0 + k;
-            if (e >= 0 && e < V) row[e] = p.v[k];
-        }
+    for (int v = 0; v < Pack<T>::VEC; v++) m = fmaxf(m, zval<F>(a, to_float(x.v[v])));
+    return m;
+}
+
+template <int F, typename T>
+__device__ __forceinline__ void vec_sum(const CeArgs& a, const Pack<T>& x, int e0, float mL, float& s, float& wz) {
+#pragma unroll
+    for (int v = 0; v < Pack<T>::VEC; v++) {
+        float z = zval<F>(a, to_float(x.v[v]));
+        s += fexp2(fmaf(z, FL_LOG2E, -mL));  // NaN z poisons s, so the row's lse is NaN, as PyTorch
+        if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + e0 + v) : 1.0f) * z;
     }
 }
 
-// Thread-local stats of one 16-byte vector, in two sweeps over registers (max, then sum-exp):
-// one expf per element and no data-dependent branch. Masked lanes (outside [0, V)) are skipped.
-template <typename T>
-__device__ __forceinline__ void stats_pack(RowStats& r, const CeArgs& a, const Pack<T>& x, int e0, int V,
-                                           bool need_wz) {
-    constexpr int VEC = Pack<T>::VEC;
-    const bool full = e0 >= 0 && e0 + VEC <= V;
-    float z[VEC];
-    float m = -INFINITY;
+template <int F, typename T>
+__device__ __forceinline__ Pack<T> vec_grad(const CeArgs& a, const GradCoef& c, const Pack<T>& x, int e0) {
+    Pack<T> o;
 #pragma unroll
-    for (int v = 0; v < VEC; v++) {
-        const bool in = full || (e0 + v >= 0 && e0 + v < V);
-        z[v] = in ? transform(to_float(x.v[v]), a.scale, a.softcap) : -INFINITY;
-        m = fmaxf(m, z[v]);
-    }
-    // NaN logits: fmaxf ignores NaN, but the sum below does not (NaN - m = NaN), so the row's
-    // lse becomes NaN, as in PyTorch.
-    float s = 0.0f;
-#pragma unroll
-    for (int v = 0; v < VEC; v++) s += (z[v] == -INFINITY) ? 0.0f : expf(z[v] - m);
-    ms_merge(r.m, r.s, m, s);
-    if (need_wz) {
-#pragma unroll
-        for (int v = 0; v < VEC; v++)
-            if (z[v] != -INFINITY || full) r.wz += (a.weight ? __ldg(a.weight + e0 + v) : 1.0f) * z[v];
-    }
+    for (int v = 0; v < Pack<T>::VEC; v++)
+        o.v[v] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, to_float(x.v[v])), e0 + v));
+    return o;
 }
 
 // Row loss pieces (a: CE + smoothing, b: z-loss) from combined stats; writes loss/lse/partials.
@@ -260,10 +268,9 @@ __device__ __forceinline__ void finish_row(const CeArgs& a, const Denoms& d, int
         a_i = __int_as_float(0x7fc00000);
         b_i = 0.0f;
     } else {
-        float W = (float)d.W;
         float w_t = a.weight ? a.weight[t] : 1.0f;
         a_i = (1.0f - a.eps) * w_t * (lse - zt);
-        if (a.eps > 0.0f) a_i += (a.eps / (float)a.V) * (W * lse - wz);
+        if (a.eps > 0.0f) a_i += (a.eps / (float)a.V) * ((float)d.W * lse - wz);
         b_i = a.zeta * lse * lse;
     }
     if (a_out) { *a_out = a_i; *b_out = b_i; }  // the small kernel sums these itself
@@ -279,68 +286,59 @@ __device__ __forceinline__ void ignored_row_outputs(const CeArgs& a, int64_t i, 
     if (a.lse_out) a.lse_out[i] = 0.0f;
 }
 
-__device__ __forceinline__ GradCoef make_coef(const CeArgs& a, const Denoms& d, int64_t i, int t, bool bad,
-                                              float lse) {
-    GradCoef c;
-    c.lse = lse;
-    c.t = t;
-    c.bad = bad;
-    float w_t = (a.weight && !bad) ? a.weight[t] : 1.0f;
-    c.c_t = (1.0f - a.eps) * w_t;
-    c.c_s = a.eps / (float)a.V;
-    c.W = (float)d.W;
-    c.c_z = 2.0f * a.zeta * lse;
-    upstream(a, d, i, c.g_a, c.g_b);
-    return c;
-}
-
 // ---------------------------------------------------------------------------------------------
 // kernels
 
-// Row on chip. grid.x = N * C, cluster (C,1,1) when C > 1; CTA rank r of a cluster holds vectors
-// [r*T*K, (r+1)*T*K) of the row's vector grid, K per thread, in registers.
-template <typename T, int K, int PASS>
+// Row on chip. grid.x = N * C, cluster (C,1,1) when C > 1 (forward/fused only); CTA rank r of a
+// cluster holds vectors [r*T*K, (r+1)*T*K) of the row, K per thread, in registers; the row's
+// extras are held by threads 0.. of rank 0. Backward launches the same kernel with independent
+// chunks (no cluster): it needs no row statistics.
+template <typename T, int K, int PASS, int F>
 __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a, int C) {
-    constexpr int VEC = Pack<T>::VEC;
     __shared__ RowStats sh[32];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ RowStats cta_stats;  // read by the other CTAs of the cluster (DSMEM)
 #endif
     const int64_t i = (int64_t)blockIdx.x / C;
     const int rank = (int)(blockIdx.x % C);
-    const int V = (int)a.V;
+    const int V = (int)a.V, T_ = (int)blockDim.x, tid = (int)threadIdx.x;
     const T* row = (const T*)a.logits + i * a.ld;  // 64-bit: i*ld exceeds 2^31 for big N*V
     T* drow = (T*)a.dlogits + i * a.ld;
     const int64_t t64 = load_target(a, i);
     const bool ignored = t64 == a.ignore_index;
     const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
     const int t = bad ? -1 : (int)t64;  // never used as an index when bad: no out-of-bounds read
-    RowGrid<T> g(row, V);
-    const int q0 = rank * (int)blockDim.x * K + (int)threadIdx.x;
+    const RowGrid<T> g(row, V);
+    const int q0 = rank * T_ * K + tid;
+    const int gt = rank * T_ + tid;
+    const bool has_x = gt < g.nextra;
+    const int ex = has_x ? g.extra_elem(gt) : 0;
 
     if (ignored) {  // uniform over the cluster: no cluster barrier is reached by anyone
-        if (rank == 0 && threadIdx.x == 0) ignored_row_outputs(a, i, PASS);
+        if (rank == 0 && tid == 0) ignored_row_outputs(a, i, PASS);
         if (PASS != PASS_FORWARD) {
             Pack<T> zero;
 #pragma unroll
-            for (int k = 0; k < VEC; k++) zero.v[k] = from_float<T>(0.0f);
+            for (int v = 0; v < Pack<T>::VEC; v++) zero.v[v] = from_float<T>(0.0f);
 #pragma unroll
             for (int k = 0; k < K; k++) {
-                int q = q0 + k * (int)blockDim.x;
-                if (q < g.nv) store_pack(zero, drow, g.s0 + q * VEC, V);
+                int q = q0 + k * T_;
+                if (q < g.nfull) store_vec(zero, drow, g.vec_elem(q));
             }
+            if (has_x) drow[ex] = from_float<T>(0.0f);
         }
         return;
     }
-    if (bad && rank == 0 && threadIdx.x == 0 && a.error_flag) *a.error_flag = 1;
+    if (bad && rank == 0 && tid == 0 && a.error_flag) *a.error_flag = 1;
 
     // one read of this CTA's chunk: all K loads issued before any use
     Pack<T> x[K];
 #pragma unroll
     for (int k = 0; k < K; k++) {
-        int q = q0 + k * (int)blockDim.x;
-        if (q < g.nv) load_pack(x[k], row, g.s0 + q * VEC, V, true);
+        int q = q0 + k * T_;
+        if (q < g.nfull) load_vec(x[k], row, g.vec_elem(q), true);
     }
+    const float xs = has_x ? to_float(row[ex]) : 0.0f;
 
     float lse;
     if (PASS == PASS_BACKWARD) {
@@ -348,20 +346,29 @@ __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a, int C) {
     } else {
         // the target logit, read before any CTA of the cluster passes the barrier after which
         // gradients (in place: over this very row) are written
-        float zt = 0.0f;
-        if (rank == 0 && threadIdx.x == 0 && !bad) zt = transform(to_float(row[t]), a.scale, a.softcap);
-        const bool need_wz = a.eps > 0.0f;
-        RowStats r = {-INFINITY, 0.0f, 0.0f};
+        const float zt = (rank == 0 && tid == 0 && !bad) ? zval<F>(a, to_float(row[t])) : 0.0f;
+        float m = has_x ? zval<F>(a, xs) : -INFINITY;
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            if (q0 + k * T_ < g.nfull) m = vec_max<F>(a, x[k], m);
+        const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
+        float s = 0.0f, wz = 0.0f;
 #pragma unroll
         for (int k = 0; k < K; k++) {
-            int q = q0 + k * (int)blockDim.x;
-            if (q < g.nv) stats_pack(r, a, x[k], g.s0 + q * VEC, V, need_wz);
+            int q = q0 + k * T_;
+            if (q < g.nfull) vec_sum<F>(a, x[k], g.vec_elem(q), mL, s, wz);
         }
+        if (has_x) {
+            float z = zval<F>(a, xs);
+            s += fexp2(fmaf(z, FL_LOG2E, -mL));
+            if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
+        }
+        RowStats r = {m, s, wz};
         r = block_reduce_stats(r, sh);
         if (C > 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
             cg::cluster_group cluster = cg::this_cluster();
-            if (threadIdx.x == 0) cta_stats = r;
+            if (tid == 0) cta_stats = r;
             cluster.sync();  // why: every CTA's stats written before anyone reads them remotely
             RowStats tot = *cluster.map_shared_rank(&cta_stats, 0);
             for (int c = 1; c < C; c++) {  // rank order: every CTA computes the same lse bitwise
@@ -376,119 +383,115 @@ __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a, int C) {
 #endif
         }
         lse = (r.m == -INFINITY) ? -INFINITY : r.m + logf(r.s);
-        if (rank == 0 && threadIdx.x == 0) finish_row(a, load_denoms(a), i, t, bad, lse, zt, r.wz, NULL, NULL);
+        if (rank == 0 && tid == 0) finish_row(a, load_denoms(a), i, t, bad, lse, zt, r.wz, NULL, NULL);
     }
 
     if (PASS != PASS_FORWARD) {
-        GradCoef c = make_coef(a, load_denoms(a), i, t, bad, lse);
+        const GradCoef c = make_coef(a, load_denoms(a), i, t, bad, lse);
 #pragma unroll
         for (int k = 0; k < K; k++) {
-            int q = q0 + k * (int)blockDim.x;
-            if (q < g.nv) {
-                const int e0 = g.s0 + q * VEC;
-                Pack<T> o;
-#pragma unroll
-                for (int v = 0; v < VEC; v++) o.v[v] = from_float<T>(grad_elem(a, c, to_float(x[k].v[v]), e0 + v));
-                store_pack(o, drow, e0, V);
-            }
+            int q = q0 + k * T_;
+            if (q < g.nfull) store_vec(vec_grad<F>(a, c, x[k], g.vec_elem(q)), drow, g.vec_elem(q));
         }
+        if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, xs), ex));
     }
 }
 
 // Fallback: one CTA per row, loop over the row; the gradient pass re-reads the row (from L2 when
 // the row was read moments before by the same CTA; rows in flight = resident CTAs).
-template <typename T, int PASS>
+template <typename T, int PASS, int F>
 __global__ void __launch_bounds__(512) ce_loop_kernel(CeArgs a) {
-    constexpr int VEC = Pack<T>::VEC;
     constexpr int U = 4;  // vectors in flight per thread per iteration
     __shared__ RowStats sh[32];
     const int64_t i = blockIdx.x;
-    const int V = (int)a.V;
+    const int V = (int)a.V, T_ = (int)blockDim.x, tid = (int)threadIdx.x;
     const T* row = (const T*)a.logits + i * a.ld;
     T* drow = (T*)a.dlogits + i * a.ld;
     const int64_t t64 = load_target(a, i);
     const bool ignored = t64 == a.ignore_index;
     const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
     const int t = bad ? -1 : (int)t64;
-    RowGrid<T> g(row, V);
-    const int step = (int)blockDim.x * U;
+    const RowGrid<T> g(row, V);
+    const bool has_x = tid < g.nextra;
+    const int ex = has_x ? g.extra_elem(tid) : 0;
 
     if (ignored) {
-        if (threadIdx.x == 0) ignored_row_outputs(a, i, PASS);
+        if (tid == 0) ignored_row_outputs(a, i, PASS);
         if (PASS != PASS_FORWARD) {
             Pack<T> zero;
 #pragma unroll
-            for (int k = 0; k < VEC; k++) zero.v[k] = from_float<T>(0.0f);
-            for (int q = threadIdx.x; q < g.nv; q += blockDim.x) store_pack(zero, drow, g.s0 + q * VEC, V);
+            for (int v = 0; v < Pack<T>::VEC; v++) zero.v[v] = from_float<T>(0.0f);
+            for (int q = tid; q < g.nfull; q += T_) store_vec(zero, drow, g.vec_elem(q));
+            if (has_x) drow[ex] = from_float<T>(0.0f);
         }
         return;
     }
-    if (bad && threadIdx.x == 0 && a.error_flag) *a.error_flag = 1;
+    if (bad && tid == 0 && a.error_flag) *a.error_flag = 1;
+    const float xs = has_x ? to_float(row[ex]) : 0.0f;
 
     float lse;
     if (PASS == PASS_BACKWARD) {
         lse = a.lse_in[i];
     } else {
-        float zt = 0.0f;  // read before the barrier that precedes any (in-place) gradient write
-        if (threadIdx.x == 0 && !bad) zt = transform(to_float(row[t]), a.scale, a.softcap);
-        const bool need_wz = a.eps > 0.0f;
+        const float zt = (tid == 0 && !bad) ? zval<F>(a, to_float(row[t])) : 0.0f;  // before the barrier
         RowStats r = {-INFINITY, 0.0f, 0.0f};
-        for (int qb = threadIdx.x; qb < g.nv; qb += step) {
+        if (has_x) {
+            float z = zval<F>(a, xs);
+            r.m = z;
+            r.s = 1.0f;
+            if (F & F_SMOOTH) r.wz = (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
+        }
+        for (int qb = tid; qb < g.nfull; qb += T_ * U) {
             Pack<T> x[U];
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                int q = qb + u * (int)blockDim.x;
-                if (q < g.nv) load_pack(x[u], row, g.s0 + q * VEC, V, false);  // keep in L2 for pass 2
-            }
+            for (int u = 0; u < U; u++)
+                if (qb + u * T_ < g.nfull) load_vec(x[u], row, g.vec_elem(qb + u * T_), false);  // stays in L2 for pass 2
+            float m = -INFINITY;
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                int q = qb + u * (int)blockDim.x;
-                if (q < g.nv) stats_pack(r, a, x[u], g.s0 + q * VEC, V, need_wz);
-            }
+            for (int u = 0; u < U; u++)
+                if (qb + u * T_ < g.nfull) m = vec_max<F>(a, x[u], m);
+            const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
+            float s = 0.0f, wz = 0.0f;
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (qb + u * T_ < g.nfull) vec_sum<F>(a, x[u], g.vec_elem(qb + u * T_), mL, s, wz);
+            ms_merge(r.m, r.s, m, s);
+            r.wz += wz;
         }
         r = block_reduce_stats(r, sh);
         lse = (r.m == -INFINITY) ? -INFINITY : r.m + logf(r.s);
-        if (threadIdx.x == 0) finish_row(a, load_denoms(a), i, t, bad, lse, zt, r.wz, NULL, NULL);
+        if (tid == 0) finish_row(a, load_denoms(a), i, t, bad, lse, zt, r.wz, NULL, NULL);
     }
 
     if (PASS != PASS_FORWARD) {
-        GradCoef c = make_coef(a, load_denoms(a), i, t, bad, lse);
-        for (int qb = threadIdx.x; qb < g.nv; qb += step) {
+        const GradCoef c = make_coef(a, load_denoms(a), i, t, bad, lse);
+        for (int qb = tid; qb < g.nfull; qb += T_ * U) {
             Pack<T> x[U];
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                int q = qb + u * (int)blockDim.x;
-                if (q < g.nv) load_pack(x[u], row, g.s0 + q * VEC, V, true);
-            }
+            for (int u = 0; u < U; u++)
+                if (qb + u * T_ < g.nfull) load_vec(x[u], row, g.vec_elem(qb + u * T_), true);
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                int q = qb + u * (int)blockDim.x;
-                if (q < g.nv) {
-                    const int e0 = g.s0 + q * VEC;
-                    Pack<T> o;
-#pragma unroll
-                    for (int v = 0; v < VEC; v++) o.v[v] = from_float<T>(grad_elem(a, c, to_float(x[u].v[v]), e0 + v));
-                    store_pack(o, drow, e0, V);
-                }
-            }
+            for (int u = 0; u < U; u++)
+                if (qb + u * T_ < g.nfull) store_vec(vec_grad<F>(a, c, x[u], g.vec_elem(qb + u * T_)), drow, g.vec_elem(qb + u * T_));
         }
+        if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, xs), ex));
     }
 }
 
-// Small problems (SUM/MEAN, N <= SMALL_MAX_ROWS, short rows), sm_90: the whole call in ONE launch
-// of ONE cluster of C CTAs x 8 warps, a warp per row with the row in registers (KW vectors per
-// lane). The denominators are computed first (each CTA a fixed slice of the targets, combined
-// across the cluster through DSMEM) and the loss is summed in a fixed order (row order within a
-// warp, warp order within a CTA, rank order across the cluster): deterministic, no atomics, no
-// workspace traffic, no second kernel. Launch overhead dominates such shapes, so one launch wins.
+// Small problems (SUM/MEAN, N <= SMALL_MAX_ROWS, rows of <= 8 vectors per lane), sm_90: the whole
+// call in ONE launch of ONE cluster of C CTAs x 8 warps, a warp per row with the row in registers.
+// The denominators are computed first (each CTA a fixed slice of the targets, combined across the
+// cluster through DSMEM) and the loss is summed in a fixed order (row order within a warp, warp
+// order within a CTA, rank order across the cluster): deterministic, no atomics, no workspace
+// traffic, no second kernel. Launch overhead dominates such shapes, so one launch wins.
 #define SMALL_WARPS 8
 #define SMALL_MAX_ROWS 4096
+#define SMALL_KW 8
 struct SmallShared { double d[3]; double l[2]; };
 
-template <typename T, int KW, int PASS>
+template <typename T, int PASS, int F>
 __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, int C) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int VEC = Pack<T>::VEC;
     cg::cluster_group cluster = cg::this_cluster();
     __shared__ double wsum[3][SMALL_WARPS];
     __shared__ SmallShared cta;  // read remotely by the cluster's other CTAs
@@ -542,42 +545,47 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
         const bool ignored = t64 == a.ignore_index;
         const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
         const int t = bad ? -1 : (int)t64;
-        RowGrid<T> g(row, V);
+        const RowGrid<T> g(row, V);
+        const bool has_x = lane < g.nextra;
+        const int ex = has_x ? g.extra_elem(lane) : 0;
         if (ignored) {
             if (lane == 0 && a.lse_out) a.lse_out[i] = 0.0f;
             if (PASS != PASS_FORWARD) {
                 Pack<T> zero;
 #pragma unroll
-                for (int k = 0; k < VEC; k++) zero.v[k] = from_float<T>(0.0f);
+                for (int v = 0; v < Pack<T>::VEC; v++) zero.v[v] = from_float<T>(0.0f);
 #pragma unroll
-                for (int k = 0; k < KW; k++) {
-                    int q = lane + 32 * k;
-                    if (q < g.nv) store_pack(zero, drow, g.s0 + q * VEC, V);
-                }
+                for (int k = 0; k < SMALL_KW; k++)
+                    if (lane + 32 * k < g.nfull) store_vec(zero, drow, g.vec_elem(lane + 32 * k));
+                if (has_x) drow[ex] = from_float<T>(0.0f);
             }
             continue;
         }
         if (bad && lane == 0 && a.error_flag) *a.error_flag = 1;
-        Pack<T> x[KW];
+        Pack<T> x[SMALL_KW];
 #pragma unroll
-        for (int k = 0; k < KW; k++) {
-            int q = lane + 32 * k;
-            if (q < g.nv) load_pack(x[k], row, g.s0 + q * VEC, V, true);
-        }
+        for (int k = 0; k < SMALL_KW; k++)
+            if (lane + 32 * k < g.nfull) load_vec(x[k], row, g.vec_elem(lane + 32 * k), true);
+        const float xs = has_x ? to_float(row[ex]) : 0.0f;
         // target logit read before the warp's shuffles below, which order it before any
         // (in-place) gradient store of this warp
-        float zt = (lane == 0 && !bad) ? transform(to_float(row[t]), a.scale, a.softcap) : 0.0f;
-        RowStats r = {-INFINITY, 0.0f, 0.0f};
+        const float zt = (lane == 0 && !bad) ? zval<F>(a, to_float(row[t])) : 0.0f;
+        float m = has_x ? zval<F>(a, xs) : -INFINITY;
 #pragma unroll
-        for (int k = 0; k < KW; k++) {
-            int q = lane + 32 * k;
-            if (q < g.nv) stats_pack(r, a, x[k], g.s0 + q * VEC, V, a.eps > 0.0f);
+        for (int k = 0; k < SMALL_KW; k++)
+            if (lane + 32 * k < g.nfull) m = vec_max<F>(a, x[k], m);
+        const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
+        float s = 0.0f, wz = 0.0f;
+#pragma unroll
+        for (int k = 0; k < SMALL_KW; k++)
+            if (lane + 32 * k < g.nfull) vec_sum<F>(a, x[k], g.vec_elem(lane + 32 * k), mL, s, wz);
+        if (has_x) {
+            float z = zval<F>(a, xs);
+            s += fexp2(fmaf(z, FL_LOG2E, -mL));
+            if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
         }
-        for (int o = 16; o > 0; o >>= 1) {
-            float m2 = __shfl_xor_sync(0xffffffffu, r.m, o), s2 = __shfl_xor_sync(0xffffffffu, r.s, o);
-            ms_merge(r.m, r.s, m2, s2);
-            r.wz += __shfl_xor_sync(0xffffffffu, r.wz, o);
-        }
+        RowStats r = {m, s, wz};
+        r = warp_reduce_stats(r);
         const float lse = (r.m == -INFINITY) ? -INFINITY : r.m + logf(r.s);
         if (lane == 0) {
             float ai, bi;
@@ -586,18 +594,13 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
             acc_b += (double)bi;
         }
         if (PASS != PASS_FORWARD) {
-            GradCoef cf = make_coef(a, d, i, t, bad, lse);
+            const GradCoef cf = make_coef(a, d, i, t, bad, lse);
 #pragma unroll
-            for (int k = 0; k < KW; k++) {
+            for (int k = 0; k < SMALL_KW; k++) {
                 int q = lane + 32 * k;
-                if (q < g.nv) {
-                    const int e0 = g.s0 + q * VEC;
-                    Pack<T> o;
-#pragma unroll
-                    for (int v = 0; v < VEC; v++) o.v[v] = from_float<T>(grad_elem(a, cf, to_float(x[k].v[v]), e0 + v));
-                    store_pack(o, drow, e0, V);
-                }
+                if (q < g.nfull) store_vec(vec_grad<F>(a, cf, x[k], g.vec_elem(q)), drow, g.vec_elem(q));
             }
+            if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, cf, zval<F>(a, xs), ex));
         }
     }
 
@@ -706,28 +709,29 @@ static cudaError_t dev_info(DevInfo* out) {
 
 struct Config { int use_loop; int T, K, C; };
 
-// Pick the on-chip kernel when the row fits in C <= Cmax CTAs of T threads x K vectors.
-// Smallest K first: it gives the most CTAs per row (parallelism for small N) and the fewest
-// registers per thread (more CTAs resident per SM to overlap one row's writes with the next reads).
+// Pick the on-chip kernel when the row's vectors fit in C <= cmax CTAs of T threads x K vectors.
+// K = 2 first (more, lighter CTAs: parallelism for small N, more CTAs resident per SM to overlap
+// one row's writes with the next row's reads), then K = 8 (long rows: 32 KB in flight per CTA).
 static Config choose_config(int64_t V, int vec, int cmax) {
-    Config c = {0, 256, 1, 1};
-    const int64_t nv = (V + 2 * vec - 2) / vec;  // vectors per row, any alignment
-    if (nv <= 256) {
-        c.T = (int)((nv + 31) / 32 * 32);
+    Config c = {0, 256, 2, 1};
+    const int64_t nv = V / vec + 1;  // aligned vectors per row, any alignment (upper bound)
+    if (nv <= 512) {  // one CTA, as few threads as cover the row with 2 vectors each
+        int64_t T = (nv + 1) / 2;
+        c.T = (int)((T + 31) / 32 * 32);
+        if (c.T < 32) c.T = 32;
         return c;
     }
-    static const int Ks[4] = {1, 2, 4, 8};
-    for (int T = 256; T <= 512; T *= 2)
-        for (int k = 0; k < 4; k++) {
-            int64_t C = (nv + (int64_t)T * Ks[k] - 1) / ((int64_t)T * Ks[k]);
-            if (C <= cmax) { c.T = T; c.K = Ks[k]; c.C = (int)C; return c; }
-        }
+    static const int Ts[3] = {256, 256, 512}, Ks[3] = {2, 8, 8};
+    for (int k = 0; k < 3; k++) {
+        int64_t C = (nv + (int64_t)Ts[k] * Ks[k] - 1) / ((int64_t)Ts[k] * Ks[k]);
+        if (C <= cmax) { c.T = Ts[k]; c.K = Ks[k]; c.C = (int)C; return c; }
+    }
     c.use_loop = 1;
     c.T = 512;
     return c;
 }
 
-template <typename T, int K, int PASS>
+template <typename T, int K, int PASS, int F>
 static cudaError_t launch_row(const CeArgs& a, const Config& c, cudaStream_t s) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)(a.N * c.C), 1, 1);
@@ -743,25 +747,20 @@ static cudaError_t launch_row(const CeArgs& a, const Config& c, cudaStream_t s) 
         cfg.attrs = attr;
         cfg.numAttrs = 1;
     }
-    return cudaLaunchKernelEx(&cfg, ce_row_kernel<T, K, PASS>, a, c.C);
+    return cudaLaunchKernelEx(&cfg, ce_row_kernel<T, K, PASS, F>, a, c.C);
 }
 
-template <typename T, int PASS>
+template <typename T, int PASS, int F>
 static cudaError_t launch_main(const CeArgs& a, const Config& c, cudaStream_t s) {
     if (c.use_loop) {
-        ce_loop_kernel<T, PASS><<<(unsigned)a.N, c.T, 0, s>>>(a);
+        ce_loop_kernel<T, PASS, F><<<(unsigned)a.N, c.T, 0, s>>>(a);
         return cudaGetLastError();
     }
-    switch (c.K) {
-        case 1: return launch_row<T, 1, PASS>(a, c, s);
-        case 2: return launch_row<T, 2, PASS>(a, c, s);
-        case 4: return launch_row<T, 4, PASS>(a, c, s);
-        default: return launch_row<T, 8, PASS>(a, c, s);
-    }
+    return c.K == 2 ? launch_row<T, 2, PASS, F>(a, c, s) : launch_row<T, 8, PASS, F>(a, c, s);
 }
 
-template <typename T, int KW, int PASS>
-static cudaError_t launch_small_k(const CeArgs& a, int C, cudaStream_t s) {
+template <typename T, int PASS, int F>
+static cudaError_t launch_small(const CeArgs& a, int C, cudaStream_t s) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)C, 1, 1);
     cfg.blockDim = dim3(SMALL_WARPS * 32, 1, 1);
@@ -773,35 +772,44 @@ static cudaError_t launch_small_k(const CeArgs& a, int C, cudaStream_t s) {
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, ce_small_kernel<T, KW, PASS>, a, C);
+    return cudaLaunchKernelEx(&cfg, ce_small_kernel<T, PASS, F>, a, C);
+}
+
+// kind: 0 = main (row/loop), 1 = small
+template <typename T, int PASS, int F>
+static cudaError_t launch_f(int kind, const CeArgs& a, const Config& c, int C, cudaStream_t s) {
+    if (kind == 1) {
+        if (PASS == PASS_BACKWARD) return cudaErrorInvalidValue;  // never chosen
+        return launch_small<T, PASS, F>(a, C, s);
+    }
+    return launch_main<T, PASS, F>(a, c, s);
 }
 
 template <typename T, int PASS>
-static cudaError_t launch_small_t(const CeArgs& a, int kw, int C, cudaStream_t s) {
-    switch (kw) {
-        case 1: return launch_small_k<T, 1, PASS>(a, C, s);
-        case 2: return launch_small_k<T, 2, PASS>(a, C, s);
-        case 4: return launch_small_k<T, 4, PASS>(a, C, s);
-        default: return launch_small_k<T, 8, PASS>(a, C, s);
+static cudaError_t launch_t(int flags, int kind, const CeArgs& a, const Config& c, int C, cudaStream_t s) {
+    switch (flags) {
+        case 0: return launch_f<T, PASS, 0>(kind, a, c, C, s);
+        case F_SOFTCAP: return launch_f<T, PASS, F_SOFTCAP>(kind, a, c, C, s);
+        case F_SMOOTH: return launch_f<T, PASS, F_SMOOTH>(kind, a, c, C, s);
+        default: return launch_f<T, PASS, F_SOFTCAP | F_SMOOTH>(kind, a, c, C, s);
     }
 }
 
 template <int PASS>
-static cudaError_t launch_small(fl_dtype dt, const CeArgs& a, int kw, int C, cudaStream_t s) {
+static cudaError_t launch_dtype(fl_dtype dt, int flags, int kind, const CeArgs& a, const Config& c, int C,
+                                cudaStream_t s) {
     switch (dt) {
-        case FL_DTYPE_F32: return launch_small_t<float, PASS>(a, kw, C, s);
-        case FL_DTYPE_F16: return launch_small_t<__half, PASS>(a, kw, C, s);
-        default: return launch_small_t<__nv_bfloat16, PASS>(a, kw, C, s);
+        case FL_DTYPE_F32: return launch_t<float, PASS>(flags, kind, a, c, C, s);
+        case FL_DTYPE_F16: return launch_t<__half, PASS>(flags, kind, a, c, C, s);
+        default: return launch_t<__nv_bfloat16, PASS>(flags, kind, a, c, C, s);
     }
 }
 
-template <int PASS>
-static cudaError_t launch_dtype(fl_dtype dt, const CeArgs& a, const Config& c, cudaStream_t s) {
-    switch (dt) {
-        case FL_DTYPE_F32: return launch_main<float, PASS>(a, c, s);
-        case FL_DTYPE_F16: return launch_main<__half, PASS>(a, c, s);
-        default: return launch_main<__nv_bfloat16, PASS>(a, c, s);
-    }
+static cudaError_t launch_pass(int pass, fl_dtype dt, int flags, int kind, const CeArgs& a, const Config& c,
+                               int C, cudaStream_t s) {
+    if (pass == PASS_FORWARD) return launch_dtype<PASS_FORWARD>(dt, flags, kind, a, c, C, s);
+    if (pass == PASS_BACKWARD) return launch_dtype<PASS_BACKWARD>(dt, flags, kind, a, c, C, s);
+    return launch_dtype<PASS_FUSED>(dt, flags, kind, a, c, C, s);
 }
 
 static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, void* dlogits,
@@ -833,6 +841,7 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
     a.ignore_index = p.ignore_index; a.reduction = (int)p.reduction;
     a.eps = p.label_smoothing; a.zeta = p.z_loss; a.softcap = p.softcap; a.scale = p.logit_scale;
     a.weight = p.weight; a.error_flag = p.error_flag;
+    a.inv_softcap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
     a.hdr = (double*)workspace;
     a.part = (float*)((char*)workspace + 256);
 
@@ -847,16 +856,15 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
     FL_CUDA_TRY(dev_info(&d));
     const int vec = 16 / (int)fl__dtype_size(dt);
 
+    const int flags = (p.softcap > 0.0f ? F_SOFTCAP : 0) | (p.label_smoothing > 0.0f ? F_SMOOTH : 0);
+    Config none_cfg = {0, 0, 0, 1};
+
     // small reduced problems on sm_90: one launch does everything (see ce_small_kernel)
-    const int64_t nv_max = (V + 2 * vec - 2) / vec;
-    if (d.cc_major >= 9 && reduced && pass != PASS_BACKWARD && N <= SMALL_MAX_ROWS && nv_max <= 32 * 8 &&
-        (int64_t)N * V <= (int64_t)1 << 22) {
-        const int kw = nv_max <= 32 ? 1 : nv_max <= 64 ? 2 : nv_max <= 128 ? 4 : 8;
+    if (d.cc_major >= 9 && reduced && pass != PASS_BACKWARD && N <= SMALL_MAX_ROWS &&
+        V / vec + 1 <= 32 * SMALL_KW) {
         int64_t C = (N + 4 * SMALL_WARPS - 1) / (4 * SMALL_WARPS);  // about 4 rows per warp
         C = C < 1 ? 1 : C > 8 ? 8 : C;
-        cudaError_t e = pass == PASS_FORWARD ? launch_small<PASS_FORWARD>(dt, a, kw, (int)C, stream)
-                                             : launch_small<PASS_FUSED>(dt, a, kw, (int)C, stream);
-        FL_CUDA_TRY(e);
+        FL_CUDA_TRY(launch_pass(pass, dt, flags, 1, a, none_cfg, (int)C, stream));
         return FL_OK;
     }
 
@@ -865,16 +873,16 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
         FL_CUDA_TRY(cudaGetLastError());
     }
     if (N > 0) {
-        // backward chunks are independent CTAs: no cluster needed, any number of chunks
-        Config c = choose_config(V, vec, pass == PASS_BACKWARD ? 1 << 20 : (d.cc_major >= 9 ? 8 : 1));
+        Config c = choose_config(V, vec, pass == PASS_BACKWARD ? 8 : (d.cc_major >= 9 ? 8 : 1));
+        if (pass == PASS_BACKWARD && c.use_loop) {  // backward chunks are independent CTAs: any count
+            c.use_loop = 0; c.T = 512; c.K = 8;
+            c.C = (int)((V / vec + 1 + 4095) / 4096);
+        }
         if (!c.use_loop && (int64_t)N * c.C > INT32_MAX)
             return fl__fail(FL_ERR_UNSUPPORTED, "%s: N (%lld) too large for one launch", fn, (long long)N);
         if (c.use_loop && N > INT32_MAX)
             return fl__fail(FL_ERR_UNSUPPORTED, "%s: N (%lld) too large for one launch", fn, (long long)N);
-        cudaError_t e;
-        if (pass == PASS_FORWARD) e = launch_dtype<PASS_FORWARD>(dt, a, c, stream);
-        else if (pass == PASS_BACKWARD) e = launch_dtype<PASS_BACKWARD>(dt, a, c, stream);
-        else e = launch_dtype<PASS_FUSED>(dt, a, c, stream);
+        cudaError_t e = launch_pass(pass, dt, flags, 0, a, c, 0, stream);
         FL_CUDA_TRY(e);
     }
     if (reduced && pass != PASS_BACKWARD) {
