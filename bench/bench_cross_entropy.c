@@ -1,0 +1,480 @@
+/* bench_cross_entropy.c — cross-entropy benchmark over the PUBLIC API (never an internal kernel).
+ * SPDX-License-Identifier: MIT
+ *
+ * In one run, on one GPU:
+ *   1. device-to-device copy bandwidth: cudaMemcpyAsync of a 2 GiB buffer, median of 30;
+ *      bytes = read + write (2 x 2 GiB). This is the floor's bandwidth ("copy BW").
+ *   2. per case (N, V, dtype, options), each pass timed with CUDA events around every call,
+ *      after a warm-up; median and min of --reps (default 50) calls:
+ *        fused     fl_cross_entropy_fused_cuda, dlogits in a separate buffer (lse = NULL)
+ *        fused_ip  the same in place (dlogits == logits)
+ *        forward   fl_cross_entropy_forward_cuda (loss + lse)
+ *        backward  fl_cross_entropy_backward_cuda from the forward's lse, separate dlogits
+ *      Floor = bytes that must move / copy BW:
+ *        fused, backward : read the logits of non-ignored rows + write all of dlogits
+ *        forward         : read the logits of non-ignored rows
+ *      (ignored rows' logits are never read, their dlogits rows are written as zeros; with no
+ *      ignored rows this is "one read + one write of N*V*dtype").
+ *      Reported: ms (median), min, ratio = median / floor, achieved GB/s, ns per token (row),
+ *      and for calls under 0.2 ms the GPU time of one launch: a CUDA graph of 100 calls is
+ *      replayed and its time / 100 reported (no host launch gaps).
+ *   Inputs: random logits ~ N(0, 2^2) (never zeros), targets uniform in [0, V), MEAN reduction.
+ *   Inputs are bigger than the 50 MB L2: when one logits buffer is smaller than 256 MiB, the
+ *   calls rotate over enough distinct buffers (same content, different memory) that >= 256 MiB
+ *   is touched between two uses of a buffer; the dlogits buffers rotate likewise.
+ *   In-place runs overwrite the logits with the gradient, so every rep after the first of a
+ *   buffer runs on gradient values: the memory traffic and the arithmetic are the same, so the
+ *   timing is unaffected; they run last so that the other passes see the random logits.
+ *
+ * Usage: bench_cross_entropy [--case N V dtype]... [--ignore F] [--smoothing F] [--reps R]
+ *                            [--warmup W] [--csv FILE] [--no-graph]
+ *   dtype: f32 | f16 | bf16. --case (repeatable) replaces the default grid; --ignore and
+ *   --smoothing apply to the --case entries. --csv appends one row per (case, pass):
+ *   op,pass,dtype,N,V,options,ms,ratio_to_floor,gbps,copy_gbps,gpu,commit,date
+ *   (commit from $FL_COMMIT, else "unknown"; date UTC ISO-8601).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fusedloss.h"
+
+#define CK(x)                                                                                        \
+    do {                                                                                             \
+        cudaError_t e_ = (x);                                                                        \
+        if (e_ != cudaSuccess) {                                                                     \
+            fprintf(stderr, "CUDA error: %s: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__, __LINE__); \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+
+#define FLK(x)                                                                                       \
+    do {                                                                                             \
+        fl_status s_ = (x);                                                                          \
+        if (s_ != FL_OK) {                                                                           \
+            fprintf(stderr, "fusedloss error: %s: %s: %s (%s:%d)\n", #x, fl_status_string(s_),       \
+                    fl_last_error(), __FILE__, __LINE__);                                            \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+
+#define ROTATE_BYTES ((size_t)256 << 20) /* distinct bytes touched between two uses of a buffer */
+#define GRAPH_CALLS 100
+
+typedef struct {
+    int64_t N, V;
+    fl_dtype dt;
+    double ignore;  /* fraction of rows with target = ignore_index */
+    float eps;      /* label smoothing */
+} bcase;
+
+enum { P_FUSED = 0, P_FUSED_IP = 1, P_FWD = 2, P_BWD = 3, NPASS = 4 };
+static const char* pass_name[NPASS] = {"fused", "fused_ip", "forward", "backward"};
+/* run order: in place last (it destroys the logits) */
+static const int pass_order[NPASS] = {P_FWD, P_BWD, P_FUSED, P_FUSED_IP};
+
+static int g_reps = 50, g_warmup = 5, g_graph = 1;
+static cudaStream_t g_stream;
+
+static size_t dt_size(fl_dtype d) { return d == FL_DTYPE_F32 ? 4 : 2; }
+static const char* dt_name(fl_dtype d) { return d == FL_DTYPE_F32 ? "f32" : d == FL_DTYPE_F16 ? "f16" : "bf16"; }
+static int parse_dt(const char* s, fl_dtype* d) {
+    if (!strcmp(s, "f32") || !strcmp(s, "fp32") || !strcmp(s, "float32")) { *d = FL_DTYPE_F32; return 1; }
+    if (!strcmp(s, "f16") || !strcmp(s, "fp16") || !strcmp(s, "float16")) { *d = FL_DTYPE_F16; return 1; }
+    if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) { *d = FL_DTYPE_BF16; return 1; }
+    return 0;
+}
+
+/* host conversions, round to nearest even */
+static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static uint16_t f32_to_bf16(float f) {
+    uint32_t u = f32_bits(f);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static uint16_t f32_to_f16(float f) { /* |f| < 65504, normal or subnormal range */
+    uint32_t u = f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a < 0x38800000u) {
+        float v;
+        memcpy(&v, &a, 4);
+        return (uint16_t)(sign | (uint16_t)nearbyintf(v * 16777216.0f));
+    }
+    uint32_t h = (((a >> 23) - 112u) << 10) | ((a & 0x7fffffu) >> 13);
+    uint32_t r = a & 0x1fffu;
+    if (r > 0x1000u || (r == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static uint64_t mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+/* ~2 * N(0, 1) (Irwin-Hall of four 16-bit uniforms); never exactly 0 after the nudge */
+static float rnd_logit(uint64_t i) {
+    uint64_t h = mix64(i * 0x2545f4914f6cdd1dULL + 12345);
+    double s = (double)(h & 0xffffu) + (double)((h >> 16) & 0xffffu) + (double)((h >> 32) & 0xffffu) +
+               (double)(h >> 48);
+    float x = (float)((s - 2.0 * 65535.0) * (2.0 * 1.7320508075688772 / 65535.0));
+    return x == 0.0f ? 0.03125f : x;
+}
+
+static int cmp_float(const void* a, const void* b) {
+    float x = *(const float*)a, y = *(const float*)b;
+    return x < y ? -1 : x > y;
+}
+static float median(float* v, int n) {
+    qsort(v, (size_t)n, sizeof(float), cmp_float);
+    return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+static double copy_bandwidth_gbps(void) {
+    const size_t bytes = (size_t)2 << 30;
+    void *a = NULL, *b = NULL;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        fprintf(stderr, "copy bandwidth: cannot allocate 2 x 2 GiB\n");
+        exit(1);
+    }
+    CK(cudaMemsetAsync(a, 0x3c, bytes, g_stream)); /* non-zero content */
+    enum { REPS = 30 };
+    cudaEvent_t e0[REPS], e1[REPS];
+    for (int k = 0; k < REPS; k++) { CK(cudaEventCreate(&e0[k])); CK(cudaEventCreate(&e1[k])); }
+    for (int k = 0; k < 3; k++) CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_stream));
+    for (int k = 0; k < REPS; k++) {
+        CK(cudaEventRecord(e0[k], g_stream));
+        CK(cudaMemcpyAsync(k & 1 ? a : b, k & 1 ? b : a, bytes, cudaMemcpyDeviceToDevice, g_stream));
+        CK(cudaEventRecord(e1[k], g_stream));
+    }
+    CK(cudaStreamSynchronize(g_stream));
+    float ms[REPS];
+    for (int k = 0; k < REPS; k++) {
+        CK(cudaEventElapsedTime(&ms[k], e0[k], e1[k]));
+        CK(cudaEventDestroy(e0[k]));
+        CK(cudaEventDestroy(e1[k]));
+    }
+    float med = median(ms, REPS);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    return 2.0 * (double)bytes / ((double)med * 1e6);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+typedef struct {
+    int64_t N, V;
+    fl_dtype dt;
+    int R;                 /* rotating buffers */
+    size_t stride;         /* bytes between buffers */
+    unsigned char *x, *dl; /* R logits buffers, R dlogits buffers */
+    void* tgt;
+    float *loss, *lse;
+    void* ws;
+    size_t ws_bytes;
+    fl_ce_options o;
+} ctx_t;
+
+static fl_status launch(const ctx_t* c, int pass, int k) {
+    unsigned char* x = c->x + (size_t)(k % c->R) * c->stride;
+    unsigned char* dl = c->dl ? c->dl + (size_t)(k % c->R) * c->stride : NULL;
+    switch (pass) {
+        case P_FUSED:
+            return fl_cross_entropy_fused_cuda(c->loss, NULL, dl, x, c->tgt, NULL, 1.0f, c->N, c->V, c->V, c->dt,
+                                               FL_INDEX_I64, &c->o, c->ws, c->ws_bytes, g_stream);
+        case P_FUSED_IP:
+            return fl_cross_entropy_fused_cuda(c->loss, NULL, x, x, c->tgt, NULL, 1.0f, c->N, c->V, c->V, c->dt,
+                                               FL_INDEX_I64, &c->o, c->ws, c->ws_bytes, g_stream);
+        case P_FWD:
+            return fl_cross_entropy_forward_cuda(c->loss, c->lse, x, c->tgt, c->N, c->V, c->V, c->dt, FL_INDEX_I64,
+                                                 &c->o, c->ws, c->ws_bytes, g_stream);
+        case P_BWD:
+            return fl_cross_entropy_backward_cuda(dl, x, c->tgt, c->lse, NULL, 1.0f, c->N, c->V, c->V, c->dt,
+                                                  FL_INDEX_I64, &c->o, c->ws, c->ws_bytes, g_stream);
+    }
+    return FL_ERR_INTERNAL;
+}
+
+/* median and min ms of g_reps timed calls; *k is the running buffer index */
+static void time_pass(const ctx_t* c, int pass, int* k, float* med, float* mn) {
+    for (int w = 0; w < g_warmup; w++) FLK(launch(c, pass, (*k)++));
+    cudaEvent_t* e = (cudaEvent_t*)malloc(sizeof(cudaEvent_t) * 2 * (size_t)g_reps);
+    float* ms = (float*)malloc(sizeof(float) * (size_t)g_reps);
+    for (int r = 0; r < 2 * g_reps; r++) CK(cudaEventCreate(&e[r]));
+    CK(cudaStreamSynchronize(g_stream));
+    for (int r = 0; r < g_reps; r++) {
+        CK(cudaEventRecord(e[2 * r], g_stream));
+        FLK(launch(c, pass, (*k)++));
+        CK(cudaEventRecord(e[2 * r + 1], g_stream));
+    }
+    CK(cudaStreamSynchronize(g_stream));
+    for (int r = 0; r < g_reps; r++) CK(cudaEventElapsedTime(&ms[r], e[2 * r], e[2 * r + 1]));
+    for (int r = 0; r < 2 * g_reps; r++) CK(cudaEventDestroy(e[r]));
+    *med = median(ms, g_reps);
+    *mn = ms[0];
+    free(e);
+    free(ms);
+}
+
+/* GPU time of one call: a graph of GRAPH_CALLS calls, median of 20 replays / GRAPH_CALLS */
+static float graph_ms_per_call(const ctx_t* c, int pass, int* k) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamSynchronize(g_stream));
+    CK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < GRAPH_CALLS; i++) {
+        fl_status s = launch(c, pass, (*k)++);
+        if (s != FL_OK) {
+            cudaGraph_t dummy;
+            (void)cudaStreamEndCapture(g_stream, &dummy);
+            (void)cudaGetLastError();
+            fprintf(stderr, "graph capture of %s failed: %s\n", pass_name[pass], fl_last_error());
+            return NAN;
+        }
+    }
+    CK(cudaStreamEndCapture(g_stream, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    enum { REPS = 20 };
+    cudaEvent_t e0[REPS], e1[REPS];
+    float ms[REPS];
+    CK(cudaGraphLaunch(ge, g_stream)); /* warm-up */
+    for (int r = 0; r < REPS; r++) { CK(cudaEventCreate(&e0[r])); CK(cudaEventCreate(&e1[r])); }
+    for (int r = 0; r < REPS; r++) {
+        CK(cudaEventRecord(e0[r], g_stream));
+        CK(cudaGraphLaunch(ge, g_stream));
+        CK(cudaEventRecord(e1[r], g_stream));
+    }
+    CK(cudaStreamSynchronize(g_stream));
+    for (int r = 0; r < REPS; r++) {
+        CK(cudaEventElapsedTime(&ms[r], e0[r], e1[r]));
+        CK(cudaEventDestroy(e0[r]));
+        CK(cudaEventDestroy(e1[r]));
+    }
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return median(ms, REPS) / (float)GRAPH_CALLS;
+}
+
+typedef struct {
+    float ms, mn, graph_ms;
+    double floor_ms, ratio, gbps;
+    int ok;
+} result_t;
+
+static void options_str(const bcase* b, char* s, size_t n) {
+    int k = snprintf(s, n, "mean");
+    if (b->ignore > 0) k += snprintf(s + k, n - (size_t)k, ";ignore=%g", b->ignore);
+    if (b->eps > 0) k += snprintf(s + k, n - (size_t)k, ";smoothing=%g", (double)b->eps);
+}
+
+/* returns 0 if the case could not run (memory) */
+static int run_case(const bcase* b, double copy_gbps, result_t res[NPASS]) {
+    ctx_t c;
+    memset(&c, 0, sizeof c);
+    c.N = b->N; c.V = b->V; c.dt = b->dt;
+    const size_t es = dt_size(b->dt);
+    const size_t B = (size_t)b->N * (size_t)b->V * es;
+    c.stride = (B + 255) & ~(size_t)255;
+    c.R = B >= ROTATE_BYTES ? 1 : (int)((ROTATE_BYTES + B - 1) / B);
+    /* memory: logits + dlogits sets */
+    if (cudaMalloc((void**)&c.x, c.stride * (size_t)c.R) != cudaSuccess ||
+        cudaMalloc((void**)&c.dl, c.stride * (size_t)c.R) != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (c.x) CK(cudaFree(c.x));
+        fprintf(stderr, "case %lldx%lld %s: not enough device memory\n", (long long)b->N, (long long)b->V,
+                dt_name(b->dt));
+        return 0;
+    }
+    /* random logits: one host buffer, copied to every rotating buffer */
+    {
+        unsigned char* h = (unsigned char*)malloc(B);
+        if (!h) { fprintf(stderr, "host malloc(%zu) failed\n", B); exit(1); }
+        const int64_t n = b->N * b->V;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+        for (int64_t i = 0; i < n; i++) {
+            float v = rnd_logit((uint64_t)i);
+            if (b->dt == FL_DTYPE_F32) ((float*)h)[i] = v;
+            else if (b->dt == FL_DTYPE_F16) ((uint16_t*)h)[i] = f32_to_f16(v);
+            else ((uint16_t*)h)[i] = f32_to_bf16(v);
+        }
+        CK(cudaMemcpy(c.x, h, B, cudaMemcpyHostToDevice));
+        CK(cudaDeviceSynchronize()); /* a pageable copy may still be in flight; the next copies use g_stream */
+        for (int r = 1; r < c.R; r++)
+            CK(cudaMemcpyAsync(c.x + (size_t)r * c.stride, c.x, B, cudaMemcpyDeviceToDevice, g_stream));
+        CK(cudaMemsetAsync(c.dl, 0x3c, c.stride * (size_t)c.R, g_stream));
+        free(h);
+    }
+    /* targets (int64), a fraction set to ignore_index */
+    int64_t n_active = 0;
+    {
+        int64_t* t = (int64_t*)malloc((size_t)b->N * 8);
+        for (int64_t i = 0; i < b->N; i++) {
+            uint64_t h = mix64((uint64_t)i ^ 0xabcdefULL);
+            int ign = (double)(h >> 11) * (1.0 / 9007199254740992.0) < b->ignore;
+            t[i] = ign ? -100 : (int64_t)(mix64(h) % (uint64_t)b->V);
+            n_active += !ign;
+        }
+        CK(cudaMalloc(&c.tgt, (size_t)b->N * 8));
+        CK(cudaMemcpy(c.tgt, t, (size_t)b->N * 8, cudaMemcpyHostToDevice));
+        free(t);
+    }
+    CK(cudaMalloc((void**)&c.loss, (size_t)b->N * 4));
+    CK(cudaMalloc((void**)&c.lse, (size_t)b->N * 4));
+    fl_ce_options o = FL_CE_OPTIONS_INIT;
+    o.label_smoothing = b->eps;
+    c.o = o;
+    FLK(fl_cross_entropy_workspace_size(&c.ws_bytes, b->N, b->V, b->dt, &c.o));
+    CK(cudaMalloc(&c.ws, c.ws_bytes ? c.ws_bytes : 256));
+    CK(cudaDeviceSynchronize());
+
+    const double rd = (double)n_active * (double)b->V * (double)es, wr = (double)B;
+    int k = 0;
+    for (int q = 0; q < NPASS; q++) {
+        const int p = pass_order[q];
+        result_t* r = &res[p];
+        if (p == P_FUSED_IP) k = 0; /* restart the rotation: each buffer's first in-place call sees random data */
+        time_pass(&c, p, &k, &r->ms, &r->mn);
+        const double bytes = p == P_FWD ? rd : rd + wr;
+        r->floor_ms = bytes / (copy_gbps * 1e6);
+        r->ratio = r->ms / r->floor_ms;
+        r->gbps = bytes / ((double)r->ms * 1e6);
+        r->graph_ms = NAN;
+        if (g_graph && r->ms < 0.2f) r->graph_ms = graph_ms_per_call(&c, p, &k);
+        r->ok = 1;
+    }
+    CK(cudaFree(c.x)); CK(cudaFree(c.dl)); CK(cudaFree(c.tgt)); CK(cudaFree(c.loss)); CK(cudaFree(c.lse));
+    CK(cudaFree(c.ws));
+    return 1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+static void usage(void) {
+    fprintf(stderr,
+            "usage: bench_cross_entropy [--case N V dtype]... [--ignore F] [--smoothing F] [--reps R]\n"
+            "                           [--warmup W] [--csv FILE] [--no-graph]\n");
+}
+
+int main(int argc, char** argv) {
+    bcase cases[64];
+    int ncases = 0;
+    double ignore = 0.0;
+    float eps = 0.0f;
+    const char* csv = NULL;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--case") && a + 3 < argc && ncases < 64) {
+            bcase* b = &cases[ncases];
+            b->N = atoll(argv[a + 1]);
+            b->V = atoll(argv[a + 2]);
+            if (b->N < 1 || b->V < 1 || !parse_dt(argv[a + 3], &b->dt)) { usage(); return 2; }
+            b->ignore = 0.0; b->eps = 0.0f;
+            ncases++;
+            a += 3;
+        } else if (!strcmp(argv[a], "--ignore") && a + 1 < argc) ignore = atof(argv[++a]);
+        else if (!strcmp(argv[a], "--smoothing") && a + 1 < argc) eps = (float)atof(argv[++a]);
+        else if (!strcmp(argv[a], "--reps") && a + 1 < argc) g_reps = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--warmup") && a + 1 < argc) g_warmup = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--csv") && a + 1 < argc) csv = argv[++a];
+        else if (!strcmp(argv[a], "--no-graph")) g_graph = 0;
+        else { usage(); return 2; }
+    }
+    if (g_reps < 1) g_reps = 1;
+    if (g_warmup < 0) g_warmup = 0;
+    if (ncases == 0) {
+        static const struct { int64_t N, V; fl_dtype dt; double ign; float eps; } def[] = {
+            {8192, 128256, FL_DTYPE_BF16, 0.0, 0.0f}, {4096, 50257, FL_DTYPE_F32, 0.0, 0.0f},
+            {2048, 32000, FL_DTYPE_F16, 0.0, 0.0f},   {16384, 32000, FL_DTYPE_BF16, 0.0, 0.0f},
+            {4096, 256000, FL_DTYPE_BF16, 0.0, 0.0f}, {128, 1000, FL_DTYPE_F32, 0.0, 0.0f},
+            {8192, 128256, FL_DTYPE_BF16, 0.25, 0.0f}, {8192, 128256, FL_DTYPE_BF16, 0.0, 0.1f}};
+        for (size_t i = 0; i < sizeof def / sizeof def[0]; i++) {
+            cases[ncases].N = def[i].N; cases[ncases].V = def[i].V; cases[ncases].dt = def[i].dt;
+            cases[ncases].ignore = def[i].ign; cases[ncases].eps = def[i].eps;
+            ncases++;
+        }
+    } else {
+        for (int i = 0; i < ncases; i++) { cases[i].ignore = ignore; cases[i].eps = eps; }
+    }
+
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("SKIP: no CUDA device\n");
+        return 0;
+    }
+    if (!fl_cuda_built()) {
+        printf("this libfusedloss has no CUDA backend (fl_cuda_built() == 0)\n");
+        return 1;
+    }
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+    const char* commit = getenv("FL_COMMIT");
+    if (!commit || !commit[0]) commit = "unknown";
+    char date[32];
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+
+    const double copy_gbps = copy_bandwidth_gbps();
+    printf("fusedloss %s | %s (%d SMs, L2 %d MB) | commit %s | %s\n", fl_version_string(), prop.name,
+           prop.multiProcessorCount, prop.l2CacheSize >> 20, commit, date);
+    printf("copy BW (D2D cudaMemcpyAsync 2 GiB, read+write, median of 30): %.0f GB/s\n", copy_gbps);
+    printf("reps %d (median), warm-up %d; floor = bytes / copy BW; graph = GPU time of one call in a graph of %d\n\n",
+           g_reps, g_warmup, GRAPH_CALLS);
+    printf("%-34s %-9s %9s %9s %9s %7s %8s %9s %10s\n", "case", "pass", "ms(med)", "ms(min)", "floor ms", "ratio",
+           "GB/s", "ns/token", "graph us");
+
+    FILE* f = NULL;
+    if (csv) {
+        f = fopen(csv, "a");
+        if (!f) { fprintf(stderr, "cannot open %s\n", csv); return 1; }
+        fseek(f, 0, SEEK_END);
+        if (ftell(f) == 0) fprintf(f, "op,pass,dtype,N,V,options,ms,ratio_to_floor,gbps,copy_gbps,gpu,commit,date\n");
+    }
+    char summary[64][160];
+    int nsum = 0;
+    for (int i = 0; i < ncases; i++) {
+        const bcase* b = &cases[i];
+        char opt[64], name[96];
+        options_str(b, opt, sizeof opt);
+        snprintf(name, sizeof name, "%lldx%lld %s %s", (long long)b->N, (long long)b->V, dt_name(b->dt), opt);
+        result_t res[NPASS];
+        memset(res, 0, sizeof res);
+        if (!run_case(b, copy_gbps, res)) { printf("%-34s (skipped: memory)\n", name); continue; }
+        for (int p = 0; p < NPASS; p++) {
+            const result_t* r = &res[p];
+            char gs[16] = "-";
+            if (!isnan(r->graph_ms)) snprintf(gs, sizeof gs, "%.2f", (double)r->graph_ms * 1e3);
+            printf("%-34s %-9s %9.4f %9.4f %9.4f %7.2f %8.0f %9.2f %10s\n", p == 0 ? name : "", pass_name[p],
+                   (double)r->ms, (double)r->mn, r->floor_ms, r->ratio, r->gbps, (double)r->ms * 1e6 / (double)b->N,
+                   gs);
+            if (f) {
+                fprintf(f, "cross_entropy,%s,%s,%lld,%lld,%s,%.5f,%.4f,%.1f,%.1f,%s,%s,%s\n", pass_name[p],
+                        dt_name(b->dt), (long long)b->N, (long long)b->V, opt, (double)r->ms, r->ratio, r->gbps,
+                        copy_gbps, prop.name, commit, date);
+                if (!isnan(r->graph_ms)) {
+                    const double ratio_g = r->graph_ms / r->floor_ms, gb = r->gbps * r->ms / r->graph_ms;
+                    fprintf(f, "cross_entropy,%s_graph,%s,%lld,%lld,%s,%.6f,%.4f,%.1f,%.1f,%s,%s,%s\n", pass_name[p],
+                            dt_name(b->dt), (long long)b->N, (long long)b->V, opt, (double)r->graph_ms, ratio_g, gb,
+                            copy_gbps, prop.name, commit, date);
+                }
+            }
+        }
+        fflush(stdout);
+        if (nsum < 64)
+            snprintf(summary[nsum++], sizeof summary[0], "SUMMARY %-34s fused %.2fx  fused_ip %.2fx  fwd %.2fx  bwd %.2fx",
+                     name, res[P_FUSED].ratio, res[P_FUSED_IP].ratio, res[P_FWD].ratio, res[P_BWD].ratio);
+    }
+    if (f) fclose(f);
+    printf("\n(ratio = median / floor; 1.00 = as fast as a device copy of the same bytes)\n");
+    printf("SUMMARY copy BW %.0f GB/s on %s\n", copy_gbps, prop.name);
+    for (int i = 0; i < nsum; i++) printf("%s\n", summary[i]);
+    return 0;
+}

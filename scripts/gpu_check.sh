@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# gpu_check.sh — the one script to run on the GPU machine (H200): build, CPU tests, CUDA tests,
+# compute-sanitizer, the C benchmark and the PyTorch peer comparison, each with a time limit.
+#
+#   bash scripts/gpu_check.sh                      # everything (stays under ~9 minutes)
+#   STEPS="bench" bash scripts/gpu_check.sh        # just the C benchmark (builds first if needed)
+#   STEPS="build test-cuda" bash scripts/gpu_check.sh
+#
+# Steps (STEPS, space- or comma-separated; default "all"):
+#   build      nvidia-smi, `make -j16 GPU_ARCH=90`, then the CUDA test and the benchmark with the
+#              Makefile's compile/link line (cc -std=c11 ... build/libfusedloss.a -lcudart_static ...)
+#   test-cpu   make test
+#   test-cuda  build/test_cross_entropy_cuda (full grid)
+#   sanitize   compute-sanitizer memcheck (--small --stride 2) and racecheck (--small --stride 6)
+#   bench      build/bench_cross_entropy --csv bench/results/<date>-h200.csv (copied to $OUT)
+#   peers      python3 bench/bench_peers.py --out $OUT/peers-<date>.json
+# Every step's output goes to $OUT/<step>.log (OUT defaults to /tmp/out); stdout gets one line
+# per step, the tail of any failing log, the benchmark summaries, and last a summary table.
+# Env: OUT, STEPS, BUDGET (seconds for the whole script, default 530), FL_COMMIT, GPU_ARCH (90),
+#      PEERS_PROVIDERS (bench_peers.py --providers), PEERS_REPS (30), BENCH_ARGS (extra args).
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+STEPS="${STEPS:-all}"
+STEPS=" ${STEPS//,/ } "
+BUDGET="${BUDGET:-530}"
+GPU_ARCH="${GPU_ARCH:-90}"
+T0=$(date +%s)
+DATE=$(date -u +%F)
+
+if [ -z "${FL_COMMIT:-}" ]; then
+    FL_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    if [ "$FL_COMMIT" != unknown ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+        FL_COMMIT="$FL_COMMIT-dirty"
+    fi
+fi
+export FL_COMMIT
+
+NVCC=$(command -v nvcc || true)
+if [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ]; then NVCC=/usr/local/cuda/bin/nvcc; fi
+CUDA_HOME="${CUDA_HOME:-${NVCC:+$(dirname "$(dirname "$NVCC")")}}"
+CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+CUDA_LIBDIR="$CUDA_HOME/lib64"
+[ -d "$CUDA_LIBDIR" ] || CUDA_LIBDIR="$CUDA_HOME/targets/x86_64-linux/lib"
+SANITIZER=$(command -v compute-sanitizer || true)
+for c in "$CUDA_HOME/bin/compute-sanitizer" "$CUDA_HOME/compute-sanitizer/compute-sanitizer"; do
+    [ -z "$SANITIZER" ] && [ -x "$c" ] && SANITIZER="$c"
+done
+[ -d /tmp/site ] && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+export CUDA_HOME CUDA_LIBDIR SANITIZER OUT DATE GPU_ARCH
+
+CC="${CC:-cc}"
+# the Makefile's conventions for tests and tools (see its $(BUILD)/% rule)
+export FL_CFLAGS="-std=c11 -O2 -Wall -Wextra -fopenmp -Iinclude -I$CUDA_HOME/include"
+export FL_LIBS="build/libfusedloss.a -L$CUDA_LIBDIR -lcudart_static -ldl -lrt -lstdc++ -lm -lpthread -fopenmp"
+export CC
+
+declare -A STATUS TIME KEY
+ORDER=()
+
+want() { [[ "$STEPS" == " all " || "$STEPS" == *" $1 "* ]]; }
+elapsed() { echo $(( $(date +%s) - T0 )); }
+
+# run_step NAME CAP_SECONDS COMMAND_STRING — runs under `timeout`, log in $OUT/NAME.log (appended)
+run_step() {
+    local name=$1 cap=$2 cmd=$3
+    local left=$(( BUDGET - $(elapsed) - 10 ))
+    local lim=$(( cap < left ? cap : left ))
+    ORDER+=("$name")
+    if (( lim < 15 )); then
+        STATUS[$name]="SKIP"; TIME[$name]=0; KEY[$name]="no time left (BUDGET=$BUDGET s)"
+        echo "== $name: skipped, no time left"
+        return 1
+    fi
+    echo "== $name (limit ${lim}s) $(date -u +%T)"
+    local t
+    t=$(date +%s)
+    timeout --kill-after=10 "$lim" bash -c "$cmd" >> "$OUT/$name.log" 2>&1
+    local rc=$?
+    TIME[$name]=$(( $(date +%s) - t ))
+    if (( rc == 0 )); then STATUS[$name]="OK"
+    elif (( rc == 124 || rc == 137 )); then STATUS[$name]="TIMEOUT"
+    else STATUS[$name]="FAIL($rc)"; fi
+    KEY[$name]=""
+    echo "   $name: ${STATUS[$name]} in ${TIME[$name]}s"
+    return $rc
+}
+
+# ---- environment -------------------------------------------------------------------------------
+: > "$OUT/build.log"
+for f in test-cpu test-cuda sanitize bench peers; do want "$f" && : > "$OUT/$f.log"; done
+{
+    echo "# gpu_check.sh $(date -u +%FT%TZ) commit $FL_COMMIT steps:$STEPS"
+    nvidia-smi 2>&1 || echo "nvidia-smi not available"
+    echo "nvcc: ${NVCC:-none} $("${NVCC:-false}" --version 2>/dev/null | tail -1)"
+    echo "cc: $($CC --version 2>/dev/null | head -1)"
+    echo "compute-sanitizer: ${SANITIZER:-none}"
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
+} | tee -a "$OUT/build.log"
+
+# ---- build ---------------------------------------------------------------------------------------
+# The benchmark and test binaries are needed by later steps: build when asked or when missing.
+NEED_BUILD=0
+want build && NEED_BUILD=1
+for b in build/libfusedloss.a build/libfusedloss.so build/test_cross_entropy_cuda build/bench_cross_entropy; do
+    [ -e "$b" ] || NEED_BUILD=1
+done
+if (( NEED_BUILD )); then
+    # --threads 0: nvcc compiles the sm_90 / sm_80 / compute_80 targets in parallel
+    run_step build 240 '
+        rc=0
+        if ! make -j16 GPU_ARCH=$GPU_ARCH EXTRA_NVCCFLAGS="--threads 0"; then
+            rc=1
+            echo "### make (all) failed; building the library alone"
+            make -j16 GPU_ARCH=$GPU_ARCH EXTRA_NVCCFLAGS="--threads 0" lib || exit 1
+        fi
+        echo "+ $CC $FL_CFLAGS tests/test_cross_entropy_cuda.c -o build/test_cross_entropy_cuda $FL_LIBS"
+        $CC $FL_CFLAGS tests/test_cross_entropy_cuda.c -o build/test_cross_entropy_cuda $FL_LIBS || rc=1
+        echo "+ $CC $FL_CFLAGS bench/bench_cross_entropy.c -o build/bench_cross_entropy $FL_LIBS"
+        $CC $FL_CFLAGS bench/bench_cross_entropy.c -o build/bench_cross_entropy $FL_LIBS || rc=1
+        exit $rc
+    '
+    KEY[build]="$(grep -c 'warning' "$OUT/build.log" | tr -d ' ') warning lines; $(ls build/libfusedloss.a build/test_cross_entropy_cuda build/bench_cross_entropy 2>/dev/null | wc -l)/3 artifacts"
+fi
+
+have() { [ -e "$1" ] || { ORDER+=("$2"); STATUS[$2]="SKIP"; TIME[$2]=0; KEY[$2]="$1 missing (build failed?)"; echo "== $2: skipped, $1 missing"; return 1; }; }
+
+# ---- CPU tests ---------------------------------------------------------------------------------
+if want test-cpu; then
+    run_step test-cpu 90 'make -j16 GPU_ARCH=$GPU_ARCH EXTRA_NVCCFLAGS="--threads 0" test'
+    KEY[test-cpu]=$(grep -hE '^[0-9]+ passed, [0-9]+ failed' "$OUT/test-cpu.log" |
+        awk '{p+=$1; f+=$3} END {if (NR) printf "%d passed, %d failed (%d programs)", p, f, NR; else print "no summary line"}')
+    grep -q '^overall okay: 1' "$OUT/test-cpu.log" && KEY[test-cpu]+="; overall okay: 1"
+fi
+
+# ---- CUDA tests ----------------------------------------------------------------------------------
+if want test-cuda && have build/test_cross_entropy_cuda test-cuda; then
+    run_step test-cuda 240 'build/test_cross_entropy_cuda'
+    KEY[test-cuda]=$(grep -E '^[0-9]+ passed, [0-9]+ failed|^SKIP|^FATAL' "$OUT/test-cuda.log" | tail -1)
+    n=$(grep -c '^FAIL' "$OUT/test-cuda.log")
+    (( n > 0 )) && KEY[test-cuda]+="; first FAIL: $(grep -m1 '^FAIL' "$OUT/test-cuda.log" | cut -c1-90)"
+fi
+
+# ---- compute-sanitizer -------------------------------------------------------------------------
+if want sanitize && have build/test_cross_entropy_cuda sanitize; then
+    if [ -z "$SANITIZER" ]; then
+        ORDER+=(sanitize); STATUS[sanitize]="SKIP"; TIME[sanitize]=0; KEY[sanitize]="compute-sanitizer not found"
+    else
+        run_step sanitize 150 '
+            rc=0
+            echo "### memcheck"
+            timeout 100 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 \
+                build/test_cross_entropy_cuda --small --stride 2 || rc=$?
+            echo "### memcheck exit $rc"
+            rc2=0
+            echo "### racecheck"
+            timeout 45 "$SANITIZER" --tool racecheck --print-limit 20 --error-exitcode 99 \
+                build/test_cross_entropy_cuda --small --stride 6 || rc2=$?
+            echo "### racecheck exit $rc2"
+            [ $rc -eq 0 ] && [ $rc2 -eq 0 ]
+        '
+        mc=$(grep -m1 'ERROR SUMMARY' "$OUT/sanitize.log" | sed 's/.*ERROR SUMMARY: //')
+        rcs=$(grep -m1 'RACECHECK SUMMARY' "$OUT/sanitize.log" | sed 's/.*RACECHECK SUMMARY: //')
+        KEY[sanitize]="memcheck: ${mc:-no summary}; racecheck: ${rcs:-no summary}"
+        if grep -qE 'Device not supported|not supported on this (device|platform)' "$OUT/sanitize.log"; then
+            STATUS[sanitize]="N/A"; KEY[sanitize]="compute-sanitizer cannot run on this machine (see sanitize.log)"
+        fi
+        grep -q '^### memcheck exit 124' "$OUT/sanitize.log" && KEY[sanitize]+=" (memcheck timed out)"
+        grep -q '^### racecheck exit 124' "$OUT/sanitize.log" && KEY[sanitize]+=" (racecheck timed out)"
+    fi
+fi
+
+# ---- C benchmark ---------------------------------------------------------------------------------
+CSV="bench/results/$DATE-h200.csv"
+if want bench && have build/bench_cross_entropy bench; then
+    mkdir -p bench/results
+    export CSV
+    run_step bench 150 'build/bench_cross_entropy --csv "$CSV" ${BENCH_ARGS:-}'
+    [ -f "$CSV" ] && cp "$CSV" "$OUT/bench-$DATE-h200.csv"
+    KEY[bench]=$(grep -m1 '^SUMMARY copy' "$OUT/bench.log" | sed 's/^SUMMARY //')
+    k=$(grep -m1 '^SUMMARY 8192x128256 bf16 mean ' "$OUT/bench.log" | sed 's/^SUMMARY 8192x128256 bf16 mean *//')
+    [ -n "$k" ] && KEY[bench]+="; 8192x128256 bf16: $k"
+    [ -z "${KEY[bench]}" ] && KEY[bench]=$(grep -m1 -E '^SKIP|error' "$OUT/bench.log" | cut -c1-100)
+fi
+
+# ---- PyTorch peers -------------------------------------------------------------------------------
+if want peers && have build/libfusedloss.so peers; then
+    left=$(( BUDGET - $(elapsed) - 10 ))
+    cap=$(( left < 240 ? left : 240 ))
+    export PEERS_BUDGET=$(( cap > 60 ? cap - 40 : 20 ))   # the script stops starting work after this
+    export PEERS_OUT="$OUT/peers-$DATE.json"
+    run_step peers "$cap" 'PYTHONUNBUFFERED=1 python3 bench/bench_peers.py --out "$PEERS_OUT" --reps ${PEERS_REPS:-30} --warmup 3 --budget $PEERS_BUDGET ${PEERS_PROVIDERS:+--providers $PEERS_PROVIDERS}'
+    KEY[peers]=$(grep -m1 '^PEERS copy' "$OUT/peers.log" | sed 's/^PEERS //')
+    [ -z "${KEY[peers]}" ] && KEY[peers]=$(grep -m1 -E '^SKIP|Error' "$OUT/peers.log" | cut -c1-100)
+fi
+
+# ---- keep logs within what comes back (16 MB a file) ---------------------------------------------
+for f in "$OUT"/*.log; do
+    [ -f "$f" ] || continue
+    if [ "$(stat -c %s "$f")" -gt 8000000 ]; then
+        { head -c 2000000 "$f"; echo; echo "[... truncated by gpu_check.sh ...]"; tail -c 4000000 "$f"; } > "$f.tmp" && mv "$f.tmp" "$f"
+    fi
+done
+
+# ---- report --------------------------------------------------------------------------------------
+for s in "${ORDER[@]}"; do
+    case "${STATUS[$s]}" in
+        OK|SKIP|N/A) ;;
+        *) echo; echo "---- tail of $OUT/$s.log (${STATUS[$s]}) ----"
+           tail -n 15 "$OUT/$s.log" 2>/dev/null | cut -c1-200 ;;
+    esac
+done
+if [ -f "$OUT/bench.log" ] && grep -q '^SUMMARY' "$OUT/bench.log"; then
+    echo; echo "---- bench (ratio to the copy floor) ----"; grep '^SUMMARY' "$OUT/bench.log" | sed 's/^SUMMARY //'
+fi
+if [ -f "$OUT/peers.log" ] && grep -q '^PEERS' "$OUT/peers.log"; then
+    echo; echo "---- peers (fwd+bwd, ratio to the floor) ----"; grep '^PEERS' "$OUT/peers.log" | sed 's/^PEERS //'
+fi
+echo
+echo "==== gpu_check summary: commit $FL_COMMIT, $(elapsed)s total, logs in $OUT ===="
+printf '%-10s %-10s %6s  %s\n' step status time key
+overall=0
+for s in "${ORDER[@]}"; do
+    printf '%-10s %-10s %5ss  %s\n' "$s" "${STATUS[$s]}" "${TIME[$s]}" "${KEY[$s]}"
+    case "${STATUS[$s]}" in OK|SKIP|N/A) ;; *) overall=1 ;; esac
+done
+exit $overall
