@@ -51,8 +51,11 @@ size_t fl__index_size(fl_index_dtype dtype);
 
 /* Workspace bytes the CE entry points require (same for both backends). Layout (CUDA):
  *   [0, 256)                     header: denominators and class-weight sum
- *   [256, 256 + align(16*N))     per-row partial losses (two values per row) */
-size_t fl__ce_workspace_bytes(int64_t N);
+ *   [256, 256 + align(16*N))     per-row partial losses (two values per row)
+ *   then align(16*N*chunks)      per-(row, chunk) statistics: max, sum-exp, sum w z, target logit */
+size_t fl__ce_workspace_bytes(int64_t N, int64_t V, fl_dtype dtype);
+/* Chunks per row of the CUDA row kernels (1 for rows of up to 512 16-byte vectors). */
+int64_t fl__ce_chunks(int64_t V, size_t esize);
 
 /* Validate every argument of a cross-entropy entry point (either backend) and resolve the
  * options into *p. Pointers that a pass does not use must be given as NULL by the caller

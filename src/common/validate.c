@@ -26,8 +26,18 @@ size_t fl__index_size(fl_index_dtype dtype) {
 
 static size_t align256(size_t x) { return (x + 255u) & ~(size_t)255u; }
 
-size_t fl__ce_workspace_bytes(int64_t N) {
-    return 256u + align256((size_t)(N > 0 ? N : 0) * 16u);
+int64_t fl__ce_chunks(int64_t V, size_t esize) {
+    /* must match choose_config() in src/cuda/cross_entropy.cu: rows of more than 512 16-byte
+     * vectors are cut into chunks of 256 threads x 8 vectors */
+    const int64_t nv = V / (int64_t)(16u / esize) + 1;
+    return nv <= 512 ? 1 : (nv + 2047) / 2048;
+}
+
+size_t fl__ce_workspace_bytes(int64_t N, int64_t V, fl_dtype dtype) {
+    const size_t n = (size_t)(N > 0 ? N : 0);
+    const size_t es = fl__dtype_size(dtype) ? fl__dtype_size(dtype) : 4u;
+    /* header | per-row partial losses (16 B) | per-(row, chunk) statistics (float4) */
+    return 256u + align256(n * 16u) + align256(n * (size_t)fl__ce_chunks(V > 0 ? V : 1, es) * 16u);
 }
 
 fl_status fl_cross_entropy_workspace_size(size_t* bytes, int64_t N, int64_t V, fl_dtype dtype,
@@ -42,7 +52,7 @@ fl_status fl_cross_entropy_workspace_size(size_t* bytes, int64_t N, int64_t V, f
     if (opts && opts->struct_size != sizeof(fl_ce_options))
         return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: opts->struct_size (%zu) != sizeof(fl_ce_options) (%zu)",
                         fn, opts->struct_size, sizeof(fl_ce_options));
-    *bytes = fl__ce_workspace_bytes(N);
+    *bytes = fl__ce_workspace_bytes(N, V, dtype);
     return FL_OK;
 }
 
@@ -125,7 +135,7 @@ fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
     }
 
     /* workspace */
-    const size_t need = fl__ce_workspace_bytes(N);
+    const size_t need = fl__ce_workspace_bytes(N, V, dtype);
     if (workspace_bytes < need)
         return fl__fail(FL_ERR_INSUFFICIENT_WORKSPACE, "%s: workspace_bytes (%zu) < required (%zu)", fn,
                         workspace_bytes, need);

@@ -3,23 +3,23 @@
  * Semantics and gradient formulas: include/fusedloss.h and src/cpu/cross_entropy.c (the CPU
  * backend is the specification; tests/test_cross_entropy_cuda.c checks this file against it).
  * Dtypes built: logits fp32 / fp16 / bf16 (dlogits in the same dtype), targets int32 / int64.
- * Numerics: all arithmetic in fp32 (expf / tanhf / logf, no fast-math); sums over rows in double
+ * Numerics: all arithmetic in fp32 (ex2.approx for exp, tanhf, logf; no fast-math); sums over rows in double
  * in a fixed order, so results are bitwise reproducible run to run.
  *
- * Kernels (chosen per call by choose_config()):
- *   ce_row_kernel   "row on chip": one row is split over a thread-block cluster of C CTAs
- *                   (C = 1 without clusters); each thread keeps K 16-byte vectors of the row in
- *                   registers, so the fused pass reads the logits ONCE and writes dlogits ONCE.
- *                   Per-CTA (max, sum-exp, target logit, weighted sum) are combined across the
- *                   cluster through distributed shared memory (sm_90), in rank order.
- *                   Backward from lse needs no combine: its chunks are independent CTAs (any arch).
- *   ce_loop_kernel  fallback for rows that do not fit on chip (sm_80 with long rows, V > ~260K):
- *                   one CTA per row, pass 1 reads the row, pass 2 re-reads it (mostly from L2,
- *                   since a CTA re-reads its own row right away) and writes the gradient.
+ * Kernels:
+ *   ce_row_kernel   a row is cut into chunks (C = fl__ce_chunks(V) of 256 threads x 8 16-byte
+ *                   vectors; one CTA for rows of <= 512 vectors) held in registers:
+ *                   PASS_STATS writes each chunk's (max, sum-exp, sum w z, target logit) to the
+ *                   workspace; PASS_FUSED merges the row's partials and writes dlogits from its
+ *                   chunk; with C == 1 forward/fused do it all in one pass (one read of logits);
+ *                   PASS_BACKWARD: lse given, one read + one write.
+ *   ce_finish_kernel forward with C > 1: one thread per row merges the partials.
+ *   ce_small_kernel sm_90, SUM/MEAN, N <= 1024 short rows: everything in ONE launch of one
+ *                   thread-block cluster (denominators and loss sum through DSMEM).
  *   ce_setup_kernel one CTA: denominators D_w, D_n of MEAN and the class-weight sum W; runs first
  *                   when needed (MEAN, or smoothing with weights), so no host sync is ever needed.
  *   ce_reduce_kernel one CTA: fixed-order double sum of the per-row partial losses for SUM/MEAN.
- * Launches per call: 1 (NONE, no weights+smoothing) to 3 (MEAN). No allocation, no sync: every
+ * Launches per call: 1 (backward; small problems; NONE with short rows) to 4 (forward, MEAN, long rows). No allocation, no sync: every
  * launch is on the caller's stream and graph-capturable.
  *
  * Rows with target == ignore_index are not read (their dlogits are zero-filled).
@@ -49,7 +49,7 @@ namespace cg = cooperative_groups;
 // ---------------------------------------------------------------------------------------------
 // device helpers
 
-enum { PASS_FORWARD = 0, PASS_BACKWARD = 1, PASS_FUSED = 2 };
+enum { PASS_FORWARD = 0, PASS_BACKWARD = 1, PASS_FUSED = 2, PASS_STATS = 3 };
 
 struct CeArgs {
     float* loss;          // NONE: [N]; else unused by the row kernels
@@ -70,6 +70,8 @@ struct CeArgs {
     float inv_softcap;   // 1/softcap (0 when off)
     double* hdr;          // workspace header: [0] D_w, [1] D_n, [2] W
     float* part;          // workspace: [N][2] per-row a_i, b_i
+    float4* stats;        // workspace: [N][C] per-chunk (max, sum-exp, sum w z, target logit)
+    int C;                // chunks per row (fl__ce_chunks)
 };
 
 __device__ __forceinline__ float to_float(float x) { return x; }
@@ -289,16 +291,48 @@ __device__ __forceinline__ void ignored_row_outputs(const CeArgs& a, int64_t i, 
 // ---------------------------------------------------------------------------------------------
 // kernels
 
-// Row on chip. grid.x = N * C, cluster (C,1,1) when C > 1 (forward/fused only); CTA rank r of a
-// cluster holds vectors [r*T*K, (r+1)*T*K) of the row, K per thread, in registers; the row's
-// extras are held by threads 0.. of rank 0. Backward launches the same kernel with independent
-// chunks (no cluster): it needs no row statistics.
+// Row chunks held in registers. grid.x = N * C; CTA `rank` of row i holds vectors
+// [rank*T*K, (rank+1)*T*K) of the row, K per thread; the row's extras are held by threads 0.. of
+// rank 0. Three passes use it:
+//   PASS_STATS    read the chunk once, write its (max, sum-exp, sum w z) and, from rank 0, the
+//                 target logit to the workspace (no writes to the logits: safe before in-place)
+//   PASS_FUSED    read the chunk again, merge the row's C partials in rank order (every CTA of the
+//                 row gets the same lse bitwise), rank 0 finishes the row's loss, write dlogits
+//   PASS_BACKWARD read the chunk, lse given, write dlogits
+// Why not one pass with the row's chunks exchanging statistics inside a thread-block cluster
+// (sm_90 DSMEM)? Measured on the H200 (bench/results/2026-11-30-h200-run1-*): that kernel ran at
+// 2.91x the copy floor for 8192x128256 bf16 (one row per cluster, two cluster barriers between
+// the loads and the stores, few bytes in flight), while these independent chunks run backward at
+// 1.26x. The second read of STATS + FUSED costs 0.5x of the floor; see NOTES.md for what closes it.
+// Block-reduced (max, sum-exp, sum w z) of this CTA's chunk (held in x[] and the extra xs).
+template <typename T, int K, int F>
+__device__ __forceinline__ RowStats chunk_stats(const CeArgs& a, const Pack<T> (&x)[K], const RowGrid<T>& g,
+                                                int q0, bool has_x, float xs, int ex, RowStats* sh) {
+    const int T_ = (int)blockDim.x;
+    float m = has_x ? zval<F>(a, xs) : -INFINITY;
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        if (q0 + k * T_ < g.nfull) m = vec_max<F>(a, x[k], m);
+    const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
+    float s = 0.0f, wz = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        int q = q0 + k * T_;
+        if (q < g.nfull) vec_sum<F>(a, x[k], g.vec_elem(q), mL, s, wz);
+    }
+    if (has_x) {
+        float z = zval<F>(a, xs);
+        s += fexp2(fmaf(z, FL_LOG2E, -mL));
+        if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
+    }
+    RowStats r = {m, s, wz};
+    return block_reduce_stats(r, sh);  // contains the barrier that orders reads before writes
+}
+
 template <typename T, int K, int PASS, int F>
-__global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a, int C) {
+__global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a) {
     __shared__ RowStats sh[32];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    __shared__ RowStats cta_stats;  // read by the other CTAs of the cluster (DSMEM)
-#endif
+    const int C = a.C;
     const int64_t i = (int64_t)blockIdx.x / C;
     const int rank = (int)(blockIdx.x % C);
     const int V = (int)a.V, T_ = (int)blockDim.x, tid = (int)threadIdx.x;
@@ -314,29 +348,31 @@ __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a, int C) {
     const bool has_x = gt < g.nextra;
     const int ex = has_x ? g.extra_elem(gt) : 0;
 
-    if (ignored) {  // uniform over the cluster: no cluster barrier is reached by anyone
-        if (rank == 0 && tid == 0) ignored_row_outputs(a, i, PASS);
-        if (PASS != PASS_FORWARD) {
-            Pack<T> zero;
+    if (ignored) {  // not read; dlogits zero-filled; loss/lse 0
+        if (PASS == PASS_STATS) return;
+        if (PASS != PASS_BACKWARD && rank == 0 && tid == 0) ignored_row_outputs(a, i, PASS);
+        if (PASS == PASS_FORWARD) return;
+        Pack<T> zero;
 #pragma unroll
-            for (int v = 0; v < Pack<T>::VEC; v++) zero.v[v] = from_float<T>(0.0f);
+        for (int v = 0; v < Pack<T>::VEC; v++) zero.v[v] = from_float<T>(0.0f);
 #pragma unroll
-            for (int k = 0; k < K; k++) {
-                int q = q0 + k * T_;
-                if (q < g.nfull) store_vec(zero, drow, g.vec_elem(q));
-            }
-            if (has_x) drow[ex] = from_float<T>(0.0f);
+        for (int k = 0; k < K; k++) {
+            int q = q0 + k * T_;
+            if (q < g.nfull) store_vec(zero, drow, g.vec_elem(q));
         }
+        if (has_x) drow[ex] = from_float<T>(0.0f);
         return;
     }
-    if (bad && rank == 0 && tid == 0 && a.error_flag) *a.error_flag = 1;
+    if (PASS != PASS_STATS && PASS != PASS_BACKWARD && bad && rank == 0 && tid == 0 && a.error_flag)
+        *a.error_flag = 1;
 
-    // one read of this CTA's chunk: all K loads issued before any use
+    // all K loads of this CTA's chunk issued before any use
     Pack<T> x[K];
 #pragma unroll
     for (int k = 0; k < K; k++) {
         int q = q0 + k * T_;
-        if (q < g.nfull) load_vec(x[k], row, g.vec_elem(q), true);
+        // STATS keeps the chunk in L2 (normal caching) for the FUSED pass that follows it
+        if (q < g.nfull) load_vec(x[k], row, g.vec_elem(q), PASS != PASS_STATS);
     }
     const float xs = has_x ? to_float(row[ex]) : 0.0f;
 
@@ -344,138 +380,63 @@ __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a, int C) {
     if (PASS == PASS_BACKWARD) {
         lse = a.lse_in[i];
     } else {
-        // the target logit, read before any CTA of the cluster passes the barrier after which
-        // gradients (in place: over this very row) are written
+        // target logit: read before chunk_stats' barrier, after which (C == 1, in place) this
+        // CTA overwrites the row
         const float zt = (rank == 0 && tid == 0 && !bad) ? zval<F>(a, to_float(row[t])) : 0.0f;
-        float m = has_x ? zval<F>(a, xs) : -INFINITY;
-#pragma unroll
-        for (int k = 0; k < K; k++)
-            if (q0 + k * T_ < g.nfull) m = vec_max<F>(a, x[k], m);
-        const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
-        float s = 0.0f, wz = 0.0f;
-#pragma unroll
-        for (int k = 0; k < K; k++) {
-            int q = q0 + k * T_;
-            if (q < g.nfull) vec_sum<F>(a, x[k], g.vec_elem(q), mL, s, wz);
-        }
-        if (has_x) {
-            float z = zval<F>(a, xs);
-            s += fexp2(fmaf(z, FL_LOG2E, -mL));
-            if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
-        }
-        RowStats r = {m, s, wz};
-        r = block_reduce_stats(r, sh);
-        if (C > 1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            cg::cluster_group cluster = cg::this_cluster();
-            if (tid == 0) cta_stats = r;
-            cluster.sync();  // why: every CTA's stats written before anyone reads them remotely
-            RowStats tot = *cluster.map_shared_rank(&cta_stats, 0);
-            for (int c = 1; c < C; c++) {  // rank order: every CTA computes the same lse bitwise
-                RowStats o = *cluster.map_shared_rank(&cta_stats, c);
-                ms_merge(tot.m, tot.s, o.m, o.s);
-                tot.wz += o.wz;
+        float wz;
+        if (PASS == PASS_STATS || C == 1) {
+            RowStats r = chunk_stats<T, K, F>(a, x, g, q0, has_x, xs, ex, sh);
+            if (PASS == PASS_STATS) {
+                if (tid == 0) a.stats[i * C + rank] = make_float4(r.m, r.s, r.wz, zt);
+                return;
             }
-            cluster.sync();  // why: no CTA may exit (freeing its smem) while others still read it
-            r = tot;
-#else
-            __trap();  // clusters are only chosen on sm_90+
-#endif
+            lse = (r.m == -INFINITY) ? -INFINITY : r.m + logf(r.s);
+            wz = r.wz;
+            if (rank == 0 && tid == 0) finish_row(a, load_denoms(a), i, t, bad, lse, zt, wz, NULL, NULL);
+        } else {  // C > 1: merge the row's partials from PASS_STATS in rank order (same bits in every CTA)
+            const float4* st = a.stats + i * C;
+            float4 p0 = __ldg(st);
+            float m = p0.x, s = p0.y;
+            wz = p0.z;
+            for (int c = 1; c < C; c++) {
+                float4 pc = __ldg(st + c);
+                ms_merge(m, s, pc.x, pc.y);
+                wz += pc.z;
+            }
+            lse = (m == -INFINITY) ? -INFINITY : m + logf(s);
+            if (rank == 0 && tid == 0) finish_row(a, load_denoms(a), i, t, bad, lse, p0.w, wz, NULL, NULL);
         }
-        lse = (r.m == -INFINITY) ? -INFINITY : r.m + logf(r.s);
-        if (rank == 0 && tid == 0) finish_row(a, load_denoms(a), i, t, bad, lse, zt, r.wz, NULL, NULL);
+        if (PASS == PASS_FORWARD) return;
     }
 
-    if (PASS != PASS_FORWARD) {
-        const GradCoef c = make_coef(a, load_denoms(a), i, t, bad, lse);
+    const GradCoef c = make_coef(a, load_denoms(a), i, t, bad, lse);
 #pragma unroll
-        for (int k = 0; k < K; k++) {
-            int q = q0 + k * T_;
-            if (q < g.nfull) store_vec(vec_grad<F>(a, c, x[k], g.vec_elem(q)), drow, g.vec_elem(q));
-        }
-        if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, xs), ex));
+    for (int k = 0; k < K; k++) {
+        int q = q0 + k * T_;
+        if (q < g.nfull) store_vec(vec_grad<F>(a, c, x[k], g.vec_elem(q)), drow, g.vec_elem(q));
     }
+    if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, xs), ex));
 }
 
-// Fallback: one CTA per row, loop over the row; the gradient pass re-reads the row (from L2 when
-// the row was read moments before by the same CTA; rows in flight = resident CTAs).
-template <typename T, int PASS, int F>
-__global__ void __launch_bounds__(512) ce_loop_kernel(CeArgs a) {
-    constexpr int U = 4;  // vectors in flight per thread per iteration
-    __shared__ RowStats sh[32];
-    const int64_t i = blockIdx.x;
-    const int V = (int)a.V, T_ = (int)blockDim.x, tid = (int)threadIdx.x;
-    const T* row = (const T*)a.logits + i * a.ld;
-    T* drow = (T*)a.dlogits + i * a.ld;
+// Forward only, after PASS_STATS: one thread per row merges the row's partials and finishes it.
+template <int F>
+__global__ void __launch_bounds__(256) ce_finish_kernel(CeArgs a) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= a.N) return;
     const int64_t t64 = load_target(a, i);
-    const bool ignored = t64 == a.ignore_index;
-    const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
-    const int t = bad ? -1 : (int)t64;
-    const RowGrid<T> g(row, V);
-    const bool has_x = tid < g.nextra;
-    const int ex = has_x ? g.extra_elem(tid) : 0;
-
-    if (ignored) {
-        if (tid == 0) ignored_row_outputs(a, i, PASS);
-        if (PASS != PASS_FORWARD) {
-            Pack<T> zero;
-#pragma unroll
-            for (int v = 0; v < Pack<T>::VEC; v++) zero.v[v] = from_float<T>(0.0f);
-            for (int q = tid; q < g.nfull; q += T_) store_vec(zero, drow, g.vec_elem(q));
-            if (has_x) drow[ex] = from_float<T>(0.0f);
-        }
-        return;
+    if (t64 == a.ignore_index) { ignored_row_outputs(a, i, PASS_FORWARD); return; }
+    const bool bad = t64 < 0 || t64 >= a.V;
+    if (bad && a.error_flag) *a.error_flag = 1;
+    const float4* st = a.stats + i * a.C;
+    float4 p0 = st[0];
+    float m = p0.x, s = p0.y, wz = p0.z;
+    for (int c = 1; c < a.C; c++) {
+        float4 pc = st[c];
+        ms_merge(m, s, pc.x, pc.y);
+        wz += pc.z;
     }
-    if (bad && tid == 0 && a.error_flag) *a.error_flag = 1;
-    const float xs = has_x ? to_float(row[ex]) : 0.0f;
-
-    float lse;
-    if (PASS == PASS_BACKWARD) {
-        lse = a.lse_in[i];
-    } else {
-        const float zt = (tid == 0 && !bad) ? zval<F>(a, to_float(row[t])) : 0.0f;  // before the barrier
-        RowStats r = {-INFINITY, 0.0f, 0.0f};
-        if (has_x) {
-            float z = zval<F>(a, xs);
-            r.m = z;
-            r.s = 1.0f;
-            if (F & F_SMOOTH) r.wz = (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
-        }
-        for (int qb = tid; qb < g.nfull; qb += T_ * U) {
-            Pack<T> x[U];
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (qb + u * T_ < g.nfull) load_vec(x[u], row, g.vec_elem(qb + u * T_), false);  // stays in L2 for pass 2
-            float m = -INFINITY;
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (qb + u * T_ < g.nfull) m = vec_max<F>(a, x[u], m);
-            const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
-            float s = 0.0f, wz = 0.0f;
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (qb + u * T_ < g.nfull) vec_sum<F>(a, x[u], g.vec_elem(qb + u * T_), mL, s, wz);
-            ms_merge(r.m, r.s, m, s);
-            r.wz += wz;
-        }
-        r = block_reduce_stats(r, sh);
-        lse = (r.m == -INFINITY) ? -INFINITY : r.m + logf(r.s);
-        if (tid == 0) finish_row(a, load_denoms(a), i, t, bad, lse, zt, r.wz, NULL, NULL);
-    }
-
-    if (PASS != PASS_FORWARD) {
-        const GradCoef c = make_coef(a, load_denoms(a), i, t, bad, lse);
-        for (int qb = tid; qb < g.nfull; qb += T_ * U) {
-            Pack<T> x[U];
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (qb + u * T_ < g.nfull) load_vec(x[u], row, g.vec_elem(qb + u * T_), true);
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (qb + u * T_ < g.nfull) store_vec(vec_grad<F>(a, c, x[u], g.vec_elem(qb + u * T_)), drow, g.vec_elem(qb + u * T_));
-        }
-        if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, xs), ex));
-    }
+    const float lse = (m == -INFINITY) ? -INFINITY : m + logf(s);
+    finish_row(a, load_denoms(a), i, bad ? -1 : (int)t64, bad, lse, p0.w, wz, NULL, NULL);
 }
 
 // Small problems (SUM/MEAN, N <= SMALL_MAX_ROWS, rows of <= 8 vectors per lane), sm_90: the whole
@@ -484,8 +445,8 @@ __global__ void __launch_bounds__(512) ce_loop_kernel(CeArgs a) {
 // cluster through DSMEM) and the loss is summed in a fixed order (row order within a warp, warp
 // order within a CTA, rank order across the cluster): deterministic, no atomics, no workspace
 // traffic, no second kernel. Launch overhead dominates such shapes, so one launch wins.
-#define SMALL_WARPS 8
-#define SMALL_MAX_ROWS 4096
+#define SMALL_WARPS 16
+#define SMALL_MAX_ROWS 1024
 #define SMALL_KW 8
 struct SmallShared { double d[3]; double l[2]; };
 
@@ -707,56 +668,49 @@ static cudaError_t dev_info(DevInfo* out) {
     return cudaSuccess;
 }
 
-struct Config { int use_loop; int T, K, C; };
+struct Config { int T, K, C; };
 
-// Pick the on-chip kernel when the row's vectors fit in C <= cmax CTAs of T threads x K vectors.
-// K = 2 first (more, lighter CTAs: parallelism for small N, more CTAs resident per SM to overlap
-// one row's writes with the next row's reads), then K = 8 (long rows: 32 KB in flight per CTA).
-static Config choose_config(int64_t V, int vec, int cmax) {
-    Config c = {0, 256, 2, 1};
-    const int64_t nv = V / vec + 1;  // aligned vectors per row, any alignment (upper bound)
-    if (nv <= 512) {  // one CTA, as few threads as cover the row with 2 vectors each
+// Rows of up to 512 16-byte vectors: one CTA, as few threads as cover the row with 2 vectors
+// each. Longer rows: chunks of 256 threads x 8 vectors (32 KB in flight per CTA, ~107 registers:
+// two CTAs per SM), C = fl__ce_chunks() of them per row.
+static Config choose_config(int64_t V, int esize) {
+    Config c;
+    const int64_t nv = V / (16 / esize) + 1;  // aligned vectors per row, any alignment (upper bound)
+    c.C = (int)fl__ce_chunks(V, (size_t)esize);
+    if (nv <= 512) {
         int64_t T = (nv + 1) / 2;
         c.T = (int)((T + 31) / 32 * 32);
         if (c.T < 32) c.T = 32;
-        return c;
+        c.K = 2;
+    } else {
+        c.T = 256;
+        c.K = 8;
     }
-    static const int Ts[3] = {256, 256, 512}, Ks[3] = {2, 8, 8};
-    for (int k = 0; k < 3; k++) {
-        int64_t C = (nv + (int64_t)Ts[k] * Ks[k] - 1) / ((int64_t)Ts[k] * Ks[k]);
-        if (C <= cmax) { c.T = Ts[k]; c.K = Ks[k]; c.C = (int)C; return c; }
-    }
-    c.use_loop = 1;
-    c.T = 512;
     return c;
 }
 
-template <typename T, int K, int PASS, int F>
+template <typename T, int PASS, int F>
 static cudaError_t launch_row(const CeArgs& a, const Config& c, cudaStream_t s) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(a.N * c.C), 1, 1);
-    cfg.blockDim = dim3((unsigned)c.T, 1, 1);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    if (c.C > 1 && PASS != PASS_BACKWARD) {  // backward chunks never talk to each other
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = (unsigned)c.C;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-    }
-    return cudaLaunchKernelEx(&cfg, ce_row_kernel<T, K, PASS, F>, a, c.C);
+    const unsigned grid = (unsigned)(a.N * c.C);
+    if (c.K == 2) ce_row_kernel<T, 2, PASS, F><<<grid, c.T, 0, s>>>(a);
+    else ce_row_kernel<T, 8, PASS, F><<<grid, c.T, 0, s>>>(a);
+    return cudaGetLastError();
 }
 
+// The passes of one call, in order, on the stream (no host sync between them).
 template <typename T, int PASS, int F>
 static cudaError_t launch_main(const CeArgs& a, const Config& c, cudaStream_t s) {
-    if (c.use_loop) {
-        ce_loop_kernel<T, PASS, F><<<(unsigned)a.N, c.T, 0, s>>>(a);
-        return cudaGetLastError();
+    cudaError_t e = cudaSuccess;
+    if (PASS == PASS_BACKWARD) return launch_row<T, PASS_BACKWARD, F>(a, c, s);
+    if (c.C > 1) {
+        e = launch_row<T, PASS_STATS, F>(a, c, s);
+        if (e != cudaSuccess) return e;
+        if (PASS == PASS_FORWARD) {
+            ce_finish_kernel<F><<<(unsigned)((a.N + 255) / 256), 256, 0, s>>>(a);
+            return cudaGetLastError();
+        }
     }
-    return c.K == 2 ? launch_row<T, 2, PASS, F>(a, c, s) : launch_row<T, 8, PASS, F>(a, c, s);
+    return launch_row<T, PASS, F>(a, c, s);  // C == 1: one pass; C > 1: FUSED after STATS
 }
 
 template <typename T, int PASS, int F>
@@ -772,7 +726,7 @@ static cudaError_t launch_small(const CeArgs& a, int C, cudaStream_t s) {
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, ce_small_kernel<T, PASS, F>, a, C);
+    return cudaLaunchKernelEx(&cfg, ce_small_kernel<T, PASS == PASS_FUSED ? PASS_FUSED : PASS_FORWARD, F>, a, C);
 }
 
 // kind: 0 = main (row/loop), 1 = small
@@ -844,6 +798,8 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
     a.inv_softcap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
     a.hdr = (double*)workspace;
     a.part = (float*)((char*)workspace + 256);
+    a.stats = (float4*)((char*)workspace + 256 + (((size_t)N * 16u + 255u) & ~(size_t)255u));
+    a.C = 1;
 
     const int reduced = p.reduction != FL_REDUCTION_NONE;
     const int mean = p.reduction == FL_REDUCTION_MEAN;
@@ -857,12 +813,15 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
     const int vec = 16 / (int)fl__dtype_size(dt);
 
     const int flags = (p.softcap > 0.0f ? F_SOFTCAP : 0) | (p.label_smoothing > 0.0f ? F_SMOOTH : 0);
-    Config none_cfg = {0, 0, 0, 1};
+    Config none_cfg = {0, 0, 1};
 
     // small reduced problems on sm_90: one launch does everything (see ce_small_kernel)
     if (d.cc_major >= 9 && reduced && pass != PASS_BACKWARD && N <= SMALL_MAX_ROWS &&
         V / vec + 1 <= 32 * SMALL_KW) {
-        int64_t C = (N + 4 * SMALL_WARPS - 1) / (4 * SMALL_WARPS);  // about 4 rows per warp
+        // one row per warp where possible (N = 128: 8 CTAs x 16 warps): the rows' load latencies
+        // overlap instead of queueing behind each other in one warp (measured on the H200, run 1:
+        // 4 rows per warp on 4 CTAs took 14 us for 128 x 1000 fp32)
+        int64_t C = (N + SMALL_WARPS - 1) / SMALL_WARPS;
         C = C < 1 ? 1 : C > 8 ? 8 : C;
         FL_CUDA_TRY(launch_pass(pass, dt, flags, 1, a, none_cfg, (int)C, stream));
         return FL_OK;
@@ -873,17 +832,11 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
         FL_CUDA_TRY(cudaGetLastError());
     }
     if (N > 0) {
-        Config c = choose_config(V, vec, pass == PASS_BACKWARD ? 8 : (d.cc_major >= 9 ? 8 : 1));
-        if (pass == PASS_BACKWARD && c.use_loop) {  // backward chunks are independent CTAs: any count
-            c.use_loop = 0; c.T = 512; c.K = 8;
-            c.C = (int)((V / vec + 1 + 4095) / 4096);
-        }
-        if (!c.use_loop && (int64_t)N * c.C > INT32_MAX)
-            return fl__fail(FL_ERR_UNSUPPORTED, "%s: N (%lld) too large for one launch", fn, (long long)N);
-        if (c.use_loop && N > INT32_MAX)
-            return fl__fail(FL_ERR_UNSUPPORTED, "%s: N (%lld) too large for one launch", fn, (long long)N);
-        cudaError_t e = launch_pass(pass, dt, flags, 0, a, c, 0, stream);
-        FL_CUDA_TRY(e);
+        const Config c = choose_config(V, (int)fl__dtype_size(dt));
+        a.C = c.C;
+        if ((int64_t)N * c.C > INT32_MAX)
+            return fl__fail(FL_ERR_UNSUPPORTED, "%s: N * chunks (%lld * %d) exceeds one launch", fn, (long long)N, c.C);
+        FL_CUDA_TRY(launch_pass(pass, dt, flags, 0, a, c, 0, stream));
     }
     if (reduced && pass != PASS_BACKWARD) {
         ce_reduce_kernel<<<1, 1024, 0, stream>>>(a);
