@@ -54,7 +54,7 @@ size_t fl__index_size(fl_index_dtype dtype);
  *   [256, 256 + align(16*N))     per-row partial losses (two values per row)
  *   then align(16*N*chunks)      per-(row, chunk) statistics: max, sum-exp, sum w z, target logit */
 size_t fl__ce_workspace_bytes(int64_t N, int64_t V, fl_dtype dtype);
-/* Chunks per row of the CUDA row kernels (1 for rows of up to 512 16-byte vectors). */
+/* Upper bound of the chunks per row of the CUDA row kernels (sizes the workspace). */
 int64_t fl__ce_chunks(int64_t V, size_t esize);
 
 /* Validate every argument of a cross-entropy entry point (either backend) and resolve the

@@ -27,10 +27,10 @@ size_t fl__index_size(fl_index_dtype dtype) {
 static size_t align256(size_t x) { return (x + 255u) & ~(size_t)255u; }
 
 int64_t fl__ce_chunks(int64_t V, size_t esize) {
-    /* must match choose_config() in src/cuda/cross_entropy.cu: rows of more than 512 16-byte
-     * vectors are cut into chunks of 256 threads x 8 vectors */
+    /* an upper bound for choose_config() in src/cuda/cross_entropy.cu: rows of more than 512
+     * 16-byte vectors are cut into chunks of T threads x 8 vectors, T >= 64 */
     const int64_t nv = V / (int64_t)(16u / esize) + 1;
-    return nv <= 512 ? 1 : (nv + 2047) / 2048;
+    return nv <= 512 ? 1 : (nv + 511) / 512;
 }
 
 size_t fl__ce_workspace_bytes(int64_t N, int64_t V, fl_dtype dtype) {

@@ -31,6 +31,7 @@
 #include <cooperative_groups.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "../internal.h"
 
@@ -363,8 +364,7 @@ __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a) {
         if (has_x) drow[ex] = from_float<T>(0.0f);
         return;
     }
-    if (PASS != PASS_STATS && PASS != PASS_BACKWARD && bad && rank == 0 && tid == 0 && a.error_flag)
-        *a.error_flag = 1;
+    if (PASS != PASS_STATS && bad && rank == 0 && tid == 0 && a.error_flag) *a.error_flag = 1;
 
     // all K loads of this CTA's chunk issued before any use
     Pack<T> x[K];
@@ -448,50 +448,43 @@ __global__ void __launch_bounds__(256) ce_finish_kernel(CeArgs a) {
 #define SMALL_WARPS 16
 #define SMALL_MAX_ROWS 1024
 #define SMALL_KW 8
-struct SmallShared { double d[3]; double l[2]; };
 
 template <typename T, int PASS, int F>
 __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, int C) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     cg::cluster_group cluster = cg::this_cluster();
     __shared__ double wsum[3][SMALL_WARPS];
-    __shared__ SmallShared cta;  // read remotely by the cluster's other CTAs
+    __shared__ double cta_l[8][2];  // rank 0's copy receives every CTA's loss sums (DSMEM)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int rank = (int)cluster.block_rank();
     const int V = (int)a.V;
+    // why: a CTA may touch another's shared memory only once that CTA has started; arrive now,
+    // wait just before the remote store in step 3, so the barrier's latency hides behind the rows
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 
-    // 1. denominators: CTA `rank` sums targets [lo, hi) (and class weights [wlo, whi))
+    // 1. denominators, computed redundantly by every CTA (N <= SMALL_MAX_ROWS targets from L2):
+    //    no cluster barrier needed before the rows. Fixed striding + fixed-order sums: every CTA
+    //    gets the same bits.
+    Denoms d;
     {
         double dw = 0.0, dn = 0.0, W = 0.0;
-        const int64_t lo = a.N * rank / C, hi = a.N * (rank + 1) / C;
-        for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        for (int64_t i = threadIdx.x; i < a.N; i += blockDim.x) {
             int64_t t = load_target(a, i);
             if (t == a.ignore_index) continue;
             dn += 1.0;
             dw += (a.weight && t >= 0 && t < a.V) ? (double)a.weight[t] : 1.0;
         }
-        if (a.weight && a.eps > 0.0f) {
-            const int64_t wlo = a.V * rank / C, whi = a.V * (rank + 1) / C;
-            for (int64_t j = wlo + threadIdx.x; j < whi; j += blockDim.x) W += (double)a.weight[j];
-        }
+        if (a.weight && a.eps > 0.0f)
+            for (int64_t j = threadIdx.x; j < a.V; j += blockDim.x) W += (double)a.weight[j];
         for (int o = 16; o > 0; o >>= 1) {
             dw += __shfl_xor_sync(0xffffffffu, dw, o);
             dn += __shfl_xor_sync(0xffffffffu, dn, o);
             W += __shfl_xor_sync(0xffffffffu, W, o);
         }
         if (lane == 0) { wsum[0][warp] = dw; wsum[1][warp] = dn; wsum[2][warp] = W; }
-        __syncthreads();  // why: warp partials visible to thread 0
-        if (threadIdx.x == 0) {
-            double s0 = 0, s1 = 0, s2 = 0;
-            for (int w = 0; w < SMALL_WARPS; w++) { s0 += wsum[0][w]; s1 += wsum[1][w]; s2 += wsum[2][w]; }
-            cta.d[0] = s0; cta.d[1] = s1; cta.d[2] = s2;
-        }
-    }
-    cluster.sync();  // why: every CTA's denominator slice written before anyone reads it remotely
-    Denoms d = {0.0, 0.0, 0.0};
-    for (int c = 0; c < C; c++) {  // rank order: identical in every CTA
-        const SmallShared* o = cluster.map_shared_rank(&cta, c);
-        d.Dw += o->d[0]; d.Dn += o->d[1]; d.W += o->d[2];
+        __syncthreads();  // why: warp partials visible to every thread
+        d.Dw = 0.0; d.Dn = 0.0; d.W = 0.0;
+        for (int w = 0; w < SMALL_WARPS; w++) { d.Dw += wsum[0][w]; d.Dn += wsum[1][w]; d.W += wsum[2][w]; }
     }
     if (a.reduction != FL_REDUCTION_MEAN) { d.Dw = 1.0; d.Dn = 1.0; }
     d.W = a.eps > 0.0f ? (a.weight ? d.W : (double)a.V) : 0.0;
@@ -565,26 +558,27 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
         }
     }
 
-    // 3. loss: warps in order, then CTAs in rank order
+    // 3. loss: warps in order, then CTAs in rank order. Each CTA stores its sum straight into
+    //    rank 0's shared memory (DSMEM); one cluster barrier publishes them, and no CTA touches
+    //    another's shared memory after it, so no second barrier is needed before exiting.
     __syncthreads();  // why: wsum is reused
     if (lane == 0) { wsum[0][warp] = acc_a; wsum[1][warp] = acc_b; }
     __syncthreads();  // why: warp sums visible to thread 0
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // pairs with the arrive at entry
     if (threadIdx.x == 0) {
         double A = 0, B = 0;
         for (int w = 0; w < SMALL_WARPS; w++) { A += wsum[0][w]; B += wsum[1][w]; }
-        cta.l[0] = A; cta.l[1] = B;
+        double* dst = cluster.map_shared_rank(&cta_l[0][0], 0);
+        dst[2 * rank] = A;
+        dst[2 * rank + 1] = B;
     }
-    cluster.sync();  // why: every CTA's loss sum written before rank 0 reads them remotely
+    cluster.sync();  // why: all CTAs' sums have landed in rank 0's cta_l
     if (rank == 0 && threadIdx.x == 0) {
         double A = 0, B = 0;
-        for (int c = 0; c < C; c++) {
-            const SmallShared* o = cluster.map_shared_rank(&cta, c);
-            A += o->l[0]; B += o->l[1];
-        }
+        for (int c = 0; c < C; c++) { A += cta_l[c][0]; B += cta_l[c][1]; }
         double total = a.reduction == FL_REDUCTION_MEAN ? A / d.Dw + (a.zeta > 0.0f ? B / d.Dn : 0.0) : A + B;
         a.loss[0] = (float)total;
     }
-    cluster.sync();  // why: no CTA may exit (freeing its smem) while rank 0 still reads it
 #else
     __trap();  // chosen only on sm_90+
 #endif
@@ -673,18 +667,32 @@ struct Config { int T, K, C; };
 // Rows of up to 512 16-byte vectors: one CTA, as few threads as cover the row with 2 vectors
 // each. Longer rows: chunks of 256 threads x 8 vectors (32 KB in flight per CTA, ~107 registers:
 // two CTAs per SM), C = fl__ce_chunks() of them per row.
+// FUSEDLOSS_CE_CHUNK_THREADS (experimental, 64/128/256/512; default 256): threads per chunk CTA
+// for long rows, read once. Fewer threads = smaller chunks = more CTAs resident per SM; kept as a
+// knob so one benchmark run can compare them (bench/results/2026-11-30-h200-run3-*).
+static int chunk_threads(void) {
+    static int cached = 0;
+    if (!cached) {
+        const char* e = getenv("FUSEDLOSS_CE_CHUNK_THREADS");
+        int v = e ? atoi(e) : 256;
+        cached = (v == 64 || v == 128 || v == 256 || v == 512) ? v : 256;
+    }
+    return cached;
+}
+
 static Config choose_config(int64_t V, int esize) {
     Config c;
     const int64_t nv = V / (16 / esize) + 1;  // aligned vectors per row, any alignment (upper bound)
-    c.C = (int)fl__ce_chunks(V, (size_t)esize);
+    c.C = 1;
     if (nv <= 512) {
         int64_t T = (nv + 1) / 2;
         c.T = (int)((T + 31) / 32 * 32);
         if (c.T < 32) c.T = 32;
         c.K = 2;
     } else {
-        c.T = 256;
+        c.T = chunk_threads();
         c.K = 8;
+        c.C = (int)((nv + (int64_t)c.T * 8 - 1) / ((int64_t)c.T * 8));  // <= fl__ce_chunks(V) (sized for T = 64)
     }
     return c;
 }
