@@ -1,0 +1,21 @@
+"""fusedloss — fused loss kernels (C/CUDA, one-header C API) as PyTorch drop-ins.
+
+    import fusedloss
+    loss = fusedloss.cross_entropy(logits, target)          # like F.cross_entropy
+    criterion = fusedloss.nn.CrossEntropyLoss()             # like torch.nn.CrossEntropyLoss
+
+Layers (STYLE.md section 7): _lib (ctypes, no torch) -> ops (torch.library custom ops) ->
+autograd -> functional -> nn. The library libfusedloss.so is found through FUSEDLOSS_LIBRARY,
+the package directory (pip install .), or <repo>/build (make lib; PYTHONPATH=python).
+"""
+__version__ = "0.1.0"
+
+from ._lib import FusedLossError, TargetOutOfRangeError, cuda_built  # noqa: E402
+from . import ops  # noqa: E402,F401  (registers torch.ops.fusedloss.*)
+from . import autograd  # noqa: E402,F401
+from .ops import check_errors, set_debug, is_debug  # noqa: E402
+from .functional import cross_entropy  # noqa: E402
+from . import functional, nn  # noqa: E402,F401
+
+__all__ = ["cross_entropy", "nn", "functional", "check_errors", "set_debug", "is_debug",
+           "FusedLossError", "TargetOutOfRangeError", "cuda_built", "__version__"]

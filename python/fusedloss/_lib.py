@@ -1,0 +1,188 @@
+"""fusedloss._lib — ctypes binding of libfusedloss.so (the C API of include/fusedloss.h).
+
+Layer 1 of the Python package (STYLE.md section 7): plain ctypes, no torch import, so the
+C API is usable from any Python program. Every fl_* symbol is declared in one table below
+(_SIGNATURES); each call goes through _check(), which turns a non-FL_OK status into a
+FusedLossError carrying the status name and fl_last_error()'s detail.
+
+Where the library is looked for, first match wins:
+  1. the file named by the environment variable FUSEDLOSS_LIBRARY;
+  2. libfusedloss.so next to this file (what `pip install .` puts there);
+  3. <repository>/build/libfusedloss.so (an in-tree `make lib`, with PYTHONPATH=python).
+
+Example (no torch):
+    from fusedloss import _lib
+    print(_lib.version_string(), _lib.cuda_built())
+"""
+import ctypes
+import os
+
+__all__ = [
+    "FusedLossError", "TargetOutOfRangeError", "lib", "library_path", "version_number",
+    "version_string", "cuda_built", "status_string", "last_error", "CEOptions",
+    "ce_options", "workspace_size",
+]
+
+EXPECTED_VERSION_NUMBER = 100  # FL_VERSION_NUMBER of 0.1.0 (MAJOR*10000 + MINOR*100 + PATCH)
+
+# ---- constants: values of include/fusedloss.h (pinned there forever) ----------------------
+FL_OK = 0
+FL_ERR_INVALID_ARGUMENT = 1
+FL_ERR_UNSUPPORTED = 2
+FL_ERR_OUT_OF_MEMORY = 3
+FL_ERR_CUDA = 4
+FL_ERR_NOT_BUILT = 5
+FL_ERR_TARGET_OUT_OF_RANGE = 6
+FL_ERR_INTERNAL = 7
+FL_ERR_INSUFFICIENT_WORKSPACE = 8
+
+FL_DTYPE_F32, FL_DTYPE_F16, FL_DTYPE_BF16 = 0, 1, 2
+FL_INDEX_I32, FL_INDEX_I64 = 0, 1
+FL_REDUCTION_NONE, FL_REDUCTION_MEAN, FL_REDUCTION_SUM = 0, 1, 2
+REDUCTIONS = {"none": FL_REDUCTION_NONE, "mean": FL_REDUCTION_MEAN, "sum": FL_REDUCTION_SUM}
+
+
+class FusedLossError(RuntimeError):
+    """A fusedloss C call failed: message is '<fl function>: <status name>: <fl_last_error()>'."""
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        self.status = status
+
+
+class TargetOutOfRangeError(FusedLossError, IndexError):
+    """A class-index target not in [0, V) and not ignore_index (IndexError, as PyTorch raises)."""
+
+
+class CEOptions(ctypes.Structure):
+    """fl_ce_options; build it with ce_options() (the FL_CE_OPTIONS_INIT defaults)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("ignore_index", ctypes.c_int64),
+        ("reduction", ctypes.c_int),          # fl_reduction (a C enum: int-sized)
+        ("label_smoothing", ctypes.c_float),
+        ("weight", ctypes.c_void_p),          # const float*
+        ("z_loss", ctypes.c_float),
+        ("softcap", ctypes.c_float),
+        ("logit_scale", ctypes.c_float),
+        ("error_flag", ctypes.c_void_p),      # int32_t* (device memory, CUDA only)
+    ]
+
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_INT = ctypes.c_int
+_F32 = ctypes.c_float
+_SZ = ctypes.c_size_t
+_OPTS = ctypes.POINTER(CEOptions)
+
+# name: (restype, argtypes) — every public symbol of include/fusedloss.h
+_CE_FWD = [_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT, _OPTS, _P, _SZ]
+_CE_BWD = [_P, _P, _P, _P, _P, _F32, _I64, _I64, _I64, _INT, _INT, _OPTS, _P, _SZ]
+_CE_FUSED = [_P, _P, _P, _P, _P, _P, _F32, _I64, _I64, _I64, _INT, _INT, _OPTS, _P, _SZ]
+_SIGNATURES = {
+    "fl_version_number": (ctypes.c_uint, []),
+    "fl_version_string": (ctypes.c_char_p, []),
+    "fl_cuda_built": (_INT, []),
+    "fl_status_string": (ctypes.c_char_p, [_INT]),
+    "fl_last_error": (ctypes.c_char_p, []),
+    "fl_cross_entropy_workspace_size": (_INT, [ctypes.POINTER(_SZ), _I64, _I64, _INT, _OPTS]),
+    "fl_cross_entropy_forward_cpu": (_INT, _CE_FWD),
+    "fl_cross_entropy_forward_cuda": (_INT, _CE_FWD + [_P]),
+    "fl_cross_entropy_backward_cpu": (_INT, _CE_BWD),
+    "fl_cross_entropy_backward_cuda": (_INT, _CE_BWD + [_P]),
+    "fl_cross_entropy_fused_cpu": (_INT, _CE_FUSED),
+    "fl_cross_entropy_fused_cuda": (_INT, _CE_FUSED + [_P]),
+}
+
+
+def _candidates():
+    env = os.environ.get("FUSEDLOSS_LIBRARY")
+    if env:
+        return [env]  # explicit choice: do not silently fall back to another copy
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(here))
+    return [os.path.join(here, "libfusedloss.so"), os.path.join(repo, "build", "libfusedloss.so")]
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if os.path.isfile(path):
+            try:
+                return ctypes.CDLL(path), path
+            except OSError as e:
+                tried.append(f"{path} ({e})")
+        else:
+            tried.append(f"{path} (not found)")
+    raise ImportError(
+        "fusedloss: cannot load libfusedloss.so; tried: " + "; ".join(tried)
+        + ". Install with `pip install .`, or run `make lib` in the repository and put its "
+        "python/ folder on PYTHONPATH, or set FUSEDLOSS_LIBRARY to the library's path.")
+
+
+lib, library_path = _load()
+for _name, (_res, _args) in _SIGNATURES.items():
+    try:
+        _fn = getattr(lib, _name)
+    except AttributeError:
+        raise ImportError(f"fusedloss: {library_path} lacks the symbol {_name}; rebuild it") from None
+    _fn.restype = _res
+    _fn.argtypes = _args
+del _name, _res, _args, _fn
+
+
+def version_number():
+    """fl_version_number(): FL_VERSION_NUMBER of the linked library (100 for 0.1.0)."""
+    return int(lib.fl_version_number())
+
+
+def version_string():
+    """fl_version_string(): e.g. '0.1.0 (cuda)'."""
+    return lib.fl_version_string().decode()
+
+
+def cuda_built():
+    """True if the loaded library contains the CUDA backend (fl_cuda_built())."""
+    return bool(lib.fl_cuda_built())
+
+
+def status_string(status):
+    return lib.fl_status_string(int(status)).decode()
+
+
+def last_error():
+    return (lib.fl_last_error() or b"").decode(errors="replace")
+
+
+if version_number() != EXPECTED_VERSION_NUMBER:
+    raise ImportError(
+        f"fusedloss: {library_path} is version {version_number()} ({version_string()}); this "
+        f"package needs {EXPECTED_VERSION_NUMBER}. Rebuild the library or reinstall the package.")
+
+
+def _check(status, fn_name):
+    """Raise FusedLossError(f"{fn_name}: {status_string}: {last_error}") unless status is FL_OK.
+
+    Call it right after the C call, on the same thread (fl_last_error() is thread-local)."""
+    if status != FL_OK:
+        cls = TargetOutOfRangeError if status == FL_ERR_TARGET_OUT_OF_RANGE else FusedLossError
+        raise cls(f"{fn_name}: {status_string(status)}: {last_error()}", status)
+
+
+def ce_options(ignore_index=-100, reduction=FL_REDUCTION_MEAN, label_smoothing=0.0, weight=0,
+               z_loss=0.0, softcap=0.0, logit_scale=1.0, error_flag=0):
+    """An fl_ce_options (FL_CE_OPTIONS_INIT defaults); weight/error_flag are addresses (0 = NULL)."""
+    return CEOptions(ctypes.sizeof(CEOptions), int(ignore_index), int(reduction),
+                     float(label_smoothing), weight or None, float(z_loss), float(softcap),
+                     float(logit_scale), error_flag or None)
+
+
+def workspace_size(N, V, dtype, opts=None):
+    """fl_cross_entropy_workspace_size(): bytes of scratch memory the cross-entropy calls need."""
+    out = ctypes.c_size_t(0)
+    _check(lib.fl_cross_entropy_workspace_size(ctypes.byref(out), int(N), int(V), int(dtype),
+                                               ctypes.byref(opts) if opts is not None else None),
+           "fl_cross_entropy_workspace_size")
+    return out.value

@@ -1,0 +1,203 @@
+"""fusedloss.functional — drop-in for torch.nn.functional.cross_entropy (layer 4, STYLE.md section 7).
+
+    import fusedloss
+    loss = fusedloss.cross_entropy(logits.view(-1, V), targets.view(-1))
+
+Shapes, options and results follow F.cross_entropy; the fast path is 2-D (N, C) logits whose
+rows are contiguous (any row stride >= C). See cross_entropy's docstring for the differences.
+"""
+import math
+import numbers
+
+import torch
+from torch import Tensor
+
+from . import autograd as _autograd
+from . import ops  # noqa: F401  (registers torch.ops.fusedloss.*)
+from ._lib import REDUCTIONS
+
+def _finite(v):
+    # comparisons, not math.isfinite: they also work on the SymFloats of torch.compile(dynamic=True)
+    return -math.inf < v < math.inf
+
+
+__all__ = ["cross_entropy"]
+
+# Tests set this to run the eager calls through the custom ops too (the path torch.compile takes).
+_FORCE_OPS = False
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean",
+                  label_smoothing=0.0, *, z_loss=0.0, softcap=None, logit_scale=1.0,
+                  inplace_backward=False, return_lse=False):
+    r"""Cross-entropy of logits and targets, fused: F.cross_entropy's semantics, one pass each way.
+
+    Arguments shared with :func:`torch.nn.functional.cross_entropy` mean exactly the same:
+
+    - ``input``: logits of shape (C,), (N, C) or (N, C, d1, ..., dK) with the class dimension 1;
+      float32, float16 or bfloat16 (float64 raises TypeError: there is no double kernel).
+    - ``target``: class indices (int64, or int32 as an extension) of shape (), (N) or
+      (N, d1, ..., dK); or class probabilities (a floating tensor of the input's shape).
+    - ``weight`` (C,), ``ignore_index``, ``reduction`` ('none' | 'mean' | 'sum'),
+      ``label_smoothing`` in [0, 1]; weighted mean = sum w_t l_i / sum w_t; all rows ignored
+      gives a NaN mean (and a zero gradient), as in PyTorch.
+
+    The deprecated ``size_average`` / ``reduce`` are not accepted, so pass ``ignore_index`` and
+    the later arguments by keyword when porting code that used them positionally.
+
+    Extensions (keyword-only):
+
+    - ``z_loss``: adds ``z_loss * lse**2`` per row (PaLM's z-loss, Liger's lse_square_scale),
+      not multiplied by class weights; with reduction 'mean' it is averaged over the
+      non-ignored rows.
+    - ``softcap``: if given (> 0), logits become ``softcap * tanh(x / softcap)`` first
+      (Gemma 2); ``logit_scale`` multiplies the logits before that (default 1).
+    - ``inplace_backward``: the gradient is computed during forward, in one fused pass, and
+      written **over the logits' storage** (no (N, C) gradient buffer is allocated; the logits
+      are destroyed). Backward then multiplies it by the upstream gradient in place, one more
+      pass (see fusedloss.autograd). Only for class-index targets; for 2-D contiguous-row
+      inputs it is the caller's tensor that is overwritten.
+    - ``return_lse``: also return the per-row log-sum-exp (float32, the target's shape, 0 on
+      ignored rows), as a tensor without gradient.
+
+    Results: the loss is always float32 (fp32 accumulation whatever the input dtype, also under
+    torch.autocast: fp16/bf16 logits reach the kernel as they are, with no upcast copy); the
+    gradient has the input's dtype. Double backward raises RuntimeError.
+
+    Probability (soft) targets are computed with torch ops (log_softmax based, including label
+    smoothing, class weights, z_loss, softcap and logit_scale) because the C API only takes
+    class indices: correct, differentiable, but not fused. Inputs with the class in dimension 1
+    and trailing dimensions are moved to class-last with movedim + reshape (a copy): correct,
+    not fast.
+
+    Out-of-range class indices (not in [0, C) and not ignore_index) raise
+    fusedloss.TargetOutOfRangeError (an IndexError) on CPU. On CUDA they cannot be checked
+    without a host sync: that row's loss and gradient become NaN and a device flag is set;
+    fusedloss.check_errors() synchronises and raises if the flag is set. With
+    fusedloss.set_debug(True) (or FUSEDLOSS_DEBUG=1) every call checks at once.
+    """
+    # ---- argument checks (each error names the argument) ----
+    if not isinstance(input, Tensor):
+        raise TypeError(f"cross_entropy: input must be a Tensor, got {type(input).__name__}")
+    if not isinstance(target, Tensor):
+        raise TypeError(f"cross_entropy: target must be a Tensor, got {type(target).__name__}")
+    if input.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"cross_entropy: input dtype {input.dtype} is not supported "
+                        "(float32, float16, bfloat16)")
+    red = REDUCTIONS.get(reduction) if isinstance(reduction, str) else None
+    if red is None:
+        raise ValueError(f"cross_entropy: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"cross_entropy: ignore_index must be an int, got {ignore_index!r}")
+    ignore_index = int(ignore_index)
+    label_smoothing = float(label_smoothing)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    z_loss = float(z_loss)
+    if not (z_loss >= 0.0 and _finite(z_loss)):
+        raise ValueError(f"cross_entropy: z_loss must be finite and >= 0, got {z_loss}")
+    cap = 0.0 if softcap is None else float(softcap)
+    if not (cap >= 0.0 and _finite(cap)):
+        raise ValueError(f"cross_entropy: softcap must be None or finite and > 0, got {softcap}")
+    logit_scale = float(logit_scale)
+    if not (_finite(logit_scale) and logit_scale != 0.0):
+        raise ValueError(f"cross_entropy: logit_scale must be finite and nonzero, got {logit_scale}")
+
+    ndim = input.dim()
+    if ndim == 0:
+        raise ValueError("cross_entropy: input must have at least 1 dimension (C,), got a 0-d tensor")
+    C = input.shape[1] if ndim >= 2 else input.shape[0]
+    if C < 1:
+        raise ValueError(f"cross_entropy: input has no classes (shape {tuple(input.shape)})")
+    if target.device != input.device:
+        raise ValueError(f"cross_entropy: target is on {target.device} but input is on {input.device}")
+    soft = target.is_floating_point()
+    if soft:
+        if target.shape != input.shape:
+            raise ValueError(f"cross_entropy: probability target must have the input's shape "
+                             f"{tuple(input.shape)}, got {tuple(target.shape)}")
+    else:
+        if target.dtype not in _INDEX_DTYPES:
+            raise TypeError(f"cross_entropy: target dtype {target.dtype} is not supported "
+                            "(int64 or int32 class indices, or floating probabilities)")
+        sample_shape = input.shape[:1] + input.shape[2:] if ndim >= 2 else torch.Size([])
+        if target.shape != sample_shape:
+            raise ValueError(f"cross_entropy: target must have shape {tuple(sample_shape)} for "
+                             f"input of shape {tuple(input.shape)}, got {tuple(target.shape)}")
+    if weight is not None:
+        if not isinstance(weight, Tensor):
+            raise TypeError(f"cross_entropy: weight must be a Tensor or None, got {type(weight).__name__}")
+        if not weight.is_floating_point():
+            raise TypeError(f"cross_entropy: weight must be floating point, got {weight.dtype}")
+        if weight.shape != (C,):
+            raise ValueError(f"cross_entropy: weight must have shape ({C},), got {tuple(weight.shape)}")
+        if weight.device != input.device:
+            raise ValueError(f"cross_entropy: weight is on {weight.device} but input is on {input.device}")
+        weight = weight.detach().to(torch.float32).contiguous()
+
+    # ---- to 2-D (M, C) class-last ----
+    if ndim == 1:
+        x = input.unsqueeze(0)
+    elif ndim == 2:
+        x = input
+    else:
+        x = input.movedim(1, -1).reshape(-1, C)
+    out_shape = input.shape[:1] + input.shape[2:] if ndim >= 2 else torch.Size([])
+
+    if soft:
+        t = target.unsqueeze(0) if ndim == 1 else target if ndim == 2 else \
+            target.movedim(1, -1).reshape(-1, C)
+        loss, lse = _soft_cross_entropy(x, t, weight, red, label_smoothing, z_loss, cap,
+                                        logit_scale)
+    else:
+        M = x.shape[0]
+        if (C > 1 and x.stride(1) != 1) or (M > 1 and x.stride(0) < C):
+            x = x.contiguous()
+        t = target if ndim == 2 else target.reshape(M)
+        if M > 1 and t.stride(0) != 1:
+            t = t.contiguous()
+        if inplace_backward and x.requires_grad and torch.is_grad_enabled():
+            loss, lse = _autograd.CrossEntropyInplaceFunction.apply(
+                x, t, weight, ignore_index, red, label_smoothing, z_loss, cap, logit_scale)
+        elif _autograd.eager_ok(x) and not _FORCE_OPS:
+            loss, lse = _autograd.CrossEntropyFunction.apply(
+                x, t, weight, ignore_index, red, label_smoothing, z_loss, cap, logit_scale)
+        else:  # torch.compile / export / fake tensors: the custom op (register_autograd)
+            loss, lse = torch.ops.fusedloss.cross_entropy_forward(
+                x, t, weight, ignore_index, red, label_smoothing, z_loss, cap, logit_scale)
+
+    if red == REDUCTIONS["none"]:
+        loss = loss.reshape(out_shape)
+    if return_lse:
+        return loss, lse.reshape(out_shape)
+    return loss
+
+
+def _soft_cross_entropy(x, t, weight, red, eps, z_loss, cap, scale):
+    """Probability targets with torch ops, as F.cross_entropy defines them:
+    l_i = -sum_c w_c * y_c * log_softmax(z)_c with y = (1 - eps) * t + eps / C; the 'mean' is
+    over rows (not weighted); plus z_loss * lse_i^2 (mean over rows)."""
+    C = x.shape[-1]
+    z = x.float()
+    if scale != 1.0:
+        z = z * scale
+    if cap > 0.0:
+        z = cap * torch.tanh(z / cap)
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z - lse.unsqueeze(-1)
+    y = t.float()
+    if eps > 0.0:
+        y = y * (1.0 - eps) + eps / C
+    if weight is not None:
+        y = y * weight
+    loss = -(y * logp).sum(-1)
+    if z_loss > 0.0:
+        loss = loss + z_loss * lse.square()
+    if red == REDUCTIONS["sum"]:
+        loss = loss.sum()
+    elif red == REDUCTIONS["mean"]:
+        loss = loss.mean()
+    return loss, lse.detach()

@@ -1,0 +1,98 @@
+"""fusedloss.nn — torch.nn modules backed by the fused kernels (layer 5, STYLE.md section 7).
+
+Swapping ``torch.nn.CrossEntropyLoss`` for ``fusedloss.nn.CrossEntropyLoss`` is the whole
+migration; ``print(model)`` shows ``CrossEntropyLoss(fused, ...)``.
+"""
+import math
+import numbers
+
+import torch
+from torch import Tensor
+
+from .functional import cross_entropy
+
+def _finite(v):
+    # comparisons, not math.isfinite: they also work on the SymFloats of torch.compile(dynamic=True)
+    return -math.inf < v < math.inf
+
+
+__all__ = ["CrossEntropyLoss"]
+
+
+class CrossEntropyLoss(torch.nn.Module):
+    r"""Fused drop-in for :class:`torch.nn.CrossEntropyLoss`.
+
+    Same constructor arguments, in the same order: ``weight``, ``size_average``,
+    ``ignore_index``, ``reduce``, ``reduction``, ``label_smoothing``; the deprecated
+    ``size_average`` / ``reduce`` are translated into ``reduction`` with torch's own rule and
+    warning. Keyword-only extensions: ``z_loss``, ``softcap``, ``logit_scale``,
+    ``inplace_backward`` (see :func:`fusedloss.cross_entropy`). ``weight`` is a buffer, as in
+    torch, so it follows ``.to(device)``.
+
+    Bad arguments raise ValueError / TypeError at construction, naming the argument.
+    forward(input, target) returns a float32 loss; shapes as in torch.
+    """
+
+    __constants__ = ["ignore_index", "reduction", "label_smoothing"]
+
+    def __init__(self, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                 reduction="mean", label_smoothing=0.0, *, z_loss=0.0, softcap=None,
+                 logit_scale=1.0, inplace_backward=False):
+        super().__init__()
+        if size_average is not None or reduce is not None:
+            from torch.nn import _reduction
+            reduction = _reduction.legacy_get_string(size_average, reduce)  # warns, as torch
+        if reduction not in ("none", "mean", "sum"):
+            raise ValueError(f"CrossEntropyLoss: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+            raise TypeError(f"CrossEntropyLoss: ignore_index must be an int, got {ignore_index!r}")
+        ignore_index = int(ignore_index)
+        label_smoothing = float(label_smoothing)
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"CrossEntropyLoss: label_smoothing must be in [0, 1], got {label_smoothing}")
+        z_loss = float(z_loss)
+        if not (z_loss >= 0.0 and _finite(z_loss)):
+            raise ValueError(f"CrossEntropyLoss: z_loss must be finite and >= 0, got {z_loss}")
+        if softcap is not None:
+            softcap = float(softcap)
+            if not (softcap > 0.0 and _finite(softcap)):
+                raise ValueError(f"CrossEntropyLoss: softcap must be None or finite and > 0, got {softcap}")
+        logit_scale = float(logit_scale)
+        if not (_finite(logit_scale) and logit_scale != 0.0):
+            raise ValueError(f"CrossEntropyLoss: logit_scale must be finite and nonzero, got {logit_scale}")
+        if weight is not None:
+            if not isinstance(weight, Tensor):
+                raise TypeError(f"CrossEntropyLoss: weight must be a Tensor or None, got {type(weight).__name__}")
+            if weight.dim() != 1 or not weight.is_floating_point():
+                raise ValueError(f"CrossEntropyLoss: weight must be a 1-D floating tensor (C,), "
+                                 f"got {weight.dtype} of shape {tuple(weight.shape)}")
+        self.register_buffer("weight", weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+        self.softcap = softcap
+        self.logit_scale = logit_scale
+        self.inplace_backward = bool(inplace_backward)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return cross_entropy(input, target, weight=self.weight, ignore_index=self.ignore_index,
+                             reduction=self.reduction, label_smoothing=self.label_smoothing,
+                             z_loss=self.z_loss, softcap=self.softcap,
+                             logit_scale=self.logit_scale, inplace_backward=self.inplace_backward)
+
+    def extra_repr(self):
+        s = f"fused, reduction={self.reduction!r}, ignore_index={self.ignore_index}"
+        if self.weight is not None:
+            s += f", weight=({self.weight.shape[0]},)"
+        if self.label_smoothing:
+            s += f", label_smoothing={self.label_smoothing}"
+        if self.z_loss:
+            s += f", z_loss={self.z_loss}"
+        if self.softcap is not None:
+            s += f", softcap={self.softcap}"
+        if self.logit_scale != 1.0:
+            s += f", logit_scale={self.logit_scale}"
+        if self.inplace_backward:
+            s += ", inplace_backward=True"
+        return s
