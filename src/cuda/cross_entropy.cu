@@ -667,20 +667,25 @@ struct Config { int T, K, C; };
 // Rows of up to 512 16-byte vectors: one CTA, as few threads as cover the row with 2 vectors
 // each. Longer rows: chunks of 256 threads x 8 vectors (32 KB in flight per CTA, ~107 registers:
 // two CTAs per SM), C = fl__ce_chunks() of them per row.
-// FUSEDLOSS_CE_CHUNK_THREADS (experimental, 64/128/256/512; default 256): threads per chunk CTA
-// for long rows, read once. Fewer threads = smaller chunks = more CTAs resident per SM; kept as a
-// knob so one benchmark run can compare them (bench/results/2026-11-30-h200-run3-*).
-static int chunk_threads(void) {
-    static int cached = 0;
-    if (!cached) {
+// Threads per chunk CTA for long rows, by pass. Measured on the H200 (run 3, 2026-11-30,
+// bench/results/2026-11-30-h200-run3-*), ratio to the copy floor at 8192x128256 bf16 for
+// T = 256 / 128 / 64 / 512:
+//   fused    2.55 / 2.63 / 2.94 / 2.72   (more chunks = a longer serial merge of partials per CTA)
+//   forward  2.00 / 1.78 / 1.69 / 2.53   (read only: small CTAs keep more loads in flight per SM)
+//   backward 1.24 / 1.21 / 1.18 / 1.28
+// FUSEDLOSS_CE_CHUNK_THREADS=64|128|256|512 (experimental) overrides every pass, for A/B runs.
+static int chunk_threads(int pass) {
+    static int cached = -1;
+    if (cached < 0) {
         const char* e = getenv("FUSEDLOSS_CE_CHUNK_THREADS");
-        int v = e ? atoi(e) : 256;
-        cached = (v == 64 || v == 128 || v == 256 || v == 512) ? v : 256;
+        int v = e ? atoi(e) : 0;
+        cached = (v == 64 || v == 128 || v == 256 || v == 512) ? v : 0;
     }
-    return cached;
+    if (cached) return cached;
+    return pass == PASS_FUSED ? 256 : 64;
 }
 
-static Config choose_config(int64_t V, int esize) {
+static Config choose_config(int64_t V, int esize, int pass) {
     Config c;
     const int64_t nv = V / (16 / esize) + 1;  // aligned vectors per row, any alignment (upper bound)
     c.C = 1;
@@ -690,7 +695,7 @@ static Config choose_config(int64_t V, int esize) {
         if (c.T < 32) c.T = 32;
         c.K = 2;
     } else {
-        c.T = chunk_threads();
+        c.T = chunk_threads(pass);
         c.K = 8;
         c.C = (int)((nv + (int64_t)c.T * 8 - 1) / ((int64_t)c.T * 8));  // <= fl__ce_chunks(V) (sized for T = 64)
     }
@@ -840,7 +845,7 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
         FL_CUDA_TRY(cudaGetLastError());
     }
     if (N > 0) {
-        const Config c = choose_config(V, (int)fl__dtype_size(dt));
+        const Config c = choose_config(V, (int)fl__dtype_size(dt), pass);
         a.C = c.C;
         if ((int64_t)N * c.C > INT32_MAX)
             return fl__fail(FL_ERR_UNSUPPORTED, "%s: N * chunks (%lld * %d) exceeds one launch", fn, (long long)N, c.C);
