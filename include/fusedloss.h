@@ -145,7 +145,8 @@ typedef struct CUstream_st* fl_stream;
  *          the first bad row.
  *    CUDA: cannot be checked without a host sync, so the kernel never reads out of
  *          bounds, makes that row's loss (and so any SUM/MEAN) NaN, fills that row's
- *          dlogits with NaN, counts it as a non-ignored row of weight 1, and, when
+ *          dlogits with NaN (fused and backward), writes its lse as computed (the target
+ *          plays no part in it), counts it as a non-ignored row of weight 1, and, when
  *          opts->error_flag is non-NULL, stores 1 into *error_flag (device memory the
  *          caller zeroed beforehand). The CUDA context stays usable.
  *
@@ -155,6 +156,8 @@ typedef struct CUstream_st* fl_stream;
  *  Determinism: both backends give bitwise-identical results on every run for the same
  *  inputs (no order-dependent float atomics). CPU results do not depend on the thread count.
  ******************************************************************************/
+/* Options. struct_size must equal the sizeof(fl_ce_options) the library was built with (a
+ * later version that appends fields will also accept the sizes of earlier versions). */
 typedef struct fl_ce_options {
     size_t        struct_size;     /* = sizeof(fl_ce_options); set by FL_CE_OPTIONS_INIT */
     int64_t       ignore_index;    /* default -100 */
@@ -172,7 +175,9 @@ typedef struct fl_ce_options {
 /*! fl_cross_entropy_workspace_size() :
  *  Bytes of scratch memory that every cross-entropy entry point (both backends) needs for
  *  these arguments; pass at least this much as `workspace, workspace_bytes` (CUDA:
- *  device memory, 256-byte aligned; CPU: host memory or NULL when the answer is 0).
+ *  device memory, 256-byte aligned; CPU: host memory). The answer is never 0 (about
+ *  256 + 16*N + 16*N*ceil(V/4096) bytes for 16-bit logits); a NULL workspace is
+ *  FL_ERR_INVALID_ARGUMENT, too few bytes FL_ERR_INSUFFICIENT_WORKSPACE.
  *  The workspace's content need not be initialised and is clobbered by each call.
  *  opts may be NULL (defaults). Never fails for valid arguments.
  * @return : FL_OK or FL_ERR_INVALID_ARGUMENT. */
