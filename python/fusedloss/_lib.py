@@ -75,7 +75,9 @@ _I64 = ctypes.c_int64
 _INT = ctypes.c_int
 _F32 = ctypes.c_float
 _SZ = ctypes.c_size_t
-_OPTS = ctypes.POINTER(CEOptions)
+# const fl_ce_options*: c_void_p, so that callers may pass ctypes.byref(opts), None, or the
+# struct's address as a plain int (what fusedloss.ops does: no ctypes object per call)
+_OPTS = ctypes.c_void_p
 
 # name: (restype, argtypes) — every public symbol of include/fusedloss.h
 _CE_FWD = [_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT, _OPTS, _P, _SZ]

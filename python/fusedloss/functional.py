@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from . import autograd as _autograd
-from . import ops  # noqa: F401  (registers torch.ops.fusedloss.*)
+from . import ops  # also registers torch.ops.fusedloss.*
 from ._lib import REDUCTIONS
 
 def _finite(v):
@@ -28,6 +28,92 @@ _FORCE_OPS = False
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INDEX_DTYPES = (torch.int64, torch.int32)
+
+# ---- the eager fast path -------------------------------------------------------------------
+# At small sizes a call is host-bound, so the common case -- eager mode, plain tensors, 2-D
+# (N, C) logits with unit column stride, (N,) class indices, options seen before -- is handled
+# by _eager() with a handful of attribute checks, then one autograd.Function whose forward and
+# backward make the C calls directly (ops.run_*). Anything else (first call with some options,
+# other shapes, soft targets, weights needing a conversion, errors, tensor subclasses, dispatch
+# modes, torch.compile) takes the general path below, which validates everything, names the
+# bad argument, and ends in _eager() too when it can.
+_is_compiling = torch.compiler.is_compiling
+_dispatch_depth = torch._C._len_torch_dispatch_stack
+_grad_enabled = torch.is_grad_enabled
+_Parameter = torch.nn.Parameter
+_F32 = torch.float32
+_FL_DTYPES = ops._DTYPES
+_FL_INDEX_DTYPES = ops._INDEX_DTYPES
+
+# (ignore_index, type(ignore_index), reduction, label_smoothing, z_loss, softcap, logit_scale) as
+# the caller passed them -> ops.CEConfig of the validated values. Filled by the general path
+# after validation, only for values of these exact types (bounded, hashable by value), so a hit
+# means the options were valid; the type of ignore_index is part of the key (True == 1).
+_CONFIGS = {}
+_CACHEABLE = (int, float, str, bool, type(None))
+
+
+def _remember(key, ignore_index, red, label_smoothing, z_loss, cap, logit_scale):
+    cfg = ops.config(ignore_index, red, label_smoothing, z_loss, cap, logit_scale)
+    if all(type(v) in _CACHEABLE for v in (key[0],) + key[2:]):
+        if len(_CONFIGS) >= 256:
+            _CONFIGS.clear()
+        _CONFIGS[key] = cfg
+    return cfg
+
+
+def _eager(x, t, weight, cfg, inplace, return_lse):
+    """Loss (and lse if return_lse) for 2-D logits x, 1-D class indices t, fp32 weight or None,
+    through the C calls directly; None when anything is not the plain case (the caller then
+    takes the general path, which reports errors). Does not check ignore_index/option values
+    (cfg holds validated ones) nor target values (the C library does)."""
+    tx = type(x)
+    if (tx is not Tensor and tx is not _Parameter) or type(t) is not Tensor or _dispatch_depth():
+        return None
+    dt = _FL_DTYPES.get(x.dtype)
+    it = _FL_INDEX_DTYPES.get(t.dtype)
+    if dt is None or it is None or x.dim() != 2 or t.dim() != 1:
+        return None
+    N, V = x.shape
+    if N == 0 or V == 0 or t.shape[0] != N:
+        return None
+    if x.is_contiguous():
+        ld = V
+    else:
+        s0, s1 = x.stride()
+        if (V > 1 and s1 != 1) or (N > 1 and s0 < V):
+            return None
+        ld = s0 if N > 1 else V
+    if N > 1 and not t.is_contiguous():
+        return None
+    if x.is_cuda:
+        idx = x.get_device()
+        if not t.is_cuda or t.get_device() != idx:
+            return None
+    elif x.is_cpu and t.is_cpu:
+        idx = -1
+    else:
+        return None
+    if weight is None:
+        wptr = 0
+    else:
+        tw = type(weight)
+        if ((tw is not Tensor and tw is not _Parameter) or weight.dtype is not _F32
+                or weight.requires_grad or weight.dim() != 1 or weight.shape[0] != V
+                or (V > 1 and not weight.is_contiguous())
+                or weight.is_cuda != x.is_cuda or (idx >= 0 and weight.get_device() != idx)
+                or not (weight.is_cuda or weight.is_cpu)):
+            return None
+        wptr = weight.data_ptr()
+    plan = ops.plan(N, V, ld, dt, it, idx, cfg, wptr)
+    if x.requires_grad and _grad_enabled():
+        if inplace:
+            loss = _autograd.EagerInplaceFunction.apply(x, t, weight, plan)
+        else:
+            loss = _autograd.CrossEntropyFunction.apply(x, t, weight, plan)
+        return (loss, loss.grad_fn.lse) if return_lse else loss
+    loss, lse = ops.run_forward(x, t, plan, return_lse)
+    return (loss, lse) if return_lse else loss
 
 
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean",
@@ -79,6 +165,19 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     fusedloss.check_errors() synchronises and raises if the flag is set. With
     fusedloss.set_debug(True) (or FUSEDLOSS_DEBUG=1) every call checks at once.
     """
+    key = None
+    if not _FORCE_OPS and not _is_compiling():
+        key = (ignore_index, type(ignore_index), reduction, label_smoothing, z_loss, softcap,
+               logit_scale)
+        try:
+            cfg = _CONFIGS[key]
+        except (KeyError, TypeError):  # first call with these options, or unhashable values
+            cfg = None
+        if cfg is not None:
+            out = _eager(input, target, weight, cfg, inplace_backward, return_lse)
+            if out is not None:
+                return out
+
     # ---- argument checks (each error names the argument) ----
     if not isinstance(input, Tensor):
         raise TypeError(f"cross_entropy: input must be a Tensor, got {type(input).__name__}")
@@ -159,13 +258,16 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
         t = target if ndim == 2 else target.reshape(M)
         if M > 1 and t.stride(0) != 1:
             t = t.contiguous()
-        if inplace_backward and x.requires_grad and torch.is_grad_enabled():
+        out = None
+        if key is not None and _autograd.eager_ok(x):
+            cfg = _remember(key, ignore_index, red, label_smoothing, z_loss, cap, logit_scale)
+            out = _eager(x, t, weight, cfg, inplace_backward, return_lse)
+        if out is not None:
+            loss, lse = out if return_lse else (out, None)
+        elif inplace_backward and x.requires_grad and torch.is_grad_enabled():
             loss, lse = _autograd.CrossEntropyInplaceFunction.apply(
                 x, t, weight, ignore_index, red, label_smoothing, z_loss, cap, logit_scale)
-        elif _autograd.eager_ok(x) and not _FORCE_OPS:
-            loss, lse = _autograd.CrossEntropyFunction.apply(
-                x, t, weight, ignore_index, red, label_smoothing, z_loss, cap, logit_scale)
-        else:  # torch.compile / export / fake tensors: the custom op (register_autograd)
+        else:  # torch.compile / export / fake tensors / N == 0: the custom op (register_autograd)
             loss, lse = torch.ops.fusedloss.cross_entropy_forward(
                 x, t, weight, ignore_index, red, label_smoothing, z_loss, cap, logit_scale)
 

@@ -16,8 +16,16 @@ reduction is the fl_reduction number (0 none, 1 mean, 2 sum); softcap 0 means of
 handling, defaults, soft targets and autograd live in functional.py / autograd.py.
 Outputs: loss fp32, (N,) for reduction none else 0-d; lse fp32 (N,); dlogits has the logits'
 dtype, shape (N, V) and the logits' row stride. N == 0 is answered without a C call (sum 0,
-mean NaN, as torch). The *_impl functions are the ops' bodies; autograd.py's eager path calls
-them directly, skipping the dispatcher.
+mean NaN, as torch). The *_impl functions are the ops' bodies: argument checks, then run_forward /
+run_backward / run_fused, which make the C call for a plan() (sizes, dtype codes, device, the
+cached fl_ce_options of a CEConfig). The eager path of functional.py / autograd.py checks its
+inputs itself and calls the run_* functions directly, skipping the dispatcher (whose Python
+layers cost more host time than the whole call at small sizes).
+
+Host cost per call (the eager path at small sizes is host-bound): no ctypes object is created
+per call (pointers are passed as ints, the options struct is cached per distinct options), the
+workspace size is cached per (N, V, dtype) and the workspace itself per (device, stream) (see
+_cuda_workspace), and no device guard is entered when the tensors are on the current device.
 
 Out-of-range targets: the CPU kernels raise TargetOutOfRangeError (an IndexError). The CUDA
 kernels cannot check without a host sync; they make the row's loss and gradient NaN and set a
@@ -116,53 +124,137 @@ def _debug_check(device):
 
 
 # ---- per-call helpers -----------------------------------------------------------------------
+# The C calls below go through the module attribute _fl (tests wrap it to record the calls) with
+# plain ints for every pointer (argtypes are set once in _lib). Nothing here allocates a ctypes
+# object per call: the fl_ce_options structs are built once per distinct options and kept.
 try:
     _raw_stream = torch._C._cuda_getCurrentRawStream  # int handle, no Stream object
 except AttributeError:  # pragma: no cover - older or CPU-only builds
     def _raw_stream(idx):
         return torch.cuda.current_stream(idx).cuda_stream
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or (lambda: False)
 
-_opts_cache = {}
-
-
-def _options(ignore_index, reduction, label_smoothing, weight, z_loss, softcap, logit_scale,
-             flag_ptr):
-    wptr = weight.data_ptr() if weight is not None else 0
-    key = (ignore_index, reduction, label_smoothing, wptr, z_loss, softcap, logit_scale, flag_ptr)
-    opts = _opts_cache.get(key)
-    if opts is None:
-        if len(_opts_cache) > 512:
-            _opts_cache.clear()
-        opts = _lib.ce_options(ignore_index, reduction, label_smoothing, wptr, z_loss, softcap,
-                               logit_scale, flag_ptr)
-        _opts_cache[key] = opts
-    return opts, key
+_F32 = torch.float32
+_U8 = torch.uint8
+_CONTIGUOUS = torch.contiguous_format
+_CPU = torch.device("cpu")
+_cuda_devices = {}  # index -> torch.device("cuda", index)
 
 
-_ws_cache = {}
+def _cuda_device(idx):
+    d = _cuda_devices.get(idx)
+    if d is None:
+        d = _cuda_devices[idx] = torch.device("cuda", idx)
+    return d
+
+
+class CEConfig:
+    """One distinct (ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale), with
+    the fl_ce_options structs built for it, one per (weight address, error flag address) pair.
+    Get it from config(); functional.py also maps the user's raw keyword values to it, so that
+    a repeated call validates nothing twice."""
+    __slots__ = ("args", "reduction", "none", "_structs")
+
+    def __init__(self, ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale):
+        self.args = (ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
+        self.reduction = reduction
+        self.none = reduction == _NONE
+        self._structs = {}
+
+    def options(self, wptr, flag):
+        """(fl_ce_options, its address) for these weight / error-flag addresses (0 = NULL). Keep
+        the tuple referenced while the address is in use (the cache may be cleared meanwhile)."""
+        key = (wptr, flag)
+        s = self._structs.get(key)
+        if s is None:
+            if len(self._structs) >= 64:  # e.g. a new weight tensor at every call
+                self._structs.clear()
+            ii, red, ls, zl, cap, scale = self.args
+            st = _lib.ce_options(ii, red, ls, wptr, zl, cap, scale, flag)
+            s = self._structs[key] = (st, ctypes.addressof(st))
+        return s
+
+
+_configs = {}
+
+
+def config(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale):
+    """The CEConfig of these (already converted) options; the C library validates the values."""
+    key = (ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
+    c = _configs.get(key)
+    if c is None:
+        if len(_configs) >= 256:
+            _configs.clear()
+        c = _configs[key] = CEConfig(*key)
+    return c
+
+
+_flag_ptrs = {}  # device index -> address of that device's error flag
+
+
+def flag_ptr(idx):
+    """Address of cuda:idx's error flag (0 while capturing before any eager call created it)."""
+    p = _flag_ptrs.get(idx)
+    if p is None:
+        p = _error_flag_ptr(_cuda_device(idx))
+        if p:
+            _flag_ptrs[idx] = p
+    return p
+
+
+def plan(N, V, ld, dt, it, idx, cfg, wptr):
+    """Everything a run_* call needs besides the tensors: (N, V, ld, fl dtype, fl index dtype,
+    device index (-1 = CPU), (options struct, address), CEConfig, workspace bytes)."""
+    return (N, V, ld, dt, it, idx, cfg.options(wptr, flag_ptr(idx) if idx >= 0 else 0), cfg,
+            _ws_bytes(N, V, dt))
+
+
+_ws_sizes = {}
 _tls = threading.local()
+_cuda_ws = {}  # (device index, raw stream) -> (uint8 tensor, address, bytes)
+_CUDA_WS_CACHE_MAX = 8 << 20  # larger workspaces are allocated per call (cost negligible there)
 
 
-def _workspace(N, V, dt, opts, key, device):
-    """Scratch memory for one call. CUDA: a fresh tensor from torch's caching allocator (stream
-    ordered, so safe with concurrent streams and inside CUDA graphs). CPU: the calls are
-    synchronous, so one growing buffer per thread is reused."""
-    k = (N, V, dt, key[1])  # size depends on sizes, dtype and (at most) the reduction
-    nbytes = _ws_cache.get(k)
-    if nbytes is None:
-        nbytes = _lib.workspace_size(N, V, dt, opts)
-        if len(_ws_cache) > 4096:
-            _ws_cache.clear()
-        _ws_cache[k] = nbytes
-    if nbytes == 0:
-        return None, 0
-    if device.type == "cpu":
-        buf = getattr(_tls, "workspace", None)
-        if buf is None or buf.numel() < nbytes:
-            buf = torch.empty(max(nbytes, 1 << 16), dtype=torch.uint8)
-            _tls.workspace = buf
-        return buf, nbytes
-    return torch.empty(nbytes, dtype=torch.uint8, device=device), nbytes
+def _ws_bytes(N, V, dt):
+    k = (N, V, dt)
+    n = _ws_sizes.get(k)
+    if n is None:
+        n = _lib.workspace_size(N, V, dt)  # depends only on (N, V, dtype)
+        if len(_ws_sizes) >= 4096:
+            _ws_sizes.clear()
+        _ws_sizes[k] = n
+    return n
+
+
+def _cpu_workspace(nbytes):
+    """(tensor, address, bytes): one growing buffer per thread (CPU calls are synchronous)."""
+    ws = getattr(_tls, "ws", None)
+    if ws is None or ws[2] < nbytes:
+        buf = torch.empty(max(nbytes, 1 << 16), dtype=_U8, device=_CPU)
+        ws = _tls.ws = (buf, buf.data_ptr(), buf.numel())
+    return ws
+
+
+def _cuda_workspace(idx, stream, nbytes):
+    """(tensor, address, bytes) of >= nbytes on cuda:idx for one call on `stream` (the current
+    device is idx). Kept per (device, stream): calls on one stream run in order, so a buffer
+    per stream never has two users at once, whichever thread enqueues them. Not kept when the
+    stream is being captured into a CUDA graph (a replay may run on any stream, concurrently
+    with eager calls: the graph gets its own buffer from its private pool), nor above 8 MiB.
+    A replaced or fresh buffer goes back to torch's caching allocator, which reuses a block
+    only in its stream's order. Hold the tuple until the call is enqueued."""
+    if nbytes > _CUDA_WS_CACHE_MAX or _capturing():
+        buf = torch.empty(nbytes, dtype=_U8, device=_cuda_device(idx))
+        return buf, buf.data_ptr(), nbytes
+    key = (idx, stream)
+    ws = _cuda_ws.get(key)
+    if ws is None or ws[2] < nbytes:
+        if ws is None and len(_cuda_ws) >= 256:
+            _cuda_ws.clear()
+        buf = torch.empty(max(nbytes, 1 << 16), dtype=_U8, device=_cuda_device(idx))
+        ws = _cuda_ws[key] = (buf, buf.data_ptr(), buf.numel())
+    return ws
 
 
 def _check_args(op, logits, target, weight=None, lse=None):
@@ -226,65 +318,140 @@ def _empty_loss(loss, reduction):
 
 
 def _new_dlogits(logits, N, V, ld):
-    if ld == V:
-        return torch.empty((N, V), dtype=logits.dtype, device=logits.device)
-    # the C API writes dlogits with the logits' row stride (one ld for both)
-    return torch.empty_strided((N, V), (ld, 1), dtype=logits.dtype, device=logits.device)
+    """A gradient buffer with the logits' row stride (the C API uses one ld for both); on CUDA
+    also with the logits' address modulo 16 bytes (the CUDA backend's rule for a separate
+    dlogits: logits that are a view at an odd offset get a buffer at the same offset)."""
+    mis = logits.data_ptr() & 15 if logits.is_cuda else 0
+    if mis == 0 or N == 0:
+        if ld == V:  # then the logits are contiguous
+            return torch.empty_like(logits, memory_format=_CONTIGUOUS)
+        return torch.empty_strided((N, V), (ld, 1), dtype=logits.dtype, device=logits.device)
+    es = logits.element_size()
+    base = torch.empty((N - 1) * ld + V + 16 // es, dtype=logits.dtype, device=logits.device)
+    return base.as_strided((N, V), (ld, 1), mis // es)
 
 
-def _ptr(t):
-    return t.data_ptr() if t is not None else None
+def _device_index(t):
+    dev = t.device
+    if dev.type == "cpu":
+        return -1
+    return dev.index if dev.index is not None else torch.cuda.current_device()
 
 
-class _Device:
-    """Device guard + stream for a CUDA call; no-op context for CPU."""
-    __slots__ = ("idx", "prev")
+# ---- the C calls (inputs already validated; called by the ops below and by autograd.py) ------
+def run_forward(logits, target, p, with_lse=True):
+    """fl_cross_entropy_forward_{cpu,cuda}: (loss, lse) for a plan() p; N >= 1. with_lse=False:
+    no lse is computed (lse NULL in the C call; None returned), e.g. for a no-grad call."""
+    N, V, ld, dt, it, idx, opts, cfg, nbytes = p
+    if idx < 0:
+        loss = torch.empty(size=(N,) if cfg.none else (), dtype=_F32, device=_CPU)
+        lse = torch.empty(N, dtype=_F32, device=_CPU) if with_lse else None
+        ws = _cpu_workspace(nbytes)
+        st = _fl.fl_cross_entropy_forward_cpu(
+            loss.data_ptr(), lse.data_ptr() if with_lse else None, logits.data_ptr(),
+            target.data_ptr(), N, V, ld, dt, it, opts[1], ws[1], ws[2])
+        if st:
+            _check(st, "fl_cross_entropy_forward_cpu")
+        return loss, lse
+    if _current_device() != idx:
+        with torch.cuda.device(idx):
+            return run_forward(logits, target, p, with_lse)
+    dev = _cuda_device(idx)
+    loss = torch.empty(size=(N,) if cfg.none else (), dtype=_F32, device=dev)
+    lse = torch.empty(N, dtype=_F32, device=dev) if with_lse else None
+    stream = _raw_stream(idx)
+    ws = _cuda_workspace(idx, stream, nbytes)
+    st = _fl.fl_cross_entropy_forward_cuda(
+        loss.data_ptr(), lse.data_ptr() if with_lse else None, logits.data_ptr(),
+        target.data_ptr(), N, V, ld, dt, it, opts[1], ws[1], ws[2], stream)
+    if st:
+        _check(st, "fl_cross_entropy_forward_cuda")
+    if _debug:
+        _debug_check(dev)
+    return loss, lse
 
-    def __init__(self, device):
-        self.idx = device.index if device.index is not None else torch.cuda.current_device()
 
-    def __enter__(self):
-        self.prev = torch.cuda.current_device()
-        if self.prev != self.idx:
-            torch.cuda.set_device(self.idx)
-        return _raw_stream(self.idx)
+def run_backward(grad_loss, logits, target, lse, p, grad_scale=1.0):
+    """fl_cross_entropy_backward_{cpu,cuda}: dlogits. grad_loss: fp32, contiguous (N,) for
+    reduction none, else one element; N >= 1."""
+    N, V, ld, dt, it, idx, opts, cfg, nbytes = p
+    if idx < 0:
+        dlogits = _new_dlogits(logits, N, V, ld)
+        ws = _cpu_workspace(nbytes)
+        st = _fl.fl_cross_entropy_backward_cpu(
+            dlogits.data_ptr(), logits.data_ptr(), target.data_ptr(), lse.data_ptr(),
+            grad_loss.data_ptr(), grad_scale, N, V, ld, dt, it, opts[1], ws[1], ws[2])
+        if st:
+            _check(st, "fl_cross_entropy_backward_cpu")
+        return dlogits
+    if _current_device() != idx:
+        with torch.cuda.device(idx):
+            return run_backward(grad_loss, logits, target, lse, p, grad_scale)
+    dlogits = _new_dlogits(logits, N, V, ld)
+    stream = _raw_stream(idx)
+    ws = _cuda_workspace(idx, stream, nbytes)
+    st = _fl.fl_cross_entropy_backward_cuda(
+        dlogits.data_ptr(), logits.data_ptr(), target.data_ptr(), lse.data_ptr(),
+        grad_loss.data_ptr(), grad_scale, N, V, ld, dt, it, opts[1], ws[1], ws[2], stream)
+    if st:
+        _check(st, "fl_cross_entropy_backward_cuda")
+    if _debug:
+        _debug_check(_cuda_device(idx))
+    return dlogits
 
-    def __exit__(self, *exc):
-        if self.prev != self.idx:
-            torch.cuda.set_device(self.prev)
-        return False
+
+def run_fused(dlogits, logits, target, grad_loss, grad_scale, p):
+    """fl_cross_entropy_fused_{cpu,cuda}: (loss, lse, dlogits); dlogits None: allocated,
+    dlogits is logits: in place; grad_loss None means 1; N >= 1."""
+    N, V, ld, dt, it, idx, opts, cfg, nbytes = p
+    if idx >= 0 and _current_device() != idx:
+        with torch.cuda.device(idx):
+            return run_fused(dlogits, logits, target, grad_loss, grad_scale, p)
+    dev = _CPU if idx < 0 else _cuda_device(idx)
+    loss = torch.empty(size=(N,) if cfg.none else (), dtype=_F32, device=dev)
+    lse = torch.empty(N, dtype=_F32, device=dev)
+    if dlogits is None:
+        dlogits = _new_dlogits(logits, N, V, ld)
+    gptr = grad_loss.data_ptr() if grad_loss is not None else None
+    if idx < 0:
+        ws = _cpu_workspace(nbytes)
+        st = _fl.fl_cross_entropy_fused_cpu(
+            loss.data_ptr(), lse.data_ptr(), dlogits.data_ptr(), logits.data_ptr(),
+            target.data_ptr(), gptr, grad_scale, N, V, ld, dt, it, opts[1], ws[1], ws[2])
+        if st:
+            _check(st, "fl_cross_entropy_fused_cpu")
+        return loss, lse, dlogits
+    stream = _raw_stream(idx)
+    ws = _cuda_workspace(idx, stream, nbytes)
+    st = _fl.fl_cross_entropy_fused_cuda(
+        loss.data_ptr(), lse.data_ptr(), dlogits.data_ptr(), logits.data_ptr(),
+        target.data_ptr(), gptr, grad_scale, N, V, ld, dt, it, opts[1], ws[1], ws[2], stream)
+    if st:
+        _check(st, "fl_cross_entropy_fused_cuda")
+    if _debug:
+        _debug_check(dev)
+    return loss, lse, dlogits
 
 
-# ---- implementations (called by the ops below, and directly by autograd.py's eager path) -----
+# ---- implementations of the ops (checks, then the run_* above) --------------------------------
+def _op_plan(logits, N, V, ld, dt, it, weight, ignore_index, reduction, label_smoothing,
+             z_loss, softcap, logit_scale):
+    cfg = config(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
+    return plan(N, V, ld, dt, it, _device_index(logits), cfg,
+                weight.data_ptr() if weight is not None else 0)
+
+
 def forward_impl(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss,
                  softcap, logit_scale):
     """Loss and per-row lse (fl_cross_entropy_forward_{cpu,cuda}); see the module docstring."""
     N, V, ld, dt, it = _check_args("cross_entropy_forward", logits, target, weight)
-    dev = logits.device
-    loss = torch.empty(_loss_shape(N, reduction), dtype=torch.float32, device=dev)
-    lse = torch.empty((N,), dtype=torch.float32, device=dev)
     if N == 0:
-        return _empty_loss(loss, reduction), lse
-    if dev.type == "cuda":
-        opts, key = _options(ignore_index, reduction, label_smoothing, weight, z_loss, softcap,
-                             logit_scale, _error_flag_ptr(dev))
-        ws, nbytes = _workspace(N, V, dt, opts, key, dev)
-        with _Device(dev) as stream:
-            st = _fl.fl_cross_entropy_forward_cuda(
-                loss.data_ptr(), lse.data_ptr(), logits.data_ptr(), target.data_ptr(), N, V, ld,
-                dt, it, ctypes.byref(opts), _ptr(ws), nbytes, stream)
-        _check(st, "fl_cross_entropy_forward_cuda")
-        if _debug:
-            _debug_check(dev)
-    else:
-        opts, key = _options(ignore_index, reduction, label_smoothing, weight, z_loss, softcap,
-                             logit_scale, 0)
-        ws, nbytes = _workspace(N, V, dt, opts, key, dev)
-        st = _fl.fl_cross_entropy_forward_cpu(
-            loss.data_ptr(), lse.data_ptr(), logits.data_ptr(), target.data_ptr(), N, V, ld, dt,
-            it, ctypes.byref(opts), _ptr(ws), nbytes)
-        _check(st, "fl_cross_entropy_forward_cpu")
-    return loss, lse
+        dev = logits.device
+        loss = torch.empty(_loss_shape(N, reduction), dtype=torch.float32, device=dev)
+        return _empty_loss(loss, reduction), torch.empty((0,), dtype=torch.float32, device=dev)
+    return run_forward(logits, target,
+                       _op_plan(logits, N, V, ld, dt, it, weight, ignore_index, reduction,
+                                label_smoothing, z_loss, softcap, logit_scale))
 
 
 def backward_impl(grad_loss, logits, target, lse, weight, ignore_index, reduction,
@@ -293,33 +460,12 @@ def backward_impl(grad_loss, logits, target, lse, weight, ignore_index, reductio
 
     grad_loss: fp32, (N,) for reduction none, else one element (the loss's gradient)."""
     N, V, ld, dt, it = _check_args("cross_entropy_backward", logits, target, weight, lse)
-    dev = logits.device
-    _check_grad_loss("cross_entropy_backward", grad_loss, N, reduction, dev)
-    dlogits = _new_dlogits(logits, N, V, ld)
+    _check_grad_loss("cross_entropy_backward", grad_loss, N, reduction, logits.device)
     if N == 0:
-        return dlogits
-    if dev.type == "cuda":
-        opts, key = _options(ignore_index, reduction, label_smoothing, weight, z_loss, softcap,
-                             logit_scale, _error_flag_ptr(dev))
-        ws, nbytes = _workspace(N, V, dt, opts, key, dev)
-        with _Device(dev) as stream:
-            st = _fl.fl_cross_entropy_backward_cuda(
-                dlogits.data_ptr(), logits.data_ptr(), target.data_ptr(), lse.data_ptr(),
-                grad_loss.data_ptr(), grad_scale, N, V, ld, dt, it, ctypes.byref(opts), _ptr(ws),
-                nbytes, stream)
-        _check(st, "fl_cross_entropy_backward_cuda")
-        if _debug:
-            _debug_check(dev)
-    else:
-        opts, key = _options(ignore_index, reduction, label_smoothing, weight, z_loss, softcap,
-                             logit_scale, 0)
-        ws, nbytes = _workspace(N, V, dt, opts, key, dev)
-        st = _fl.fl_cross_entropy_backward_cpu(
-            dlogits.data_ptr(), logits.data_ptr(), target.data_ptr(), lse.data_ptr(),
-            grad_loss.data_ptr(), grad_scale, N, V, ld, dt, it, ctypes.byref(opts), _ptr(ws),
-            nbytes)
-        _check(st, "fl_cross_entropy_backward_cpu")
-    return dlogits
+        return _new_dlogits(logits, N, V, ld)
+    return run_backward(grad_loss, logits, target, lse,
+                        _op_plan(logits, N, V, ld, dt, it, weight, ignore_index, reduction,
+                                 label_smoothing, z_loss, softcap, logit_scale), grad_scale)
 
 
 def fused_impl(dlogits, logits, target, weight, ignore_index, reduction, label_smoothing,
@@ -327,38 +473,18 @@ def fused_impl(dlogits, logits, target, weight, ignore_index, reduction, label_s
     """(loss, lse, dlogits) in one pass (fl_cross_entropy_fused_*); dlogits None: allocated,
     dlogits is logits: in place; grad_loss None means 1."""
     N, V, ld, dt, it = _check_args(op, logits, target, weight)
-    dev = logits.device
     if grad_loss is not None:
-        _check_grad_loss(op, grad_loss, N, reduction, dev)
-    loss = torch.empty(_loss_shape(N, reduction), dtype=torch.float32, device=dev)
-    lse = torch.empty((N,), dtype=torch.float32, device=dev)
-    if dlogits is None:
-        dlogits = _new_dlogits(logits, N, V, ld)
+        _check_grad_loss(op, grad_loss, N, reduction, logits.device)
     if N == 0:
-        return _empty_loss(loss, reduction), lse, dlogits
-    if dev.type == "cuda":
-        opts, key = _options(ignore_index, reduction, label_smoothing, weight, z_loss, softcap,
-                             logit_scale, _error_flag_ptr(dev))
-        ws, nbytes = _workspace(N, V, dt, opts, key, dev)
-        with _Device(dev) as stream:
-            st = _fl.fl_cross_entropy_fused_cuda(
-                loss.data_ptr(), lse.data_ptr(), dlogits.data_ptr(), logits.data_ptr(),
-                target.data_ptr(), _ptr(grad_loss), grad_scale, N, V, ld, dt, it,
-                ctypes.byref(opts), _ptr(ws), nbytes, stream)
-        _check(st, "fl_cross_entropy_fused_cuda")
-        if _debug:
-            _debug_check(dev)
-    else:
-        opts, key = _options(ignore_index, reduction, label_smoothing, weight, z_loss, softcap,
-                             logit_scale, 0)
-        ws, nbytes = _workspace(N, V, dt, opts, key, dev)
-        st = _fl.fl_cross_entropy_fused_cpu(
-            loss.data_ptr(), lse.data_ptr(), dlogits.data_ptr(), logits.data_ptr(),
-            target.data_ptr(), _ptr(grad_loss), grad_scale, N, V, ld, dt, it,
-            ctypes.byref(opts), _ptr(ws), nbytes)
-        _check(st, "fl_cross_entropy_fused_cpu")
-    return loss, lse, dlogits
-
+        dev = logits.device
+        loss = torch.empty(_loss_shape(N, reduction), dtype=torch.float32, device=dev)
+        if dlogits is None:
+            dlogits = _new_dlogits(logits, N, V, ld)
+        return (_empty_loss(loss, reduction), torch.empty((0,), dtype=torch.float32, device=dev),
+                dlogits)
+    return run_fused(dlogits, logits, target, grad_loss, grad_scale,
+                     _op_plan(logits, N, V, ld, dt, it, weight, ignore_index, reduction,
+                              label_smoothing, z_loss, softcap, logit_scale))
 
 # ---- the ops ----------------------------------------------------------------------------------
 @torch.library.custom_op("fusedloss::cross_entropy_forward", mutates_args=(),

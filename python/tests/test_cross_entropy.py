@@ -617,6 +617,147 @@ def test_no_extra_copies_on_fast_path_cpu():
     assert not heavy, heavy
 
 
+# ---- the eager fast path (functional._eager) and its caches ----------------------------------
+def test_fast_path_makes_only_the_c_calls_cpu(monkeypatch):
+    x, t = make_inputs((9, 41), torch.float32, "cpu")
+    kw = dict(label_smoothing=0.05, reduction="sum")
+    ref = fusedloss.cross_entropy(x, t, **kw)  # first call: general path, caches the options
+    spy = _Spy(fusedloss.ops._fl)
+    monkeypatch.setattr(fusedloss.ops, "_fl", spy)
+    xg = x.clone().requires_grad_(True)
+    loss = fusedloss.cross_entropy(xg, t, **kw)
+    loss.backward()
+    assert [c[0] for c in spy.calls] == ["fl_cross_entropy_forward_cpu",
+                                         "fl_cross_entropy_backward_cpu"]
+    assert torch.equal(loss, ref)
+    with torch.no_grad():
+        nl = fusedloss.cross_entropy(x, t, **kw)
+    assert spy.calls[-1][0] == "fl_cross_entropy_forward_cpu"
+    assert spy.calls[-1][1][1] is None  # no lse computed when nothing needs it
+    assert torch.equal(nl, ref)
+    # same numbers as the custom ops (the torch.compile path)
+    monkeypatch.setattr(fusedloss.functional, "_FORCE_OPS", True)
+    xo = x.clone().requires_grad_(True)
+    lo = fusedloss.cross_entropy(xo, t, **kw)
+    lo.backward()
+    assert torch.equal(lo, loss) and torch.equal(xo.grad, xg.grad)
+
+
+@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_fast_path_return_lse_cpu(grad, inplace):
+    x, t = make_inputs((8, 11), torch.float32, "cpu")
+    ref = torch.where(t != -100, torch.logsumexp(x.double(), 1), torch.zeros((), dtype=torch.float64))
+    for _ in range(2):  # first call: general path; second: fast path
+        xin = x.clone().requires_grad_(grad)
+        loss, lse = fusedloss.cross_entropy(xin * 1 if grad else xin, t, return_lse=True,
+                                            inplace_backward=inplace)
+        assert lse.shape == (8,) and lse.dtype == torch.float32 and not lse.requires_grad
+        assert_close(lse, ref, (1e-5, 1e-6), "lse")
+        assert loss.requires_grad == grad
+        if grad:
+            loss.backward()
+            assert xin.grad is not None
+
+
+def test_options_cache_keeps_validation():
+    x = torch.randn(4, 5)
+    t = torch.randint(0, 5, (4,))
+    for _ in range(2):
+        fusedloss.cross_entropy(x, t, ignore_index=1, label_smoothing=0.1)
+    with pytest.raises(TypeError, match="ignore_index"):
+        fusedloss.cross_entropy(x, t, ignore_index=True, label_smoothing=0.1)  # True == 1
+    with pytest.raises(ValueError, match="target"):
+        fusedloss.cross_entropy(x, t[:3], ignore_index=1, label_smoothing=0.1)
+    with pytest.raises(TypeError, match="target"):
+        fusedloss.cross_entropy(x, t.int().short(), ignore_index=1, label_smoothing=0.1)
+    with pytest.raises(ValueError, match="weight"):
+        fusedloss.cross_entropy(x, t, torch.ones(4), ignore_index=1, label_smoothing=0.1)
+    with pytest.raises(TypeError, match="input"):
+        fusedloss.cross_entropy(x.double(), t, ignore_index=1, label_smoothing=0.1)
+
+
+def test_fast_path_weights_cpu():
+    x, t = make_inputs((8, 11), torch.float32, "cpu")
+    w = torch.rand(11, dtype=torch.float64) + 0.5
+    xr = x.double().requires_grad_(True)
+    ref = F.cross_entropy(xr, t, w, label_smoothing=0.1)
+    ref.backward()
+    for weight in [w.float(), w.float(), w, torch.nn.Parameter(w.float()),
+                   torch.nn.Parameter(w.float(), requires_grad=False),
+                   torch.stack([w.float(), w.float()], 1)[:, 0]]:  # the last: stride 2
+        xg = x.clone().requires_grad_(True)
+        loss = fusedloss.cross_entropy(xg, t, weight, label_smoothing=0.1)
+        loss.backward()
+        assert_close(loss, ref, LOSS_TOL[torch.float32], "weighted loss")
+        assert_close(xg.grad, xr.grad, GRAD_TOL[torch.float32], "weighted grad")
+
+
+def test_fast_path_saved_tensors_are_version_checked_cpu():
+    x = torch.randn(6, 10, requires_grad=True)
+    t = torch.randint(0, 10, (6,))
+    for _ in range(2):
+        loss = fusedloss.cross_entropy(x, t)
+    t.add_(0)  # an in-place change of the target between forward and backward
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_fast_path_expanded_upstream_gradient_cpu():
+    x, t = make_inputs((9, 41), torch.bfloat16, "cpu")
+    xr = x.double().requires_grad_(True)
+    F.cross_entropy(xr, t, reduction="none").sum().backward()
+    for _ in range(2):
+        xg = x.clone().requires_grad_(True)
+        fusedloss.cross_entropy(xg, t, reduction="none").sum().backward()  # grad: expanded ones
+        assert_close(xg.grad, xr.grad, GRAD_TOL[torch.bfloat16], "grad")
+        xg = x.clone().requires_grad_(True)
+        (fusedloss.cross_entropy(xg, t, reduction="mean") * 3.0).backward()
+        assert_close(xg.grad, 3.0 * xr.grad / (t != -100).sum(), GRAD_TOL[torch.bfloat16], "grad")
+
+
+def test_fast_path_under_default_device_context_cpu():
+    x, t = make_inputs((8, 11), torch.float32, "cpu")
+    ref = fusedloss.cross_entropy(x, t)
+    with torch.device("meta"):  # new tensors default to meta: the CPU path must not use that
+        for _ in range(2):
+            xg = x.clone().requires_grad_(True)
+            loss = fusedloss.cross_entropy(xg, t)
+            assert loss.device.type == "cpu" and torch.equal(loss, ref)
+            loss.backward()
+            assert xg.grad.device.type == "cpu" and torch.isfinite(xg.grad).all()
+
+
+def test_fast_path_threads_cpu():
+    import threading
+    cases = [make_inputs((n, v), torch.float32, "cpu", seed=n) for n, v in
+             [(8, 11), (33, 500), (5, 3000), (64, 7)]]
+    refs = []
+    for x, t in cases:
+        xg = x.clone().requires_grad_(True)
+        fusedloss.cross_entropy(xg, t, reduction="sum").backward()
+        refs.append(xg.grad)
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(40):
+                x, t = cases[(k + i) % len(cases)]
+                xg = x.clone().requires_grad_(True)
+                fusedloss.cross_entropy(xg, t, reduction="sum").backward()
+                if not torch.equal(xg.grad, refs[(k + i) % len(cases)]):
+                    errors.append((k, i))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+
+
 # =============================== GPU ==========================================================
 CUDA_SHAPES = [(7,), (3, 1), (8, 11), (9, 41), (64, 8003), (3, 7, 5), (2, 5, 3, 4), (33, 50257)]
 
@@ -816,6 +957,42 @@ def test_inplace_backward_peak_memory_cuda():
     assert extra < 0.1 * nbytes, (extra, nbytes)  # no (N, V) buffer beyond the logits
     extra, nbytes = _peak_extra_bytes(inplace=False)
     assert 0.9 * nbytes < extra < 1.1 * nbytes, (extra, nbytes)  # one: the gradient
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_logits_view_at_odd_offset_cuda(dtype):
+    # rows 1.. of a (N+1, V) tensor with V odd: the logits' address is not 16-byte aligned
+    x, t = make_inputs((17, 1001), dtype, "cuda")
+    xr = x[1:].double().requires_grad_(True)
+    ref = F.cross_entropy(xr, t[1:])
+    ref.backward()
+    for _ in range(2):
+        base = x.clone().requires_grad_(True)
+        loss = fusedloss.cross_entropy(base[1:], t[1:])
+        loss.backward()
+        assert_close(loss, ref, CUDA_LOSS_TOL[dtype], "loss")
+        assert_close(base.grad[1:], xr.grad, CUDA_GRAD_TOL[dtype], "grad")
+
+
+@needs_cuda
+def test_workspace_per_stream_cuda():
+    # calls in flight on two streams at once: each stream has its own cached workspace
+    cases = [make_inputs((512, 32000), torch.bfloat16, "cuda", seed=s) for s in range(2)]
+    refs = [F.cross_entropy(x.double(), t) for x, t in cases]
+    streams = [torch.cuda.Stream() for _ in cases]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    out = [[], []]
+    for _ in range(5):
+        for k, ((x, t), s) in enumerate(zip(cases, streams)):
+            with torch.cuda.stream(s):
+                out[k].append(fusedloss.cross_entropy(x, t))
+    for s in streams:
+        torch.cuda.current_stream().wait_stream(s)
+    for k in range(2):
+        for loss in out[k]:
+            assert_close(loss, refs[k], CUDA_LOSS_TOL[torch.bfloat16], "per-stream loss")
 
 
 @needs_cuda
