@@ -59,6 +59,22 @@ _DOUBLE_BACKWARD_MSG = (
     "supported; use torch.nn.functional.cross_entropy for higher-order gradients")
 
 
+def _scale_inplace_grad(ctx, grad, per_row):
+    """Backward of both in-place paths: the logits' storage holds dlogits for an upstream gradient
+    of 1; scale it by the real upstream gradient in place (one more read + write)."""
+    if torch.is_grad_enabled():  # create_graph=True: this gradient is not differentiable
+        raise RuntimeError(_DOUBLE_BACKWARD_MSG + " (with inplace_backward=True, "
+                           "create_graph=True itself is refused)")
+    if ctx.used:
+        raise RuntimeError("fusedloss.cross_entropy(inplace_backward=True): backward can run "
+                           "only once (the gradient lives in the logits' storage)")
+    ctx.used = True
+    (dlogits,) = ctx.saved_tensors
+    if grad is None:
+        return None
+    return dlogits.mul_(grad.reshape(-1, 1) if per_row else grad.reshape(()))
+
+
 def _grad_loss(grad, reduction):
     """The upstream gradient as the contiguous fp32 buffer the C API reads (N or 1 floats)."""
     g = grad if grad.dtype == torch.float32 else grad.float()
@@ -176,16 +192,7 @@ class EagerInplaceFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if torch.is_grad_enabled():  # create_graph=True: this gradient is not differentiable
-            raise RuntimeError(_DOUBLE_BACKWARD_MSG + " (with inplace_backward=True, "
-                               "create_graph=True itself is refused)")
-        if ctx.used:
-            raise RuntimeError("fusedloss.cross_entropy(inplace_backward=True): backward can run "
-                               "only once (the gradient lives in the logits' storage)")
-        ctx.used = True
-        (dlogits,) = ctx.saved_tensors
-        dlogits.mul_(grad.reshape(-1, 1) if ctx.none else grad)
-        return dlogits, None, None, None
+        return _scale_inplace_grad(ctx, grad, ctx.none), None, None, None
 
 
 # ---- in-place path: autograd.Function around the mutating fused op ---------------------------
@@ -213,18 +220,4 @@ class CrossEntropyInplaceFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, grad_lse):
-        if torch.is_grad_enabled():  # create_graph=True: this gradient is not differentiable
-            raise RuntimeError(_DOUBLE_BACKWARD_MSG + " (with inplace_backward=True, "
-                               "create_graph=True itself is refused)")
-        if ctx.used:
-            raise RuntimeError("fusedloss.cross_entropy(inplace_backward=True): backward can run "
-                               "only once (the gradient lives in the logits' storage)")
-        ctx.used = True
-        (dlogits,) = ctx.saved_tensors
-        if grad_loss is None:
-            return (None,) * 9
-        if ctx.reduction == FL_REDUCTION_NONE:
-            dlogits.mul_(grad_loss.reshape(-1, 1))
-        else:
-            dlogits.mul_(grad_loss.reshape(()))
-        return (dlogits,) + (None,) * 8
+        return (_scale_inplace_grad(ctx, grad_loss, ctx.reduction == FL_REDUCTION_NONE),) + (None,) * 8
