@@ -11,8 +11,11 @@
 #              Makefile's compile/link line (cc -std=c11 ... build/libfusedloss.a -lcudart_static ...)
 #   test-cpu   make test
 #   test-cuda  build/test_cross_entropy_cuda (full grid)
-#   sanitize   compute-sanitizer memcheck (--small --stride 2) and racecheck (--small --stride 6)
+#   test-knobs the CUDA grid (--no-big) with the kernel choice forced by FUSEDLOSS_CE_TMA* knobs
+#   sanitize   compute-sanitizer memcheck (--small --stride 2), racecheck (--small --stride 6),
+#              memcheck with the staged kernel forced (--small --stride 3)
 #   bench      build/bench_cross_entropy --csv bench/results/<date>-h200.csv (copied to $OUT)
+#   bench-ab   the benchmark on the headline shapes once per BENCH_AB variant (knob settings)
 #   peers      python3 bench/bench_peers.py --out $OUT/peers-<date>.json
 # Every step's output goes to $OUT/<step>.log (OUT defaults to /tmp/out); stdout gets one line
 # per step, the tail of any failing log, the benchmark summaries, and last a summary table.
@@ -90,7 +93,7 @@ run_step() {
 
 # ---- environment -------------------------------------------------------------------------------
 : > "$OUT/build.log"
-for f in test-cpu test-cuda sanitize bench peers; do want "$f" && : > "$OUT/$f.log"; done
+for f in test-cpu test-cuda test-knobs sanitize bench bench-ab peers; do want "$f" && : > "$OUT/$f.log"; done
 {
     echo "# gpu_check.sh $(date -u +%FT%TZ) commit $FL_COMMIT steps:$STEPS"
     nvidia-smi 2>&1 || echo "nvidia-smi not available"
@@ -143,6 +146,25 @@ if want test-cuda && have build/test_cross_entropy_cuda test-cuda; then
     (( n > 0 )) && KEY[test-cuda]+="; first FAIL: $(grep -m1 '^FAIL' "$OUT/test-cuda.log" | cut -c1-90)"
 fi
 
+# ---- CUDA tests under the kernel-choice knobs ---------------------------------------------------
+# The same grid (without the N = 8192 shapes) with the other code paths forced: tiny shared-memory
+# chunks (clusters of up to 16 CTAs on the test shapes, staged backward) and the sm_90 staged
+# kernel off (the chunked two-pass path that sm_80 and fallbacks use).
+if want test-knobs && have build/test_cross_entropy_cuda test-knobs; then
+    run_step test-knobs 200 '
+        rc=0
+        echo "### FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_BWD=1"
+        FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_BWD=1 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NBUF=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128"
+        FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NBUF=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128 \
+            build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_TMA=0"
+        FUSEDLOSS_CE_TMA=0 build/test_cross_entropy_cuda --no-big || rc=1
+        exit $rc
+    '
+    KEY[test-knobs]=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/test-knobs.log" | awk '{p+=$1; f+=$3} END {printf "%d passed, %d failed (%d runs)", p, f, NR}')
+fi
+
 # ---- compute-sanitizer -------------------------------------------------------------------------
 if want sanitize && have build/test_cross_entropy_cuda sanitize; then
     if [ -z "$SANITIZER" ]; then
@@ -159,11 +181,17 @@ if want sanitize && have build/test_cross_entropy_cuda sanitize; then
             timeout 45 "$SANITIZER" --tool racecheck --print-limit 20 --error-exitcode 99 \
                 build/test_cross_entropy_cuda --small --stride 6 || rc2=$?
             echo "### racecheck exit $rc2"
-            [ $rc -eq 0 ] && [ $rc2 -eq 0 ]
+            rc3=0
+            echo "### memcheck, staged kernel forced (FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_BWD=1)"
+            FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_BWD=1 timeout 60 "$SANITIZER" --tool memcheck --print-limit 20 \
+                --error-exitcode 99 build/test_cross_entropy_cuda --small --stride 3 || rc3=$?
+            echo "### memcheck-staged exit $rc3"
+            [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ]
         '
         mc=$(grep -m1 'ERROR SUMMARY' "$OUT/sanitize.log" | sed 's/.*ERROR SUMMARY: //')
         rcs=$(grep -m1 'RACECHECK SUMMARY' "$OUT/sanitize.log" | sed 's/.*RACECHECK SUMMARY: //')
-        KEY[sanitize]="memcheck: ${mc:-no summary}; racecheck: ${rcs:-no summary}"
+        mc3=$(grep 'ERROR SUMMARY' "$OUT/sanitize.log" | sed -n 2p | sed 's/.*ERROR SUMMARY: //')
+        KEY[sanitize]="memcheck: ${mc:-no summary}; racecheck: ${rcs:-no summary}; memcheck staged: ${mc3:-no summary}"
         if grep -qE 'Device not supported|not supported on this (device|platform)' "$OUT/sanitize.log"; then
             STATUS[sanitize]="N/A"; KEY[sanitize]="compute-sanitizer cannot run on this machine (see sanitize.log)"
         fi
@@ -183,6 +211,26 @@ if want bench && have build/bench_cross_entropy bench; then
     k=$(grep -m1 '^SUMMARY 8192x128256 bf16 mean ' "$OUT/bench.log" | sed 's/^SUMMARY 8192x128256 bf16 mean *//')
     [ -n "$k" ] && KEY[bench]+="; 8192x128256 bf16: $k"
     [ -z "${KEY[bench]}" ] && KEY[bench]=$(grep -m1 -E '^SKIP|error' "$OUT/bench.log" | cut -c1-100)
+fi
+
+# ---- C benchmark A/B over the knobs --------------------------------------------------------------
+# BENCH_AB: ';'-separated variants, each a space-separated list of VAR=VALUE (FUSEDLOSS_CE_*), run
+# on BENCH_AB_CASES (default: the four headline shapes); rows go to the same CSV with the variant
+# appended to the commit column.
+if want bench-ab && have build/bench_cross_entropy bench-ab; then
+    export BENCH_AB="${BENCH_AB:-FUSEDLOSS_CE_TMA=0;FUSEDLOSS_CE_TMA_BWD=1;FUSEDLOSS_CE_TMA_NBUF=1;FUSEDLOSS_CE_TMA_KB=16;FUSEDLOSS_CE_TMA_KB=64}"
+    export BENCH_AB_CASES="${BENCH_AB_CASES:---case 8192 128256 bf16 --case 4096 50257 f32 --case 2048 32000 f16 --case 4096 256000 bf16}"
+    mkdir -p bench/results
+    export CSV
+    run_step bench-ab 200 '
+        IFS=";" read -ra VARS <<< "$BENCH_AB"
+        for v in "${VARS[@]}"; do
+            echo "### variant: $v"
+            env $v FL_COMMIT="$FL_COMMIT+${v// /+}" build/bench_cross_entropy --csv "$CSV" --reps 30 $BENCH_AB_CASES | grep -E "^SUMMARY|rror"
+        done
+    '
+    [ -f "$CSV" ] && cp "$CSV" "$OUT/bench-$DATE-h200.csv"
+    KEY[bench-ab]="$(grep -c '^### variant' "$OUT/bench-ab.log") variants"
 fi
 
 # ---- PyTorch peers -------------------------------------------------------------------------------
@@ -214,6 +262,9 @@ for s in "${ORDER[@]}"; do
 done
 if [ -f "$OUT/bench.log" ] && grep -q '^SUMMARY' "$OUT/bench.log"; then
     echo; echo "---- bench (ratio to the copy floor) ----"; grep '^SUMMARY' "$OUT/bench.log" | sed 's/^SUMMARY //'
+fi
+if [ -f "$OUT/bench-ab.log" ] && grep -q '^SUMMARY' "$OUT/bench-ab.log"; then
+    echo; echo "---- bench A/B ----"; grep -E '^### variant|^SUMMARY [0-9]' "$OUT/bench-ab.log" | sed 's/^SUMMARY //'
 fi
 if [ -f "$OUT/peers.log" ] && grep -q '^PEERS' "$OUT/peers.log"; then
     echo; echo "---- peers (fwd+bwd, ratio to the floor) ----"; grep '^PEERS' "$OUT/peers.log" | sed 's/^PEERS //'

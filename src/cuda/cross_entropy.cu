@@ -30,7 +30,9 @@
 #include <cuda_bf16.h>
 #include <cooperative_groups.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "../internal.h"
@@ -99,7 +101,9 @@ __device__ __forceinline__ int64_t load_target(const CeArgs& a, int64_t i) {
 // Option flags compiled into the per-element code (template F): the common case (no softcap, no
 // label smoothing) gets the shortest instruction stream; the unrolled per-element code is what
 // limits a memory-bound kernel's speed once its bytes are minimal.
-enum { F_SOFTCAP = 1, F_SMOOTH = 2 };
+// F_ZMAP: the logit map z = softcap tanh(scale x / softcap) is not the identity (scale != 1 or a
+// softcap); without it z = x and the per-element multiply disappears.
+enum { F_ZMAP = 1, F_SMOOTH = 2 };
 
 #define FL_LOG2E 1.4426950408889634f
 
@@ -113,8 +117,9 @@ __device__ __forceinline__ float fexp2(float x) {
 
 template <int F>
 __device__ __forceinline__ float zval(const CeArgs& a, float x) {
+    if (!(F & F_ZMAP)) return x;
     float z = a.scale * x;
-    if (F & F_SOFTCAP) z = a.softcap * tanhf(z * a.inv_softcap);
+    if (a.inv_softcap != 0.0f) z = a.softcap * tanhf(z * a.inv_softcap);
     return z;
 }
 
@@ -173,16 +178,22 @@ __device__ __forceinline__ Denoms load_denoms(const CeArgs& a) {
 // At the target, fmaf(P, p, -Tt) rounds once: no cancellation when p ~ 1.
 struct GradCoef { float P, Tt, Wc, lseL; int t; };
 
-__device__ __forceinline__ GradCoef make_coef(const CeArgs& a, const Denoms& d, int64_t i, int t, bool bad,
-                                              float lse) {
-    float G = a.grad_scale * (a.grad_loss ? a.grad_loss[a.reduction == FL_REDUCTION_NONE ? i : 0] : 1.0f);
+// G = grad_scale * upstream gradient of row i's loss, w_t = weight[t] (1 without weights or when bad)
+__device__ __forceinline__ float row_upstream(const CeArgs& a, int64_t i) {
+    return a.grad_scale * (a.grad_loss ? a.grad_loss[a.reduction == FL_REDUCTION_NONE ? i : 0] : 1.0f);
+}
+__device__ __forceinline__ float target_weight(const CeArgs& a, int t, bool bad) {
+    return (a.weight && !bad) ? a.weight[t] : 1.0f;
+}
+
+__device__ __forceinline__ GradCoef make_coef_v(const CeArgs& a, const Denoms& d, float G, int t, bool bad,
+                                                float w_t, float lse) {
     float g_a = G, g_b = G;
     if (a.reduction == FL_REDUCTION_MEAN) {
         g_a = (float)((double)G / d.Dw);
         g_b = (float)((double)G / d.Dn);
     }
     if (bad) g_a = g_b = __int_as_float(0x7fc00000);  // out-of-range target: NaN gradient row
-    const float w_t = (a.weight && !bad) ? a.weight[t] : 1.0f;
     const float c_t = (1.0f - a.eps) * w_t, c_s = a.eps / (float)a.V;
     GradCoef c;
     c.P = a.scale * (g_a * (c_t + c_s * (float)d.W) + g_b * (2.0f * a.zeta * lse));
@@ -193,12 +204,19 @@ __device__ __forceinline__ GradCoef make_coef(const CeArgs& a, const Denoms& d, 
     return c;
 }
 
-template <int F>
+__device__ __forceinline__ GradCoef make_coef(const CeArgs& a, const Denoms& d, int64_t i, int t, bool bad,
+                                              float lse) {
+    return make_coef_v(a, d, row_upstream(a, i), t, bad, target_weight(a, t, bad), lse);
+}
+
+// TGT: whether j may be the target (the vector sweep leaves the target term out and patches the
+// one element that is, see vec_grad: P p - 0 rounds exactly like fma(P, p, 0))
+template <int F, bool TGT = true>
 __device__ __forceinline__ float grad_elem(const CeArgs& a, const GradCoef& c, float z, int j) {
     float p = fexp2(fmaf(z, FL_LOG2E, -c.lseL));
-    float g = fmaf(c.P, p, j == c.t ? -c.Tt : 0.0f);
+    float g = TGT ? fmaf(c.P, p, j == c.t ? -c.Tt : 0.0f) : c.P * p;
     if (F & F_SMOOTH) g -= c.Wc * (a.weight ? __ldg(a.weight + j) : 1.0f);
-    if (F & F_SOFTCAP) {
+    if (F & F_ZMAP) {  // softcap derivative; r = 0 without a softcap (inv_softcap = 0)
         float r = z * a.inv_softcap;
         g *= 1.0f - r * r;
     }
@@ -254,24 +272,52 @@ __device__ __forceinline__ void vec_sum(const CeArgs& a, const Pack<T>& x, int e
     }
 }
 
+// One sweep: running (max, sum-exp) over a vector; rescales only when the max grows.
+template <int F, typename T>
+__device__ __forceinline__ void vec_online(const CeArgs& a, const Pack<T>& x, int e0, float& m, float& s, float& wz) {
+    float z[Pack<T>::VEC];
+    float vm = -INFINITY;
+#pragma unroll
+    for (int v = 0; v < Pack<T>::VEC; v++) {
+        z[v] = zval<F>(a, to_float(x.v[v]));
+        vm = fmaxf(vm, z[v]);
+        if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + e0 + v) : 1.0f) * z[v];
+    }
+    if (vm > m) {  // false for NaN: fmaxf skips NaN, as the two-sweep max does
+        s = (m == -INFINITY) ? 0.0f : s * fexp2((m - vm) * FL_LOG2E);
+        m = vm;
+    }
+    const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
+#pragma unroll
+    for (int v = 0; v < Pack<T>::VEC; v++) s += fexp2(fmaf(z[v], FL_LOG2E, -mL));
+}
+
 template <int F, typename T>
 __device__ __forceinline__ Pack<T> vec_grad(const CeArgs& a, const GradCoef& c, const Pack<T>& x, int e0) {
+    constexpr int VEC = Pack<T>::VEC;
+    float g[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; v++) g[v] = grad_elem<F, false>(a, c, zval<F>(a, to_float(x.v[v])), e0 + v);
+    const unsigned k = (unsigned)(c.t - e0);  // < VEC only in the target's vector (t = -1 when bad)
+    if (k < (unsigned)VEC) {
+#pragma unroll
+        for (int v = 0; v < VEC; v++)
+            if (v == (int)k) g[v] = grad_elem<F, true>(a, c, zval<F>(a, to_float(x.v[v])), e0 + v);
+    }
     Pack<T> o;
 #pragma unroll
-    for (int v = 0; v < Pack<T>::VEC; v++)
-        o.v[v] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, to_float(x.v[v])), e0 + v));
+    for (int v = 0; v < VEC; v++) o.v[v] = from_float<T>(g[v]);
     return o;
 }
 
 // Row loss pieces (a: CE + smoothing, b: z-loss) from combined stats; writes loss/lse/partials.
-__device__ __forceinline__ void finish_row(const CeArgs& a, const Denoms& d, int64_t i, int t, bool bad,
-                                           float lse, float zt, float wz, float* a_out, float* b_out) {
+__device__ __forceinline__ void finish_row_w(const CeArgs& a, const Denoms& d, int64_t i, bool bad, float w_t,
+                                             float lse, float zt, float wz, float* a_out, float* b_out) {
     float a_i, b_i;
     if (bad) {
         a_i = __int_as_float(0x7fc00000);
         b_i = 0.0f;
     } else {
-        float w_t = a.weight ? a.weight[t] : 1.0f;
         a_i = (1.0f - a.eps) * w_t * (lse - zt);
         if (a.eps > 0.0f) a_i += (a.eps / (float)a.V) * ((float)d.W * lse - wz);
         b_i = a.zeta * lse * lse;
@@ -280,6 +326,11 @@ __device__ __forceinline__ void finish_row(const CeArgs& a, const Denoms& d, int
     else if (a.reduction == FL_REDUCTION_NONE) a.loss[i] = a_i + b_i;
     else { a.part[2 * i] = a_i; a.part[2 * i + 1] = b_i; }
     if (a.lse_out) a.lse_out[i] = lse;
+}
+
+__device__ __forceinline__ void finish_row(const CeArgs& a, const Denoms& d, int64_t i, int t, bool bad,
+                                           float lse, float zt, float wz, float* a_out, float* b_out) {
+    finish_row_w(a, d, i, bad, target_weight(a, t, bad), lse, zt, wz, a_out, b_out);
 }
 
 __device__ __forceinline__ void ignored_row_outputs(const CeArgs& a, int64_t i, int pass) {
@@ -584,6 +635,301 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
 #endif
 }
 
+// ---------------------------------------------------------------------------------------------
+// sm_90: ONE read of the logits for long rows. A persistent kernel; each thread-block cluster of
+// `cs` CTAs owns rows grp, grp + ngrp, ...; CTA `rank` stages its contiguous chunk of the row's
+// aligned vectors in shared memory with bulk async copies (cp.async.bulk, completion on an
+// mbarrier), double-buffered: the copy of the cluster's next row is in flight while this row is
+// reduced and its dlogits stored. Per row: max / sum-exp sweeps over shared memory, a block
+// reduction, each CTA's partial (max, sum-exp, sum w z, target logit) stored into every CTA of the
+// cluster (DSMEM), ONE cluster barrier, every CTA merges the partials in rank order (same bits
+// everywhere), then the gradient sweep over shared memory (fused) with 16-byte streaming stores.
+// HBM traffic: one read of the logits (+ one write of dlogits): the floor.
+// Backward (lse given) uses the same staging without a cluster: work units (row, chunk).
+// Head/tail elements outside the row's 16-byte-aligned body are loaded by rank 0 directly.
+#define TMA_MAX_CLUSTER 16
+#define TMA_PIECE_VECS 256  // one bulk copy moves at most 4 KB; warp 0's lanes issue the pieces
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n\t.reg .pred p;\n\t"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+            "selp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(smem_addr(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar))
+        : "memory");
+}
+
+// Per-thread 16-byte asynchronous copies (sm_80+ LDGSTS, L1 bypassed), their completion tracked
+// by the same mbarrier: each thread's arrive fires once its own copies have landed (init count T).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// CTA `rank`'s share of a row: aligned vectors [lo, lo + n) of the row's nfull.
+struct TmaChunk { int lo, n; };
+__device__ __forceinline__ TmaChunk tma_chunk(int nfull, int cs, int rank) {
+    const int per = (nfull + cs - 1) / cs;
+    TmaChunk c;
+    c.lo = rank * per;
+    int hi = c.lo + per < nfull ? c.lo + per : nfull;
+    c.n = hi > c.lo ? hi - c.lo : 0;
+    return c;
+}
+
+// Work unit `it` of this CTA: (row, rank). Clusters walk rows; backward walks (row, chunk) units.
+template <int PASS>
+__device__ __forceinline__ bool tma_unit(int64_t it, int cs, int crank, int64_t N, int64_t* row, int* rank) {
+    if (PASS != PASS_BACKWARD) {
+        const int64_t ngrp = gridDim.x / cs;
+        *row = (int64_t)(blockIdx.x / cs) + it * ngrp;
+        *rank = crank;
+    } else {
+        const int64_t u = (int64_t)blockIdx.x + it * gridDim.x;
+        *row = u / cs;
+        *rank = (int)(u % cs);
+    }
+    return *row < N;
+}
+
+// Warp 0: start the copy of (row, rank)'s chunk into buf; the mbarrier's phase completes when all
+// bytes have landed (at once for ignored rows and empty chunks). t64: the row's target, loaded
+// ahead by the caller (a dependent load here would delay warp 0, hence the whole CTA).
+template <typename T>
+__device__ __forceinline__ void tma_issue(const CeArgs& a, int64_t i, int rank, int cs, int64_t t64, uint4* buf,
+                                          uint64_t* bar, bool bulk) {
+    const int lane = threadIdx.x & 31;
+    const T* row = (const T*)a.logits + i * a.ld;
+    TmaChunk ch = {0, 0};
+    const RowGrid<T> g(row, (int)a.V);
+    if (t64 != a.ignore_index) ch = tma_chunk(g.nfull, cs, rank);
+    if (!bulk) {  // every thread: its vectors, then its arrive
+        for (int q = (int)threadIdx.x; q < ch.n; q += (int)blockDim.x) cp_async16(buf + q, row + g.vec_elem(ch.lo + q));
+        cp_async_arrive(bar);
+        return;
+    }
+    if (lane == 0) {
+        if (ch.n > 0) mbar_arrive_tx(bar, (uint32_t)ch.n * 16u);
+        else mbar_arrive(bar);
+    }
+    __syncwarp();
+    for (int p = lane; p * TMA_PIECE_VECS < ch.n; p += 32) {
+        const int v0 = p * TMA_PIECE_VECS;
+        const int nv = ch.n - v0 < TMA_PIECE_VECS ? ch.n - v0 : TMA_PIECE_VECS;
+        bulk_load(buf + v0, row + g.vec_elem(ch.lo + v0), (uint32_t)nv * 16u, bar);
+    }
+}
+
+// The per-row scalars a unit needs besides its chunk, loaded one unit ahead so that no dependent
+// global load (target -> weight[target], target logit) sits on the row's critical path.
+struct TmaRow {
+    int64_t i, t64;
+    int rank;
+    bool valid;
+    float xs;   // this thread's head/tail element (rank 0, tid < nextra)
+    float zt;   // target logit (rank 0, thread 0)
+    float w_t;  // weight[target] (1 without weights)
+    float G;    // upstream gradient x grad_scale (per row with NONE)
+    float lse;  // backward: the given lse
+};
+
+template <typename T, int PASS, int F>
+__device__ __forceinline__ void tma_row_fetch(const CeArgs& a, TmaRow& r, float Gs) {
+    if (!r.valid) return;
+    const int tid = (int)threadIdx.x;
+    const T* row = (const T*)a.logits + r.i * a.ld;
+    const RowGrid<T> g(row, (int)a.V);
+    const bool ignored = r.t64 == a.ignore_index;
+    const bool bad = !ignored && (r.t64 < 0 || r.t64 >= a.V);
+    r.xs = 0.0f; r.zt = 0.0f; r.w_t = 1.0f; r.G = Gs; r.lse = 0.0f;
+    if (ignored) return;
+    if (r.rank == 0 && tid < g.nextra) r.xs = to_float(row[g.extra_elem(tid)]);
+    if (PASS != PASS_BACKWARD && r.rank == 0 && tid == 0 && !bad) r.zt = to_float(row[r.t64]);
+    if (a.weight && !bad) r.w_t = __ldg(a.weight + r.t64);
+    if (PASS != PASS_FORWARD && a.reduction == FL_REDUCTION_NONE)
+        r.G = a.grad_scale * (a.grad_loss ? a.grad_loss[r.i] : 1.0f);
+    if (PASS == PASS_BACKWARD) r.lse = a.lse_in[r.i];
+}
+
+template <int PASS>
+__device__ __forceinline__ TmaRow tma_row_at(const CeArgs& a, int64_t it, int cs, int crank) {
+    TmaRow r;
+    r.valid = tma_unit<PASS>(it, cs, crank, a.N, &r.i, &r.rank);
+    r.t64 = r.valid ? load_target(a, r.i) : a.ignore_index;
+    return r;
+}
+
+template <typename T, int PASS, int F>
+__global__ void __launch_bounds__(512) ce_tma_kernel(CeArgs a, int cs, int per, int nbuf, int exp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) uint4 tma_buf[];  // [nbuf][per] 16-byte vectors
+    __shared__ __align__(8) uint64_t bar[2];
+    __shared__ float4 slot[2][TMA_MAX_CLUSTER];  // partials of the cluster's CTAs, by rank
+    __shared__ RowStats sh[32];
+    const int tid = (int)threadIdx.x, T_ = (int)blockDim.x;
+    const int V = (int)a.V;
+    int crank = 0;
+    if (PASS != PASS_BACKWARD) asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(crank));
+
+    const bool bulk = !(exp & 8);  // bit 8: per-thread cp.async instead of bulk copies
+    if (tid == 0) {
+        for (int b = 0; b < nbuf; b++) mbar_init(&bar[b], bulk ? 1u : (uint32_t)T_);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    // row-independent scalars, once (the setup kernel ran before this one on the stream)
+    const Denoms dn = load_denoms(a);
+    const float Gs = (PASS != PASS_FORWARD && a.reduction != FL_REDUCTION_NONE) ? row_upstream(a, 0) : 0.0f;
+
+    // cur: the unit being processed; nx: the next (its scalars in flight); nx2: the one after
+    // (target only: it picks the chunk the next copy into this buffer moves when nbuf == 2)
+    TmaRow cur = tma_row_at<PASS>(a, 0, cs, crank);
+    TmaRow nx = tma_row_at<PASS>(a, 1, cs, crank);
+    __syncthreads();  // why: barriers initialised before any copy is issued or waited on
+    if (PASS != PASS_BACKWARD) cg::this_cluster().sync();  // why: DSMEM stores need every CTA started
+    if (tid < 32 || !bulk) {
+        if (cur.valid) tma_issue<T>(a, cur.i, cur.rank, cs, cur.t64, tma_buf, &bar[0], bulk);
+        if (nbuf == 2 && nx.valid) tma_issue<T>(a, nx.i, nx.rank, cs, nx.t64, tma_buf + per, &bar[1], bulk);
+    }
+    tma_row_fetch<T, PASS, F>(a, cur, Gs);
+
+    int xch = 0;  // exchanges done: slot parity (every CTA of the cluster counts the same rows)
+    for (int64_t it = 0; cur.valid; it++) {
+        TmaRow nx2 = tma_row_at<PASS>(a, it + 2, cs, crank);
+        tma_row_fetch<T, PASS, F>(a, nx, Gs);  // loads land while this unit is processed
+
+        const int64_t i = cur.i;
+        const int rank = cur.rank;
+        const int b = nbuf == 2 ? (int)(it & 1) : 0;
+        const uint32_t parity = (uint32_t)((nbuf == 2 ? it >> 1 : it) & 1);
+        const uint4* buf = tma_buf + b * per;
+        const T* row = (const T*)a.logits + i * a.ld;
+        T* drow = (T*)a.dlogits + i * a.ld;
+        const int64_t t64 = cur.t64;
+        const bool ignored = t64 == a.ignore_index;
+        const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
+        const int t = bad ? -1 : (int)t64;
+        const RowGrid<T> g(row, V);
+        const TmaChunk ch = tma_chunk(g.nfull, cs, rank);
+        const bool has_x = rank == 0 && tid < g.nextra;
+        const int ex = has_x ? g.extra_elem(tid) : 0;
+        const float xs = cur.xs;
+
+        if (ignored) {  // not read; dlogits zero-filled; loss/lse 0; no exchange (all CTAs agree)
+            if (PASS != PASS_BACKWARD && rank == 0 && tid == 0) ignored_row_outputs(a, i, PASS);
+            if (PASS != PASS_FORWARD) {
+                Pack<T> zero;
+#pragma unroll
+                for (int v = 0; v < Pack<T>::VEC; v++) zero.v[v] = from_float<T>(0.0f);
+                for (int q = tid; q < ch.n; q += T_) store_vec(zero, drow, g.vec_elem(ch.lo + q));
+                if (has_x) drow[ex] = from_float<T>(0.0f);
+            }
+            mbar_wait(&bar[b], parity);  // the (empty) phase completes at once: keeps the parity count
+        } else {
+            if (bad && rank == 0 && tid == 0 && a.error_flag) *a.error_flag = 1;
+            float lse;
+            mbar_wait(&bar[b], parity);
+            if (PASS == PASS_BACKWARD) {
+                lse = cur.lse;
+            } else {
+                float m = has_x ? zval<F>(a, xs) : -INFINITY;
+                float s = 0.0f, wz = 0.0f;
+                if (exp & 2) {
+                    m = 0.0f; s = 1.0f;
+                } else if (exp & 16) {
+#pragma unroll 4
+                for (int q = tid; q < ch.n; q += T_) m = vec_max<F>(a, *reinterpret_cast<const Pack<T>*>(buf + q), m);
+                const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
+#pragma unroll 4
+                for (int q = tid; q < ch.n; q += T_)
+                    vec_sum<F>(a, *reinterpret_cast<const Pack<T>*>(buf + q), g.vec_elem(ch.lo + q), mL, s, wz);
+                } else {
+#pragma unroll 2
+                    for (int q = tid; q < ch.n; q += T_)
+                        vec_online<F>(a, *reinterpret_cast<const Pack<T>*>(buf + q), g.vec_elem(ch.lo + q), m, s, wz);
+                }
+                const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
+                if (has_x) {
+                    float z = zval<F>(a, xs);
+                    s += fexp2(fmaf(z, FL_LOG2E, -mL));
+                    if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
+                }
+                RowStats r = {m, s, wz};
+                if (!(exp & 4)) r = block_reduce_stats(r, sh);
+                const int x = xch & 1;
+                xch++;
+                if (exp & 1) {
+                    lse = r.m + logf(r.s);
+                    if (rank == 0 && tid == 0) finish_row_w(a, dn, i, bad, cur.w_t, lse, 0.0f, r.wz, NULL, NULL);
+                } else {
+                if (tid == 0) {
+                    const float zt = (rank == 0 && !bad) ? zval<F>(a, cur.zt) : 0.0f;
+                    const float4 mine = make_float4(r.m, r.s, r.wz, zt);
+                    cg::cluster_group cl = cg::this_cluster();
+                    for (int c = 0; c < cs; c++) *cl.map_shared_rank(&slot[x][rank], c) = mine;
+                }
+                // why: every CTA's partial has landed in every CTA's slot[x]; slot[x] is next
+                // written two exchanges later, after the next barrier, which this CTA reaches
+                // only once it has read slot[x] below
+                cg::this_cluster().sync();
+                float4 p0 = slot[x][0];
+                float M = p0.x, S = p0.y, WZ = p0.z;
+                for (int c = 1; c < cs; c++) {  // rank order: the same bits in every CTA
+                    float4 pc = slot[x][c];
+                    ms_merge(M, S, pc.x, pc.y);
+                    WZ += pc.z;
+                }
+                lse = (M == -INFINITY) ? -INFINITY : M + logf(S);
+                if (rank == 0 && tid == 0) finish_row_w(a, dn, i, bad, cur.w_t, lse, p0.w, WZ, NULL, NULL);
+                }
+            }
+            if (PASS != PASS_FORWARD) {
+                const GradCoef c = make_coef_v(a, dn, cur.G, t, bad, cur.w_t, lse);
+#pragma unroll 4
+                for (int q = tid; q < ch.n; q += T_) {
+                    const int e0 = g.vec_elem(ch.lo + q);
+                    store_vec(vec_grad<F>(a, c, *reinterpret_cast<const Pack<T>*>(buf + q), e0), drow, e0);
+                }
+                if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, xs), ex));
+            }
+        }
+        __syncthreads();  // why: every thread is done reading buffer b before it is refilled
+        if (tid < 32 || !bulk) {
+            const TmaRow& nn = nbuf == 2 ? nx2 : nx;  // the unit it + nbuf
+            if (nn.valid) tma_issue<T>(a, nn.i, nn.rank, cs, nn.t64, tma_buf + b * per, &bar[b], bulk);
+        }
+        cur = nx;
+        nx = nx2;
+    }
+#else
+    __trap();  // chosen only on sm_90+
+#endif
+}
+
 // One CTA: D_w, D_n (MEAN) and W = sum of class weights, into the workspace header (double).
 // Fixed per-thread striding + fixed-order tree: deterministic.
 __global__ void __launch_bounds__(1024) ce_setup_kernel(CeArgs a) {
@@ -662,7 +1008,7 @@ static cudaError_t dev_info(DevInfo* out) {
     return cudaSuccess;
 }
 
-struct Config { int T, K, C; };
+struct Config { int T, K, C; int tma; int sms; int tcs, tper, tnbuf, tT; size_t tsmem; };
 
 // Rows of up to 512 16-byte vectors: one CTA, as few threads as cover the row with 2 vectors
 // each. Longer rows: chunks of 256 threads x 8 vectors (32 KB in flight per CTA, ~107 registers:
@@ -686,7 +1032,7 @@ static int chunk_threads(int pass) {
 }
 
 static Config choose_config(int64_t V, int esize, int pass) {
-    Config c;
+    Config c = {};
     const int64_t nv = V / (16 / esize) + 1;  // aligned vectors per row, any alignment (upper bound)
     c.C = 1;
     if (nv <= 512) {
@@ -702,6 +1048,162 @@ static Config choose_config(int64_t V, int esize, int pass) {
     return c;
 }
 
+// Experimental knobs for A/B runs on the GPU (read once): FUSEDLOSS_CE_TMA=0 turns the sm_90
+// staged one-read kernel off (chunked two-pass path instead); FUSEDLOSS_CE_TMA_BWD=1|0 uses it
+// for backward or not; FUSEDLOSS_CE_TMA_KB = shared-memory chunk per CTA in KB (cluster size
+// follows); FUSEDLOSS_CE_TMA_NBUF = 1|2 buffers; FUSEDLOSS_CE_TMA_THREADS = 128..512.
+struct TmaKnobs { int on, fwd, bwd, kb, nbuf, threads, grid, debug, exp; };
+
+static int env_int(const char* name, int def) {
+    const char* e = getenv(name);
+    return (e && *e) ? atoi(e) : def;
+}
+
+static const TmaKnobs* tma_knobs(void) {
+    static TmaKnobs k;
+    static int have = 0;
+    if (!__atomic_load_n(&have, __ATOMIC_ACQUIRE)) {
+        TmaKnobs n;
+        n.on = env_int("FUSEDLOSS_CE_TMA", 1);
+        n.bwd = env_int("FUSEDLOSS_CE_TMA_BWD", 0);
+        n.fwd = env_int("FUSEDLOSS_CE_TMA_FWD", 0);
+        n.kb = env_int("FUSEDLOSS_CE_TMA_KB", 100);
+        n.nbuf = env_int("FUSEDLOSS_CE_TMA_NBUF", 0);
+        n.threads = env_int("FUSEDLOSS_CE_TMA_THREADS", 256);
+        n.grid = env_int("FUSEDLOSS_CE_TMA_GRID", 0);  // cap on clusters (CTAs for backward)
+        n.debug = env_int("FUSEDLOSS_DEBUG", 0);       // print each new launch plan to stderr
+        // timing experiments only (WRONG results): bit 1 skips the cluster exchange, 2 the
+        // statistics sweeps, 4 the block reduction
+        n.exp = env_int("FUSEDLOSS_CE_TMA_EXPERIMENT", 0);
+        if (n.kb < 1 || n.kb > 100) n.kb = 100;
+        if (n.nbuf != 1 && n.nbuf != 2) n.nbuf = 0;
+        if (n.threads < 128 || n.threads > 512 || n.threads % 32) n.threads = 256;
+        k = n;  // every thread computes the same values: a racing second store is harmless
+        __atomic_store_n(&have, 1, __ATOMIC_RELEASE);
+    }
+    return &k;
+}
+
+// Occupancy of a (kernel, cluster size, shared memory) triple, cached: clusters (or CTAs when
+// cs == 0) that are resident at once on this device. 0 = does not fit.
+struct OccEntry { const void* fn; int dev, cs, T; size_t smem; int n; };
+
+static cudaError_t tma_occupancy(const void* fn, int cs, int T, size_t smem, int sms, int* out) {
+    static OccEntry cache[256];
+    static int used = 0;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    pthread_mutex_lock(&mu);
+    for (int k = 0; k < used; k++)
+        if (cache[k].fn == fn && cache[k].dev == dev && cache[k].cs == cs && cache[k].T == T && cache[k].smem == smem) {
+            *out = cache[k].n;
+            pthread_mutex_unlock(&mu);
+            return cudaSuccess;
+        }
+    int n = 0;
+    // The dynamic shared-memory limit is an attribute of the function, not of a launch: only ever
+    // raise it (a later, smaller plan must not invalidate an earlier, larger one's launches).
+    size_t fmax = 0;
+    for (int k = 0; k < used; k++)
+        if (cache[k].fn == fn && cache[k].dev == dev && cache[k].n > 0 && cache[k].smem > fmax) fmax = cache[k].smem;
+    e = cudaSuccess;
+    if (smem > fmax) e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e == cudaSuccess && cs > 8) e = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e == cudaSuccess) {
+        if (cs == 0) {
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, T, smem);
+            n *= sms;
+        } else {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3((unsigned)cs, 1, 1);
+            cfg.blockDim = dim3((unsigned)T, 1, 1);
+            cfg.dynamicSmemBytes = smem;
+            cudaLaunchAttribute attr[1];
+            attr[0].id = cudaLaunchAttributeClusterDimension;
+            attr[0].val.clusterDim.x = (unsigned)cs;
+            attr[0].val.clusterDim.y = 1;
+            attr[0].val.clusterDim.z = 1;
+            cfg.attrs = attr;
+            cfg.numAttrs = 1;
+            e = cudaOccupancyMaxActiveClusters(&n, fn, &cfg);
+        }
+    }
+    if (e != cudaSuccess) {  // e.g. a cluster size this device cannot schedule: use the other path
+        (void)cudaGetLastError();
+        e = cudaSuccess;
+        n = 0;
+    }
+    if (used < 256) {
+        OccEntry c = {fn, dev, cs, T, smem, n};
+        cache[used++] = c;
+    }
+    if (tma_knobs()->debug)
+        fprintf(stderr, "fusedloss: staged CE kernel %p: cluster %d, %d threads, %zu B shared: %d %s resident\n", fn, cs,
+                T, smem, n, cs ? "clusters" : "CTAs");
+    pthread_mutex_unlock(&mu);
+    *out = n;
+    return e;
+}
+
+struct TmaPlan { int cs, per, nbuf, T; size_t smem; };
+
+// Whether (and how) the staged one-read kernel takes this call: sm_90, rows longer than one
+// register-resident CTA (> 512 vectors), a row split over <= 16 CTAs of <= kb KB each.
+static int tma_plan(int pass, int cc_major, int64_t V, int esize, TmaPlan* p) {
+    const TmaKnobs* k = tma_knobs();
+    if (cc_major < 9 || !k->on) return 0;
+    if (pass == PASS_BACKWARD && !k->bwd) return 0;
+    if (pass == PASS_FORWARD && !k->fwd) return 0;
+    const int64_t nv = V / (16 / esize) + 1;  // upper bound of a row's aligned vectors
+    if (nv <= 512) return 0;
+    const int64_t chunk = (int64_t)k->kb * 1024 / 16;
+    int cs = 1;
+    while ((int64_t)cs * chunk < nv && cs < TMA_MAX_CLUSTER) cs *= 2;
+    if ((int64_t)cs * chunk < nv) return 0;
+    p->cs = cs;
+    p->per = (int)((nv + cs - 1) / cs);
+    p->nbuf = k->nbuf ? k->nbuf : (2 * (size_t)p->per * 16 <= 100 * 1024 ? 2 : 1);
+    p->T = k->threads;
+    p->smem = (size_t)p->nbuf * p->per * 16;
+    return 1;
+}
+
+// Launches the staged kernel; *done = 0 (nothing launched) when the configuration cannot be
+// resident on this device.
+template <typename T, int PASS, int F>
+static cudaError_t launch_tma(const CeArgs& a, const TmaPlan& p, int sms, cudaStream_t s, int* done) {
+    *done = 0;
+    const void* fn = (const void*)ce_tma_kernel<T, PASS, F>;
+    const int clustered = PASS != PASS_BACKWARD;
+    int n = 0;
+    cudaError_t e = tma_occupancy(fn, clustered ? p.cs : 0, p.T, p.smem, sms, &n);
+    if (e != cudaSuccess || n <= 0) return e;
+    if (tma_knobs()->grid > 0 && tma_knobs()->grid < n) n = tma_knobs()->grid;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    if (clustered) {
+        const int64_t G = a.N < n ? a.N : n;  // clusters: one per row up to what is resident
+        cfg.gridDim = dim3((unsigned)(G * p.cs), 1, 1);
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = (unsigned)p.cs;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    } else {
+        const int64_t units = a.N * p.cs;
+        cfg.gridDim = dim3((unsigned)(units < n ? units : n), 1, 1);
+    }
+    cfg.blockDim = dim3((unsigned)p.T, 1, 1);
+    cfg.dynamicSmemBytes = p.smem;
+    cfg.stream = s;
+    e = cudaLaunchKernelEx(&cfg, ce_tma_kernel<T, PASS, F>, a, p.cs, p.per, p.nbuf, tma_knobs()->exp);
+    if (e == cudaSuccess) *done = 1;
+    return e;
+}
+
 template <typename T, int PASS, int F>
 static cudaError_t launch_row(const CeArgs& a, const Config& c, cudaStream_t s) {
     const unsigned grid = (unsigned)(a.N * c.C);
@@ -714,6 +1216,12 @@ static cudaError_t launch_row(const CeArgs& a, const Config& c, cudaStream_t s) 
 template <typename T, int PASS, int F>
 static cudaError_t launch_main(const CeArgs& a, const Config& c, cudaStream_t s) {
     cudaError_t e = cudaSuccess;
+    if (c.tma) {
+        const TmaPlan p = {c.tcs, c.tper, c.tnbuf, c.tT, c.tsmem};
+        int done = 0;
+        e = launch_tma<T, PASS, F>(a, p, c.sms, s, &done);
+        if (e != cudaSuccess || done) return e;
+    }
     if (PASS == PASS_BACKWARD) return launch_row<T, PASS_BACKWARD, F>(a, c, s);
     if (c.C > 1) {
         e = launch_row<T, PASS_STATS, F>(a, c, s);
@@ -756,9 +1264,9 @@ template <typename T, int PASS>
 static cudaError_t launch_t(int flags, int kind, const CeArgs& a, const Config& c, int C, cudaStream_t s) {
     switch (flags) {
         case 0: return launch_f<T, PASS, 0>(kind, a, c, C, s);
-        case F_SOFTCAP: return launch_f<T, PASS, F_SOFTCAP>(kind, a, c, C, s);
+        case F_ZMAP: return launch_f<T, PASS, F_ZMAP>(kind, a, c, C, s);
         case F_SMOOTH: return launch_f<T, PASS, F_SMOOTH>(kind, a, c, C, s);
-        default: return launch_f<T, PASS, F_SOFTCAP | F_SMOOTH>(kind, a, c, C, s);
+        default: return launch_f<T, PASS, F_ZMAP | F_SMOOTH>(kind, a, c, C, s);
     }
 }
 
@@ -825,8 +1333,10 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
     FL_CUDA_TRY(dev_info(&d));
     const int vec = 16 / (int)fl__dtype_size(dt);
 
-    const int flags = (p.softcap > 0.0f ? F_SOFTCAP : 0) | (p.label_smoothing > 0.0f ? F_SMOOTH : 0);
-    Config none_cfg = {0, 0, 1};
+    const int flags = ((p.softcap > 0.0f || p.logit_scale != 1.0f) ? F_ZMAP : 0) |
+                      (p.label_smoothing > 0.0f ? F_SMOOTH : 0);
+    Config none_cfg = {};
+    none_cfg.C = 1;
 
     // small reduced problems on sm_90: one launch does everything (see ce_small_kernel)
     if (d.cc_major >= 9 && reduced && pass != PASS_BACKWARD && N <= SMALL_MAX_ROWS &&
@@ -845,7 +1355,11 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
         FL_CUDA_TRY(cudaGetLastError());
     }
     if (N > 0) {
-        const Config c = choose_config(V, (int)fl__dtype_size(dt), pass);
+        Config c = choose_config(V, (int)fl__dtype_size(dt), pass);
+        TmaPlan tp;
+        if (tma_plan(pass, d.cc_major, V, (int)fl__dtype_size(dt), &tp)) {
+            c.tma = 1; c.sms = d.sms; c.tcs = tp.cs; c.tper = tp.per; c.tnbuf = tp.nbuf; c.tT = tp.T; c.tsmem = tp.smem;
+        }
         a.C = c.C;
         if ((int64_t)N * c.C > INT32_MAX)
             return fl__fail(FL_ERR_UNSUPPORTED, "%s: N * chunks (%lld * %d) exceeds one launch", fn, (long long)N, c.C);
