@@ -24,6 +24,9 @@ Measured per (shape, provider):
   fwdbwd_ms     the same for a whole step: x.grad = None; loss = f(x, t); loss.backward()
   *_wall_ms     host wall time per call of --reps back-to-back calls + one synchronize (for the
                 small shapes, where the step is host-bound, this is the host cost)
+  fwdbwd_graph_ms  logits <= 64 MB only: the whole step (x.grad = None; f(x, t).backward())
+                captured once with torch.cuda.graph and replayed 200 times, ms per replay: the
+                GPU time of the autograd step with no host in the loop
   x_c_fused     fwdbwd_ms / c_fused_ms ("floor" of the plot: what the kernel alone takes;
                 c_fused_inplace_ms for fusedloss-inplace); issue 4's target for fusedloss:
                 <= 1.15 (8192x128256 bf16)
@@ -292,7 +295,42 @@ def run_provider(dev, fn, logits, t, ref_loss, ref_grad, reps, warmup, check=Tru
     r["fwd_ms"], r["fwd_ms_min"], r["fwd_wall_ms"] = dev.time_calls(fwd, reps, warmup)
     r["fwdbwd_ms"], r["fwdbwd_ms_min"], r["fwdbwd_wall_ms"] = dev.time_calls(step, reps, warmup)
     x.grad = None
+    # small shapes: the same step captured in a CUDA graph and replayed (GPU time of the autograd
+    # step without the host: what the step costs inside a graph-captured training loop)
+    r["fwdbwd_graph_ms"] = None
+    if dev.cuda and logit_bytes <= (64 << 20):
+        try:
+            r["fwdbwd_graph_ms"] = graph_step_ms(dev.torch, fn, x, t)
+        except Exception as e:  # noqa: BLE001 (recorded, not fatal: e.g. a provider that cannot be captured)
+            r["graph_error"] = "%s: %s" % (type(e).__name__, str(e)[:200])
+        x.grad = None
     return r
+
+
+def graph_step_ms(torch, fn, x, t, replays=200):
+    """ms per replay of `x.grad = None; fn(x, t).backward()` captured in one CUDA graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up on a side stream, as torch.cuda.graph requires
+        for _ in range(3):
+            x.grad = None
+            fn(x, t).backward()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    x.grad = None
+    with torch.cuda.graph(g):
+        fn(x, t).backward()
+    for _ in range(5):
+        g.replay()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(replays):
+        g.replay()
+    e1.record()
+    torch.cuda.synchronize()
+    ms = e0.elapsed_time(e1) / replays
+    del g
+    return ms
 
 
 def c_level(dev, fusedloss, logits, t, reps, warmup):
@@ -428,6 +466,11 @@ def summarize(result):
                          HOST_TARGET_SHAPE, r["fwdbwd_ms"], r["fwdbwd_wall_ms"], HOST_TARGET_MS,
                          "PASS" if r["fwdbwd_ms"] <= HOST_TARGET_MS else "FAIL",
                          fmt(eager, "%.4f"), fmt(floor, "%.4f")))
+        gl = ["%s %s" % (p, fmt(q.get("fwdbwd_graph_ms"), "%.4f")) for p, q in s["providers"].items()
+              if q.get("fwdbwd_graph_ms") is not None or q.get("graph_error")]
+        if gl:
+            lines.append("graph        %s fwd+bwd step replayed in a CUDA graph, ms: %s" % (
+                HOST_TARGET_SHAPE, ", ".join(gl)))
     for sh in result["shapes"]:
         c = sh.get("c") or {}
         for p in ("fusedloss", "fusedloss-inplace"):

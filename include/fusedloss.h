@@ -255,6 +255,20 @@ FL_API fl_status fl_cross_entropy_fused_cuda(float* loss, float* lse, void* dlog
                                              void* workspace, size_t workspace_bytes,
                                              fl_stream stream);
 
+/*! fl_scale_rows_{cpu,cuda}() :
+ *  x[i, j] *= g[per_row ? i : 0] for i < N, j < V (x: [N, ld] of dtype, fp32 arithmetic,
+ *  rounded once to dtype, as torch's mul_). A row whose factor is exactly 1 is not read or
+ *  written, so the call moves no (N, V) bytes at all when g is all ones. For applying the real
+ *  upstream gradient to a gradient made with grad_loss = NULL (upstream 1), e.g. by an in-place
+ *  fused forward, when that upstream gradient lives on the device: no host sync, and the usual
+ *  loss.backward() (g = 1) costs one tiny launch instead of a read + write of the gradient.
+ *    g : fp32, [N] when per_row, else [1]; device memory for _cuda, host memory for _cpu.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_scale_rows_cpu(void* x, int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
+                                   const float* g, int per_row);
+FL_API fl_status fl_scale_rows_cuda(void* x, int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
+                                    const float* g, int per_row, fl_stream stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

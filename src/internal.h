@@ -47,6 +47,9 @@ typedef struct {
 
 /* Bytes per logit of a dtype (0 if unknown). */
 size_t fl__dtype_size(fl_dtype dtype);
+/* Arguments of fl_scale_rows_*: shared by both backends. */
+fl_status fl__scale_validate(const char* fn, const void* x, int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
+                             const float* g);
 size_t fl__index_size(fl_index_dtype dtype);
 
 /* Workspace bytes the CE entry points require (same for both backends). Layout (CUDA):

@@ -1,5 +1,5 @@
 /* test_api.c — version, status strings, thread-local last error, option defaults, and the
- * CUDA entry points of a CPU-only build (FL_ERR_NOT_BUILT).
+ * CUDA entry points of a CPU-only build (FL_ERR_NOT_BUILT), fl_scale_rows_cpu.
  *
  * Build and run (the Makefile does this in `make test`):
  *   cc -std=c11 -O2 -Iinclude tests/test_api.c build/libfusedloss.a -lm -lpthread -fopenmp \
@@ -203,7 +203,65 @@ static void test_cuda_not_built(void) {
     CHECK_STATUS(st, FL_ERR_NOT_BUILT, "fl_cross_entropy_fused_cuda (opts NULL)");
 }
 
+/* ------------------------------------------------------------------------------------------
+ * fl_scale_rows_cpu: x[i, :V] *= g[per_row ? i : 0] rounded once from fp32; rows with factor 1
+ * and the padding columns (ld > V) untouched bitwise; bad arguments get exact statuses.
+ * ---------------------------------------------------------------------------------------- */
+static void test_scale_rows(void) {
+    const fl_dtype dts[3] = {FL_DTYPE_F32, FL_DTYPE_F16, FL_DTYPE_BF16};
+    tu_rng r = tu_rng_seed(0x5ca1e);
+    for (int d = 0; d < 3; d++) {
+        for (int per_row = 0; per_row < 2; per_row++) {
+            for (int one = 0; one < 2; one++) {  /* scalar factor exactly 1: nothing may change */
+                const fl_dtype dt = dts[d];
+                const int64_t N = 13, V = 37, ld = 41;
+                const size_t es = tu_dtype_size(dt), bytes = (size_t)(N * ld) * es;
+                unsigned char* x = (unsigned char*)tu_xmalloc(bytes);
+                unsigned char* x0 = (unsigned char*)tu_xmalloc(bytes);
+                float g[13];
+                tu_poison(x, bytes);
+                for (int64_t i = 0; i < N; i++)
+                    for (int64_t j = 0; j < V; j++) tu_store(x, dt, i * ld + j, (float)tu_normal(&r));
+                for (int i = 0; i < 13; i++) g[i] = (i % 3 == 0 || one) ? 1.0f : (float)tu_uniform_in(&r, -2.0, 2.0);
+                if (!per_row && !one) g[0] = 0.37f;
+                memcpy(x0, x, bytes);
+                fl_status st = fl_scale_rows_cpu(x, N, V, ld, dt, g, per_row);
+                CHECK_STATUS(st, FL_OK, "fl_scale_rows_cpu");
+                int bad = 0;
+                for (int64_t i = 0; i < N; i++) {
+                    const float f = g[per_row ? i : 0];
+                    for (int64_t j = 0; j < ld; j++) {
+                        const int64_t k = i * ld + j;
+                        if (j >= V || f == 1.0f) {  /* untouched, bitwise */
+                            if (memcmp(x + k * es, x0 + k * es, es)) bad++;
+                        } else {
+                            const float want = tu_round_to(dt, tu_load(x0, dt, k) * f);
+                            if (tu_load(x, dt, k) != want) bad++;
+                        }
+                    }
+                }
+                CHECK(bad == 0, "scale_rows %s per_row=%d one=%d: %d wrong elements", tu_dtype_name(dt), per_row,
+                      one, bad);
+                free(x);
+                free(x0);
+            }
+        }
+    }
+    float x[8] = {0}, g = 2.0f;
+    CHECK_STATUS(fl_scale_rows_cpu(NULL, 2, 4, 4, FL_DTYPE_F32, &g, 0), FL_ERR_INVALID_ARGUMENT, "x NULL");
+    CHECK_STATUS(fl_scale_rows_cpu(x, 2, 4, 4, FL_DTYPE_F32, NULL, 0), FL_ERR_INVALID_ARGUMENT, "g NULL");
+    CHECK_STATUS(fl_scale_rows_cpu(x, -1, 4, 4, FL_DTYPE_F32, &g, 0), FL_ERR_INVALID_ARGUMENT, "N < 0");
+    CHECK_STATUS(fl_scale_rows_cpu(x, 2, 0, 4, FL_DTYPE_F32, &g, 0), FL_ERR_INVALID_ARGUMENT, "V < 1");
+    CHECK_STATUS(fl_scale_rows_cpu(x, 2, 4, 3, FL_DTYPE_F32, &g, 0), FL_ERR_INVALID_ARGUMENT, "ld < V");
+    CHECK_STATUS(fl_scale_rows_cpu(x, 2, 4, 4, (fl_dtype)7, &g, 0), FL_ERR_INVALID_ARGUMENT, "bad dtype");
+    CHECK(contains(fl_last_error(), "fl_scale_rows_cpu"), "message names the function: \"%s\"", fl_last_error());
+    CHECK_STATUS(fl_scale_rows_cpu(NULL, 0, 4, 4, FL_DTYPE_F32, NULL, 0), FL_OK, "N = 0, NULLs");
+    if (!fl_cuda_built())
+        CHECK_STATUS(fl_scale_rows_cuda(x, 2, 4, 4, FL_DTYPE_F32, &g, 0, NULL), FL_ERR_NOT_BUILT, "cuda stub");
+}
+
 int main(void) {
+    test_scale_rows();
     test_version();
     test_status_strings();
     test_options_init();

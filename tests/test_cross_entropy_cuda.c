@@ -1293,6 +1293,49 @@ static void test_determinism(int64_t N, int64_t V, fl_dtype dt, fl_reduction red
 }
 
 /* ------------------------------------------------------------------------------------------
+ * (b2) fl_scale_rows_cuda vs fl_scale_rows_cpu, bitwise: per-row and scalar factors (some exactly
+ * 1: those rows untouched), odd V and ld (rows at every 16-byte alignment), padding untouched,
+ * and a scalar factor of 1 leaving the whole matrix as it was.
+ * ------------------------------------------------------------------------------------------ */
+static void test_scale_rows(fl_dtype dt, int64_t N, int64_t V, int64_t ld, int per_row, int all_one) {
+    char name[128];
+    snprintf(name, sizeof name, "scale_rows: %s %lldx%lld ld=%lld %s%s vs CPU bitwise", dt_name(dt), (long long)N,
+             (long long)V, (long long)ld, per_row ? "per-row" : "scalar", all_one ? " (factor 1)" : "");
+    if (!matches_filter(name)) return;
+    const double t0 = now_s();
+    case_begin(name);
+    const size_t es = dt == FL_DTYPE_F32 ? 4 : 2, mb = (size_t)N * (size_t)ld * es;
+    unsigned char* hx = (unsigned char*)hmalloc(mb);
+    unsigned char* hy = (unsigned char*)hmalloc(mb);
+    float* hg = (float*)hmalloc((size_t)N * 4);
+    uint64_t st = g_seed ^ 0x5ca1e;
+    for (size_t k = 0; k < mb / es; k++) {  /* random values everywhere, padding included */
+        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+        const float v = (float)((double)(st >> 11) * (1.0 / 9007199254740992.0) * 8.0 - 4.0);
+        if (es == 4) memcpy(hx + 4 * k, &v, 4);
+        else { uint32_t u; memcpy(&u, &v, 4); uint16_t h = (uint16_t)(u >> 16); memcpy(hx + 2 * k, &h, 2); }
+    }
+    for (int64_t i = 0; i < N; i++) hg[i] = all_one || i % 4 == 1 ? 1.0f : 0.25f + 0.01f * (float)(i % 97);
+    void* dx = dmalloc(mb + GUARD);
+    float* dg = (float*)dmalloc((size_t)N * 4);
+    h2d(dx, hx, mb);
+    h2d(dg, hg, (size_t)N * 4);
+    fl_status s = fl_scale_rows_cuda(dx, N, V, ld, dt, dg, per_row, g_stream);
+    if (s != FL_OK) bad("fl_scale_rows_cuda: %s: %s", fl_status_string(s), fl_last_error());
+    s = fl_scale_rows_cpu(hx, N, V, ld, dt, hg, per_row);
+    if (s != FL_OK) bad("fl_scale_rows_cpu: %s: %s", fl_status_string(s), fl_last_error());
+    dsync();
+    d2h(hy, dx, mb);
+    int nb = 0;
+    for (size_t k = 0; k < mb; k += es)
+        if (memcmp(hx + k, hy + k, es) && nb++ < 5) bad("element %zu (row %zu): GPU differs from CPU", k / es, k / es / (size_t)ld);
+    if (nb) bad("%d elements differ", nb);
+    free(hx); free(hy); free(hg);
+    dfree(dx); dfree(dg);
+    case_end(name, "", t0);
+}
+
+/* ------------------------------------------------------------------------------------------
  * (c) out-of-range targets: error_flag, NaN rows, other rows right, context still usable
  * ------------------------------------------------------------------------------------------ */
 static void test_oob(int64_t N, int64_t V, fl_dtype dt, fl_index_dtype it, fl_reduction red, int use_flag) {
@@ -1879,6 +1922,12 @@ int main(int argc, char** argv) {
     /* (b) determinism */
     test_determinism(7, g_small ? 8003 : 256000, FL_DTYPE_F32, FL_REDUCTION_SUM, 0.0f, 0.0f);
     test_determinism(129, 8003, FL_DTYPE_F16, FL_REDUCTION_MEAN, 0.1f, 1e-4f);
+    for (int d = 0; d < 3; d++) {
+        const fl_dtype sdt = d == 0 ? FL_DTYPE_F32 : d == 1 ? FL_DTYPE_F16 : FL_DTYPE_BF16;
+        test_scale_rows(sdt, 67, 1001, 1003, 1, 0);
+        test_scale_rows(sdt, 33, 50257, 50257, 0, 0);
+        test_scale_rows(sdt, 33, 777, 781, 0, 1);
+    }
     if (!g_small && !g_nobig) test_determinism(8192, 32000, FL_DTYPE_BF16, FL_REDUCTION_MEAN, 0.1f, 0.0f);
     /* (d) N*V >= 2^31 */
     if (!g_small && !g_nobig) test_huge();

@@ -96,6 +96,8 @@ _SIGNATURES = {
     "fl_cross_entropy_backward_cuda": (_INT, _CE_BWD + [_P]),
     "fl_cross_entropy_fused_cpu": (_INT, _CE_FUSED),
     "fl_cross_entropy_fused_cuda": (_INT, _CE_FUSED + [_P]),
+    "fl_scale_rows_cpu": (_INT, [_P, _I64, _I64, _I64, _INT, _P, _INT]),
+    "fl_scale_rows_cuda": (_INT, [_P, _I64, _I64, _I64, _INT, _P, _INT, _P]),
 }
 
 

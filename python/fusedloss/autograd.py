@@ -24,9 +24,15 @@ formulas for functional ops). Forward runs the fused kernel with grad_loss = NUL
 gradient 1) and writes dlogits over the logits' storage: one read + one write, zero extra
 (N, V) memory. Backward must still apply the real
 upstream gradient, a device tensor; reading it on the host would need a sync, so backward
-multiplies in place (dlogits.mul_(grad_output)): one more read + write of (N, V).
-Total: 2 reads + 2 writes (vs 2 + 1 for the default path), and fp16/bf16 gradients are
-rounded twice (by the kernel, then by the multiply; exact when grad_output is 1). The logits
+calls fl_scale_rows (ops.run_scale_rows): a kernel that reads the upstream gradient on the
+device and scales the rows in place only where it is not exactly 1. For the usual
+loss.backward() (gradient 1) that is one tiny launch and no (N, V) traffic: total 1 read +
+1 write, the floor. Otherwise one more read + write of (N, V), and fp16/bf16 gradients are
+rounded twice (by the kernel, then by the multiply, in fp32 as torch's mul_). The gradient
+returned is a fresh alias of the logits' storage, so AccumulateGrad adopts it as .grad
+without a copy (zero extra (N, V) memory, also for a leaf). Under torch.compile the traced
+backward multiplies with dlogits.mul_(grad) instead (a torch op the tracer sees; one more read +
+write). The logits
 are destroyed: the logits' version counter is bumped, so any other autograd node that saved
 them (e.g. a user's tanh) raises torch's "modified by an inplace operation" error at backward
 instead of computing a wrong gradient. backward may run only once.
@@ -72,7 +78,12 @@ def _scale_inplace_grad(ctx, grad, per_row):
     (dlogits,) = ctx.saved_tensors
     if grad is None:
         return None
-    return dlogits.mul_(grad.reshape(-1, 1) if per_row else grad.reshape(()))
+    if not eager_ok(dlogits):  # traced (torch.compile): a plain torch op the tracer can see
+        return dlogits.mul_(grad.reshape(-1, 1) if per_row else grad.reshape(()))
+    ops.run_scale_rows(dlogits, grad, per_row)  # on the device; no traffic when grad is 1
+    # a fresh alias of the same storage: AccumulateGrad can adopt it as .grad instead of cloning
+    # it (a tensor that is also the saved logits / the leaf itself counts as shared)
+    return dlogits.detach()
 
 
 def _grad_loss(grad, reduction):

@@ -433,6 +433,38 @@ def run_fused(dlogits, logits, target, grad_loss, grad_scale, p):
     return loss, lse, dlogits
 
 
+def run_scale_rows(x, g, per_row):
+    """fl_scale_rows_{cpu,cuda}: x *= g (per row when per_row, else the one element of g) in
+    place, on the device and without a host sync; rows whose factor is exactly 1 are not
+    touched, so the common upstream gradient of 1 costs one tiny launch. x: 1-D or 2-D with a
+    unit column stride (what the in-place fused forward wrote); returns x."""
+    x2 = x if x.dim() == 2 else x.reshape(1, -1)
+    N, V = x2.shape
+    if N == 0 or V == 0:
+        return x
+    ld = x2.stride(0) if N > 1 else V
+    g = g.reshape(-1)
+    if g.dtype is not _F32:
+        g = g.float()
+    if not g.is_contiguous():
+        g = g.contiguous()
+    dt = _DTYPES[x.dtype]
+    if x.device.type == "cpu":
+        st = _fl.fl_scale_rows_cpu(x2.data_ptr(), N, V, ld, dt, g.data_ptr(), 1 if per_row else 0)
+        if st:
+            _check(st, "fl_scale_rows_cpu")
+        return x
+    idx = x.device.index
+    if _current_device() != idx:
+        with torch.cuda.device(idx):
+            return run_scale_rows(x, g, per_row)
+    st = _fl.fl_scale_rows_cuda(x2.data_ptr(), N, V, ld, dt, g.data_ptr(), 1 if per_row else 0,
+                                _raw_stream(idx))
+    if st:
+        _check(st, "fl_scale_rows_cuda")
+    return x
+
+
 # ---- implementations of the ops (checks, then the run_* above) --------------------------------
 def _op_plan(logits, N, V, ld, dt, it, weight, ignore_index, reduction, label_smoothing,
              z_loss, softcap, logit_scale):

@@ -1021,3 +1021,27 @@ def test_out_of_range_target_flag_cuda():
         fusedloss.set_debug(False)
     # the CUDA context is still usable
     assert torch.isfinite(fusedloss.cross_entropy(x.detach(), t.clamp(0, 10))).item()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("leaf", [True, False])
+def test_inplace_backward_reuses_logits_storage_cpu(reduction, leaf):
+    """inplace_backward=True: .grad is the logits' own storage (no (N, V) copy: AccumulateGrad
+    adopts the returned alias), and the values match the default path for any upstream
+    gradient (1 for mean/sum's plain backward: the scale kernel leaves it untouched)."""
+    g = torch.Generator().manual_seed(11)
+    base = torch.randn(6, 13, generator=g)
+    t = torch.randint(0, 13, (6,), generator=g)
+    ref_x = base.clone().requires_grad_(True)
+    ref = fusedloss.cross_entropy(ref_x, t, reduction=reduction)
+    up = torch.rand(ref.shape, generator=g) + 0.5 if reduction == "none" else None
+    (ref.backward(up) if up is not None else ref.backward())
+    x = base.clone().requires_grad_(True)
+    xin = x if leaf else x * 1
+    ptr = xin.data_ptr()
+    loss = fusedloss.cross_entropy(xin, t, reduction=reduction, inplace_backward=True)
+    assert_close(loss, ref.detach(), (1e-6, 1e-6), "loss")
+    (loss.backward(up) if up is not None else loss.backward())
+    if leaf:
+        assert x.grad.data_ptr() == ptr, "the gradient must live in the logits' storage"
+    assert_close(x.grad, ref_x.grad, (1e-6, 1e-6), "grad")

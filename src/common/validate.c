@@ -187,3 +187,18 @@ fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
     p->error_flag = o->error_flag;
     return FL_OK;
 }
+
+fl_status fl__scale_validate(const char* fn, const void* x, int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
+                             const float* g) {
+    if (N < 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: N (%lld) < 0", fn, (long long)N);
+    if (V < 1) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: V (%lld) < 1", fn, (long long)V);
+    if (ld < V) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: ld (%lld) < V (%lld)", fn, (long long)ld, (long long)V);
+    if (fl__dtype_size(dtype) == 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown dtype (%d)", fn, (int)dtype);
+    if (N > 0 && !x) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: x is NULL", fn);
+    if (N > 0 && !g) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: g is NULL", fn);
+    if (N > 0 && (uintptr_t)x % fl__dtype_size(dtype))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: x (%p) not aligned to the dtype size", fn, x);
+    if (N > 0 && (N - 1) > (INT64_MAX - V) / ld)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: (N - 1) * ld + V overflows", fn);
+    return FL_OK;
+}

@@ -261,3 +261,24 @@ fl_status fl_cross_entropy_fused_cpu(float* loss, float* lse, void* dlogits, con
     return ce_cpu("fl_cross_entropy_fused_cpu", FL__PASS_FUSED, loss, lse, dlogits, logits, targets, NULL,
                   grad_loss, grad_scale, N, V, ld, dtype, index_dtype, opts, workspace, workspace_bytes);
 }
+
+/* ---- fl_scale_rows_cpu ----------------------------------------------------------------------- */
+
+fl_status fl_scale_rows_cpu(void* x, int64_t N, int64_t V, int64_t ld, fl_dtype dtype, const float* g,
+                            int per_row) {
+    static const char* fn = "fl_scale_rows_cpu";
+    fl__clear_error();
+    FL_CHECK(fl__scale_validate(fn, x, N, V, ld, dtype, g));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const float f = g[per_row ? i : 0];
+        if (f == 1.0f) continue; /* untouched, as on the GPU */
+        const int64_t off = i * ld;
+        for (int64_t j = 0; j < V; j++) {
+            /* fp32 product rounded once to the dtype (store_grad rounds a double holding it) */
+            const float v = (float)load_logit(x, dtype, off + j) * f;
+            store_grad(x, dtype, off + j, (double)v);
+        }
+    }
+    return FL_OK;
+}

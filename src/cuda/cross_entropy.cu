@@ -1372,10 +1372,60 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
     return FL_OK;
 }
 
+// x[i, :V] *= g[per_row ? i : 0], rows with factor 1 untouched (see fl_scale_rows_cuda).
+template <typename T>
+__global__ void __launch_bounds__(256) scale_rows_kernel(T* x, int64_t N, int V, int64_t ld, const float* g,
+                                                         int per_row) {
+    for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
+        const float f = g[per_row ? i : 0];
+        if (f == 1.0f) {
+            if (!per_row) return;  // the same factor for every row: nothing to do anywhere
+            continue;
+        }
+        T* row = x + i * ld;
+        const RowGrid<T> gr(row, V);
+        for (int q = (int)threadIdx.x; q < gr.nfull; q += (int)blockDim.x) {
+            Pack<T> p;
+            load_vec(p, row, gr.vec_elem(q), true);
+#pragma unroll
+            for (int v = 0; v < Pack<T>::VEC; v++) p.v[v] = from_float<T>(to_float(p.v[v]) * f);
+            store_vec(p, row, gr.vec_elem(q));
+        }
+        for (int k = (int)threadIdx.x; k < gr.nextra; k += (int)blockDim.x) {
+            const int e = gr.extra_elem(k);
+            row[e] = from_float<T>(to_float(row[e]) * f);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // public entry points
 
 extern "C" {
+
+fl_status fl_scale_rows_cuda(void* x, int64_t N, int64_t V, int64_t ld, fl_dtype dtype, const float* g,
+                             int per_row, fl_stream stream) {
+    static const char* fn = "fl_scale_rows_cuda";
+    fl__clear_error();
+    FL_CHECK(fl__scale_validate(fn, x, N, V, ld, dtype, g));
+    if (V > INT32_MAX - 64)
+        return fl__fail(FL_ERR_UNSUPPORTED, "%s: V (%lld) above 2^31 - 64 is not supported on CUDA", fn, (long long)V);
+    if (N == 0) return FL_OK;
+    DevInfo d;
+    FL_CUDA_TRY(dev_info(&d));
+    const int64_t cap = (int64_t)d.sms * 8;
+    const unsigned grid = (unsigned)(N < cap ? N : cap);
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (dtype) {
+        case FL_DTYPE_F32: scale_rows_kernel<float><<<grid, 256, 0, s>>>((float*)x, N, (int)V, ld, g, per_row); break;
+        case FL_DTYPE_F16: scale_rows_kernel<__half><<<grid, 256, 0, s>>>((__half*)x, N, (int)V, ld, g, per_row); break;
+        default:
+            scale_rows_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>((__nv_bfloat16*)x, N, (int)V, ld, g, per_row);
+            break;
+    }
+    FL_CUDA_TRY(cudaGetLastError());
+    return FL_OK;
+}
 
 fl_status fl_cross_entropy_forward_cuda(float* loss, float* lse, const void* logits, const void* targets,
                                         int64_t N, int64_t V, int64_t ld, fl_dtype dtype,

@@ -35,3 +35,9 @@ fl_status fl_cross_entropy_fused_cuda(float* loss, float* lse, void* dlogits, co
     (void)workspace_bytes; (void)stream;
     return FL_NOT_BUILT("fl_cross_entropy_fused_cuda");
 }
+
+fl_status fl_scale_rows_cuda(void* x, int64_t N, int64_t V, int64_t ld, fl_dtype dtype, const float* g,
+                             int per_row, fl_stream stream) {
+    (void)x; (void)N; (void)V; (void)ld; (void)dtype; (void)g; (void)per_row; (void)stream;
+    return FL_NOT_BUILT("fl_scale_rows_cuda");
+}
