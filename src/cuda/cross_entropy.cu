@@ -1249,6 +1249,22 @@ static cudaError_t launch_main(const CeArgs& a, const Config& c, cudaStream_t s)
     return launch_row<T, PASS, F>(a, c, s);  // C == 1: one pass; C > 1: FUSED after STATS
 }
 
+// Rows up to which the one-launch small kernel is used. Its grid is one cluster (<= 8 CTAs x 16
+// warps), so rows per warp grow with N. Fused, GPU time per call in a CUDA graph (H200, run 12,
+// 2026-11-30), small kernel up to 1024 rows / up to 128 / never:
+//   128x1000 f32 6.19 / 6.19 / 7.18 us; 256x1000 f32 9.46 / 7.49 / 7.44;
+//   512x1000 bf16 17.37 / 7.68 / 7.66; 1024x1000 bf16 31.34 / 8.74 / 8.74.
+// FUSEDLOSS_CE_SMALL_MAX_ROWS overrides (A/B).
+static int64_t small_max_rows(void) {
+    static int64_t v = -1;
+    if (v < 0) {
+        const char* e = getenv("FUSEDLOSS_CE_SMALL_MAX_ROWS");
+        const long long x = e && *e ? atoll(e) : 128;
+        v = x < 0 ? 0 : x > SMALL_MAX_ROWS ? SMALL_MAX_ROWS : (int64_t)x;
+    }
+    return v;
+}
+
 template <typename T, int PASS, int F>
 static cudaError_t launch_small(const CeArgs& a, int C, cudaStream_t s) {
     cudaLaunchConfig_t cfg = {};
@@ -1354,7 +1370,7 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
     none_cfg.C = 1;
 
     // small reduced problems on sm_90: one launch does everything (see ce_small_kernel)
-    if (d.cc_major >= 9 && reduced && pass != PASS_BACKWARD && N <= SMALL_MAX_ROWS &&
+    if (d.cc_major >= 9 && reduced && pass != PASS_BACKWARD && N <= small_max_rows() &&
         V / vec + 1 <= 32 * SMALL_KW) {
         // one row per warp where possible (N = 128: 8 CTAs x 16 warps): the rows' load latencies
         // overlap instead of queueing behind each other in one warp (measured on the H200, run 1:
