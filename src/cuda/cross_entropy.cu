@@ -7,6 +7,11 @@
  * in a fixed order, so results are bitwise reproducible run to run.
  *
  * Kernels:
+ *   ce_tma_kernel   sm_90, fused (and, by knob, forward/backward) for rows of > 512 vectors: the
+ *                   ONE-read kernel. Persistent thread-block clusters; each CTA stages its chunk of
+ *                   a row in shared memory (cp.async.bulk + mbarrier), the row's statistics are
+ *                   exchanged over DSMEM with one cluster barrier, the gradient is swept from
+ *                   shared memory. Default for fused on sm_90 (see its comment and NOTES.md).
  *   ce_row_kernel   a row is cut into chunks (C = fl__ce_chunks(V) of 256 threads x 8 16-byte
  *                   vectors; one CTA for rows of <= 512 vectors) held in registers:
  *                   PASS_STATS writes each chunk's (max, sum-exp, sum w z, target logit) to the
@@ -19,6 +24,7 @@
  *   ce_setup_kernel one CTA: denominators D_w, D_n of MEAN and the class-weight sum W; runs first
  *                   when needed (MEAN, or smoothing with weights), so no host sync is ever needed.
  *   ce_reduce_kernel one CTA: fixed-order double sum of the per-row partial losses for SUM/MEAN.
+ *   scale_rows_kernel fl_scale_rows_cuda: rows times a device-held factor, factor-1 rows skipped.
  * Launches per call: 1 (backward; small problems; NONE with short rows) to 4 (forward, MEAN, long rows). No allocation, no sync: every
  * launch is on the caller's stream and graph-capturable.
  *
