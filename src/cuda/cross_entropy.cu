@@ -1031,6 +1031,64 @@ static cudaError_t dev_info(DevInfo* out) {
 
 struct Config { int T, K, C; int tma; int sms; int tcs, tper, tnbuf, tT; size_t tsmem; };
 
+// Knobs for A/B runs on the GPU, read from the environment once (all experimental):
+//   FUSEDLOSS_CE_CHUNK_THREADS = 64|128|256|512   chunk CTA size of the two-pass path (below)
+//   FUSEDLOSS_CE_SMALL_MAX_ROWS                    rows up to which the small kernel runs
+//   FUSEDLOSS_CE_TMA=0                             sm_90 staged one-read kernel off
+//   FUSEDLOSS_CE_TMA_FWD=1, _BWD=1                 staged kernel for forward / backward too
+//   FUSEDLOSS_CE_TMA_KB                            shared-memory chunk per CTA (cluster size follows)
+//   FUSEDLOSS_CE_TMA_NBUF = 1|2, _THREADS = 128..1024, _GRID (cap on clusters / CTAs)
+//   FUSEDLOSS_DEBUG=1                              print each new staged launch plan to stderr
+//   FUSEDLOSS_CE_TMA_EXPERIMENT                    timing only, WRONG results: bit 1 skips the
+//                                                  cluster exchange, 2 the statistics sweeps, 4 the
+//                                                  block reduction, 8 uses per-thread cp.async,
+//                                                  16 two statistics sweeps
+struct Knobs { int chunk_threads, small_rows, on, fwd, bwd, kb, nbuf, threads, grid, debug, exp; };
+
+static int env_int(const char* name, int def) {
+    const char* e = getenv(name);
+    return (e && *e) ? atoi(e) : def;
+}
+
+static const Knobs* knobs(void) {
+    static Knobs k;
+    static int have = 0;
+    if (!__atomic_load_n(&have, __ATOMIC_ACQUIRE)) {
+        Knobs n;
+        n.chunk_threads = env_int("FUSEDLOSS_CE_CHUNK_THREADS", 0);
+        n.small_rows = env_int("FUSEDLOSS_CE_SMALL_MAX_ROWS", 128);
+        n.on = env_int("FUSEDLOSS_CE_TMA", 1);
+        n.fwd = env_int("FUSEDLOSS_CE_TMA_FWD", 0);
+        n.bwd = env_int("FUSEDLOSS_CE_TMA_BWD", 0);
+        n.kb = env_int("FUSEDLOSS_CE_TMA_KB", 100);
+        n.nbuf = env_int("FUSEDLOSS_CE_TMA_NBUF", 0);
+        n.threads = env_int("FUSEDLOSS_CE_TMA_THREADS", 256);
+        n.grid = env_int("FUSEDLOSS_CE_TMA_GRID", 0);
+        n.debug = env_int("FUSEDLOSS_DEBUG", 0);
+        n.exp = env_int("FUSEDLOSS_CE_TMA_EXPERIMENT", 0);
+        const int ct = n.chunk_threads;
+        if (ct != 64 && ct != 128 && ct != 256 && ct != 512) n.chunk_threads = 0;
+        if (n.small_rows < 0) n.small_rows = 0;
+        if (n.small_rows > SMALL_MAX_ROWS) n.small_rows = SMALL_MAX_ROWS;
+        if (n.kb < 1 || n.kb > 100) n.kb = 100;
+        if (n.nbuf != 1 && n.nbuf != 2) n.nbuf = 0;
+        if (n.threads < 128 || n.threads > 1024 || n.threads % 32) n.threads = 256;
+        k = n;  // every thread computes the same values: a racing second store is harmless
+        __atomic_store_n(&have, 1, __ATOMIC_RELEASE);
+    }
+    return &k;
+}
+
+// One launch attribute: a 1-D thread-block cluster of cs CTAs.
+static void set_cluster(cudaLaunchConfig_t* cfg, cudaLaunchAttribute* attr, unsigned cs) {
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = cs;
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    cfg->attrs = attr;
+    cfg->numAttrs = 1;
+}
+
 // Rows of up to 512 16-byte vectors: one CTA, as few threads as cover the row with 2 vectors
 // each. Longer rows: chunks of 256 threads x 8 vectors (32 KB in flight per CTA, ~107 registers:
 // two CTAs per SM), C = fl__ce_chunks() of them per row.
@@ -1040,15 +1098,9 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tnbuf, tT; size_t 
 //   fused    2.55 / 2.63 / 2.94 / 2.72   (more chunks = a longer serial merge of partials per CTA)
 //   forward  2.00 / 1.78 / 1.69 / 2.53   (read only: small CTAs keep more loads in flight per SM)
 //   backward 1.24 / 1.21 / 1.18 / 1.28
-// FUSEDLOSS_CE_CHUNK_THREADS=64|128|256|512 (experimental) overrides every pass, for A/B runs.
+// FUSEDLOSS_CE_CHUNK_THREADS overrides every pass, for A/B runs.
 static int chunk_threads(int pass) {
-    static int cached = -1;
-    if (cached < 0) {
-        const char* e = getenv("FUSEDLOSS_CE_CHUNK_THREADS");
-        int v = e ? atoi(e) : 0;
-        cached = (v == 64 || v == 128 || v == 256 || v == 512) ? v : 0;
-    }
-    if (cached) return cached;
+    if (knobs()->chunk_threads) return knobs()->chunk_threads;
     return pass == PASS_FUSED ? 256 : 64;
 }
 
@@ -1067,42 +1119,6 @@ static Config choose_config(int64_t V, int esize, int pass) {
         c.C = (int)((nv + (int64_t)c.T * 8 - 1) / ((int64_t)c.T * 8));  // <= fl__ce_chunks(V) (sized for T = 64)
     }
     return c;
-}
-
-// Experimental knobs for A/B runs on the GPU (read once): FUSEDLOSS_CE_TMA=0 turns the sm_90
-// staged one-read kernel off (chunked two-pass path instead); FUSEDLOSS_CE_TMA_BWD=1|0 uses it
-// for backward or not; FUSEDLOSS_CE_TMA_KB = shared-memory chunk per CTA in KB (cluster size
-// follows); FUSEDLOSS_CE_TMA_NBUF = 1|2 buffers; FUSEDLOSS_CE_TMA_THREADS = 128..1024.
-struct TmaKnobs { int on, fwd, bwd, kb, nbuf, threads, grid, debug, exp; };
-
-static int env_int(const char* name, int def) {
-    const char* e = getenv(name);
-    return (e && *e) ? atoi(e) : def;
-}
-
-static const TmaKnobs* tma_knobs(void) {
-    static TmaKnobs k;
-    static int have = 0;
-    if (!__atomic_load_n(&have, __ATOMIC_ACQUIRE)) {
-        TmaKnobs n;
-        n.on = env_int("FUSEDLOSS_CE_TMA", 1);
-        n.bwd = env_int("FUSEDLOSS_CE_TMA_BWD", 0);
-        n.fwd = env_int("FUSEDLOSS_CE_TMA_FWD", 0);
-        n.kb = env_int("FUSEDLOSS_CE_TMA_KB", 100);
-        n.nbuf = env_int("FUSEDLOSS_CE_TMA_NBUF", 0);
-        n.threads = env_int("FUSEDLOSS_CE_TMA_THREADS", 256);
-        n.grid = env_int("FUSEDLOSS_CE_TMA_GRID", 0);  // cap on clusters (CTAs for backward)
-        n.debug = env_int("FUSEDLOSS_DEBUG", 0);       // print each new launch plan to stderr
-        // timing experiments only (WRONG results): bit 1 skips the cluster exchange, 2 the
-        // statistics sweeps, 4 the block reduction
-        n.exp = env_int("FUSEDLOSS_CE_TMA_EXPERIMENT", 0);
-        if (n.kb < 1 || n.kb > 100) n.kb = 100;
-        if (n.nbuf != 1 && n.nbuf != 2) n.nbuf = 0;
-        if (n.threads < 128 || n.threads > 1024 || n.threads % 32) n.threads = 256;
-        k = n;  // every thread computes the same values: a racing second store is harmless
-        __atomic_store_n(&have, 1, __ATOMIC_RELEASE);
-    }
-    return &k;
 }
 
 // Occupancy of a (kernel, cluster size, shared memory) triple, cached: clusters (or CTAs when
@@ -1141,13 +1157,8 @@ static cudaError_t tma_occupancy(const void* fn, int cs, int T, size_t smem, int
             cfg.gridDim = dim3((unsigned)cs, 1, 1);
             cfg.blockDim = dim3((unsigned)T, 1, 1);
             cfg.dynamicSmemBytes = smem;
-            cudaLaunchAttribute attr[1];
-            attr[0].id = cudaLaunchAttributeClusterDimension;
-            attr[0].val.clusterDim.x = (unsigned)cs;
-            attr[0].val.clusterDim.y = 1;
-            attr[0].val.clusterDim.z = 1;
-            cfg.attrs = attr;
-            cfg.numAttrs = 1;
+            cudaLaunchAttribute attr;
+            set_cluster(&cfg, &attr, (unsigned)cs);
             e = cudaOccupancyMaxActiveClusters(&n, fn, &cfg);
         }
     }
@@ -1160,7 +1171,7 @@ static cudaError_t tma_occupancy(const void* fn, int cs, int T, size_t smem, int
         OccEntry c = {fn, dev, cs, T, smem, n};
         cache[used++] = c;
     }
-    if (tma_knobs()->debug)
+    if (knobs()->debug)
         fprintf(stderr, "fusedloss: staged CE kernel %p: cluster %d, %d threads, %zu B shared: %d %s resident\n", fn, cs,
                 T, smem, n, cs ? "clusters" : "CTAs");
     pthread_mutex_unlock(&mu);
@@ -1173,7 +1184,7 @@ struct TmaPlan { int cs, per, nbuf, T; size_t smem; };
 // Whether (and how) the staged one-read kernel takes this call: sm_90, rows longer than one
 // register-resident CTA (> 512 vectors), a row split over <= 16 CTAs of <= kb KB each.
 static int tma_plan(int pass, int cc_major, int64_t V, int esize, TmaPlan* p) {
-    const TmaKnobs* k = tma_knobs();
+    const Knobs* k = knobs();
     if (cc_major < 9 || !k->on) return 0;
     if (pass == PASS_BACKWARD && !k->bwd) return 0;
     if (pass == PASS_FORWARD && !k->fwd) return 0;
@@ -1201,18 +1212,13 @@ static cudaError_t launch_tma(const CeArgs& a, const TmaPlan& p, int sms, cudaSt
     int n = 0;
     cudaError_t e = tma_occupancy(fn, clustered ? p.cs : 0, p.T, p.smem, sms, &n);
     if (e != cudaSuccess || n <= 0) return e;
-    if (tma_knobs()->grid > 0 && tma_knobs()->grid < n) n = tma_knobs()->grid;
+    if (knobs()->grid > 0 && knobs()->grid < n) n = knobs()->grid;
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr;
     if (clustered) {
         const int64_t G = a.N < n ? a.N : n;  // clusters: one per row up to what is resident
         cfg.gridDim = dim3((unsigned)(G * p.cs), 1, 1);
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = (unsigned)p.cs;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
+        set_cluster(&cfg, &attr, (unsigned)p.cs);
     } else {
         const int64_t units = a.N * p.cs;
         cfg.gridDim = dim3((unsigned)(units < n ? units : n), 1, 1);
@@ -1220,7 +1226,7 @@ static cudaError_t launch_tma(const CeArgs& a, const TmaPlan& p, int sms, cudaSt
     cfg.blockDim = dim3((unsigned)p.T, 1, 1);
     cfg.dynamicSmemBytes = p.smem;
     cfg.stream = s;
-    e = cudaLaunchKernelEx(&cfg, ce_tma_kernel<T, PASS, F>, a, p.cs, p.per, p.nbuf, tma_knobs()->exp);
+    e = cudaLaunchKernelEx(&cfg, ce_tma_kernel<T, PASS, F>, a, p.cs, p.per, p.nbuf, knobs()->exp);
     if (e == cudaSuccess) *done = 1;
     return e;
 }
@@ -1261,15 +1267,7 @@ static cudaError_t launch_main(const CeArgs& a, const Config& c, cudaStream_t s)
 //   128x1000 f32 6.19 / 6.19 / 7.18 us; 256x1000 f32 9.46 / 7.49 / 7.44;
 //   512x1000 bf16 17.37 / 7.68 / 7.66; 1024x1000 bf16 31.34 / 8.74 / 8.74.
 // FUSEDLOSS_CE_SMALL_MAX_ROWS overrides (A/B).
-static int64_t small_max_rows(void) {
-    static int64_t v = -1;
-    if (v < 0) {
-        const char* e = getenv("FUSEDLOSS_CE_SMALL_MAX_ROWS");
-        const long long x = e && *e ? atoll(e) : 128;
-        v = x < 0 ? 0 : x > SMALL_MAX_ROWS ? SMALL_MAX_ROWS : (int64_t)x;
-    }
-    return v;
-}
+static int64_t small_max_rows(void) { return knobs()->small_rows; }
 
 template <typename T, int PASS, int F>
 static cudaError_t launch_small(const CeArgs& a, int C, cudaStream_t s) {
@@ -1277,13 +1275,8 @@ static cudaError_t launch_small(const CeArgs& a, int C, cudaStream_t s) {
     cfg.gridDim = dim3((unsigned)C, 1, 1);
     cfg.blockDim = dim3(SMALL_WARPS * 32, 1, 1);
     cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = (unsigned)C;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    set_cluster(&cfg, &attr, (unsigned)C);
     return cudaLaunchKernelEx(&cfg, ce_small_kernel<T, PASS == PASS_FUSED ? PASS_FUSED : PASS_FORWARD, F>, a, C);
 }
 
