@@ -110,7 +110,23 @@ want build && NEED_BUILD=1
 for b in build/libfusedloss.a build/libfusedloss.so build/test_cross_entropy_cuda build/bench_cross_entropy; do
     [ -e "$b" ] || NEED_BUILD=1
 done
-if (( NEED_BUILD )); then
+if (( NEED_BUILD )) && [ -n "${FL_PREBUILT:-}" ] && [ -e build/libfusedloss.a ] && [ -e build/libfusedloss.so ]; then
+    # FL_PREBUILT=1: the library was built on the development machine and carried (the binaries
+    # that link it statically are ~19 MB each, over the carry limit): link the C programs only
+    run_step build 120 '
+        rc=0
+        for t in tests/*_cuda.c; do
+            b=build/$(basename "$t" .c)
+            echo "+ $CC $FL_CFLAGS $t -o $b $FL_LIBS"; $CC $FL_CFLAGS "$t" -o "$b" $FL_LIBS || rc=1
+        done
+        for t in bench/bench_*.c; do
+            b=build/$(basename "$t" .c)
+            echo "+ $CC $FL_CFLAGS $t -o $b $FL_LIBS"; $CC $FL_CFLAGS "$t" -o "$b" $FL_LIBS || rc=1
+        done
+        exit $rc
+    '
+    KEY[build]="prebuilt library; $(ls build/test_cross_entropy_cuda build/bench_cross_entropy 2>/dev/null | wc -l)/2 programs linked"
+elif (( NEED_BUILD )); then
     # --threads 0: nvcc compiles the sm_90 / sm_80 / compute_80 targets in parallel
     run_step build 240 '
         rc=0
@@ -151,15 +167,18 @@ fi
 # chunks (clusters of up to 16 CTAs on the test shapes, staged backward) and the sm_90 staged
 # kernel off (the chunked two-pass path that sm_80 and fallbacks use).
 if want test-knobs && have build/test_cross_entropy_cuda test-knobs; then
-    run_step test-knobs 200 '
+    run_step test-knobs 240 '
         rc=0
         echo "### FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_BWD=1"
         FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_BWD=1 build/test_cross_entropy_cuda --no-big || rc=1
-        echo "### FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NBUF=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128"
-        FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NBUF=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128 \
+        echo "### FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NSUB=1 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128"
+        FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NSUB=1 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128 \
             build/test_cross_entropy_cuda --no-big || rc=1
-        echo "### FUSEDLOSS_CE_TMA=0"
-        FUSEDLOSS_CE_TMA=0 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_TMA_KB=4 FUSEDLOSS_CE_TMA_NSUB=8 FUSEDLOSS_CE_STREAM=2 FUSEDLOSS_CE_STREAM_KB=8"
+        FUSEDLOSS_CE_TMA_KB=4 FUSEDLOSS_CE_TMA_NSUB=8 FUSEDLOSS_CE_STREAM=2 FUSEDLOSS_CE_STREAM_KB=8 \
+            build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_TMA=0 FUSEDLOSS_CE_STREAM=0"
+        FUSEDLOSS_CE_TMA=0 FUSEDLOSS_CE_STREAM=0 build/test_cross_entropy_cuda --no-big || rc=1
         exit $rc
     '
     KEY[test-knobs]=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/test-knobs.log" | awk '{p+=$1; f+=$3} END {printf "%d passed, %d failed (%d runs)", p, f, NR}')
@@ -182,16 +201,22 @@ if want sanitize && have build/test_cross_entropy_cuda sanitize; then
                 build/test_cross_entropy_cuda --small --stride 6 || rc2=$?
             echo "### racecheck exit $rc2"
             rc3=0
-            echo "### memcheck, staged kernel forced (FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_BWD=1)"
-            FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_BWD=1 timeout 60 "$SANITIZER" --tool memcheck --print-limit 20 \
+            echo "### memcheck, staged kernel forced + streaming backward (FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_STREAM=2 FUSEDLOSS_CE_STREAM_KB=8)"
+            FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_STREAM=2 FUSEDLOSS_CE_STREAM_KB=8 timeout 60 "$SANITIZER" --tool memcheck --print-limit 20 \
                 --error-exitcode 99 build/test_cross_entropy_cuda --small --stride 3 || rc3=$?
             echo "### memcheck-staged exit $rc3"
-            [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ]
+            rc4=0
+            echo "### racecheck, staged kernel forced (FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1)"
+            FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 timeout 45 "$SANITIZER" --tool racecheck --print-limit 20 \
+                --error-exitcode 99 build/test_cross_entropy_cuda --small --stride 7 || rc4=$?
+            echo "### racecheck-staged exit $rc4"
+            [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ] && [ $rc4 -eq 0 ]
         '
         mc=$(grep -m1 'ERROR SUMMARY' "$OUT/sanitize.log" | sed 's/.*ERROR SUMMARY: //')
         rcs=$(grep -m1 'RACECHECK SUMMARY' "$OUT/sanitize.log" | sed 's/.*RACECHECK SUMMARY: //')
         mc3=$(grep 'ERROR SUMMARY' "$OUT/sanitize.log" | sed -n 2p | sed 's/.*ERROR SUMMARY: //')
-        KEY[sanitize]="memcheck: ${mc:-no summary}; racecheck: ${rcs:-no summary}; memcheck staged: ${mc3:-no summary}"
+        rc4s=$(grep 'RACECHECK SUMMARY' "$OUT/sanitize.log" | sed -n 2p | sed 's/.*RACECHECK SUMMARY: //')
+        KEY[sanitize]="memcheck: ${mc:-no summary}; racecheck: ${rcs:-no summary}; memcheck staged: ${mc3:-no summary}; racecheck staged: ${rc4s:-no summary}"
         if grep -qE 'Device not supported|not supported on this (device|platform)' "$OUT/sanitize.log"; then
             STATUS[sanitize]="N/A"; KEY[sanitize]="compute-sanitizer cannot run on this machine (see sanitize.log)"
         fi
@@ -218,7 +243,7 @@ fi
 # on BENCH_AB_CASES (default: the four headline shapes); rows go to the same CSV with the variant
 # appended to the commit column.
 if want bench-ab && have build/bench_cross_entropy bench-ab; then
-    export BENCH_AB="${BENCH_AB:-FUSEDLOSS_CE_TMA=0;FUSEDLOSS_CE_TMA_BWD=1;FUSEDLOSS_CE_TMA_NBUF=1;FUSEDLOSS_CE_TMA_KB=16;FUSEDLOSS_CE_TMA_KB=64}"
+    export BENCH_AB="${BENCH_AB:-FUSEDLOSS_CE_STREAM=0;FUSEDLOSS_CE_TMA_NSUB=1;FUSEDLOSS_CE_TMA_NSUB=2;FUSEDLOSS_CE_TMA_NSUB=8;FUSEDLOSS_CE_TMA_KB=200;FUSEDLOSS_CE_TMA_KB=64;FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1;FUSEDLOSS_CE_STREAM_KB=32;FUSEDLOSS_CE_STREAM_KB=256}"
     export BENCH_AB_CASES="${BENCH_AB_CASES:---case 8192 128256 bf16 --case 4096 50257 f32 --case 2048 32000 f16 --case 4096 256000 bf16}"
     mkdir -p bench/results
     export CSV

@@ -347,6 +347,9 @@ static int build_cases(ce_case* cs, int cap) {
         c = base_case(8192, 151936, FL_DTYPE_BF16); c.red = FL_REDUCTION_NONE; c.gl = 1; c.it = FL_INDEX_I32;
         c.zloss = 1e-4f; c.ops = OP_FWD | OP_FUSED_IP | OP_BWD; ADD(c);
         c = base_case(8192, 256000, FL_DTYPE_BF16); c.ops = OP_FWD | OP_FUSED_IP | OP_BWD; ADD(c);
+        /* N >= 8 units per SM with one unit per row: the streaming kernel's one-pass forward
+         * (C = 1) over several batches per thread, odd row stride */
+        c = base_case(1100, 20000, FL_DTYPE_F32); c.ldpad = 5; ADD(c);
         c = base_case(2048, 32000, FL_DTYPE_F16); c.softcap = 30.0f; c.zloss = 1e-4f; ADD(c);
     }
     /* odd shapes x dtypes (full comparison) */

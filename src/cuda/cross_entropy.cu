@@ -179,6 +179,39 @@ __device__ __forceinline__ RowStats block_reduce_stats(RowStats r, RowStats* sh)
     return sh[32];
 }
 
+// Block-wide (max, sum-exp, sum w z) in two phases: the max first (exact, so any order gives the
+// same bits), then every thread rescales its own sum to the block max with ONE ex2 and the sums
+// are added by a fixed shuffle tree and a fixed warp order. Cheaper than merging (max, sum) pairs
+// up a tree (two ex2 and a compare per merge). Result valid in every thread; `sh` >= 96 floats.
+// The first barrier protects `sh` from a previous call's readers.
+template <int F>
+__device__ __forceinline__ RowStats block_reduce_ms(RowStats r, float* sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    float m = r.m;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    __syncthreads();  // why: `sh` may still be read by the previous reduction of this CTA
+    if (lane == 0) sh[warp] = m;
+    __syncthreads();  // why: the warp maxima visible to every thread
+    float M = sh[0];
+    for (int w = 1; w < nwarps; w++) M = fmaxf(M, sh[w]);
+    // m == M covers m = M = -inf (an all -inf block: s stays 0 instead of 0 * NaN)
+    float s = r.m == M ? r.s : r.s * fexp2((r.m - M) * FL_LOG2E), wz = r.wz;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (F & F_SMOOTH) wz += __shfl_xor_sync(0xffffffffu, wz, o);
+    }
+    if (lane == 0) { sh[32 + warp] = s; sh[64 + warp] = wz; }
+    __syncthreads();  // why: the warp sums visible to every thread
+    RowStats t = {M, sh[32], (F & F_SMOOTH) ? sh[64] : 0.0f};
+    for (int w = 1; w < nwarps; w++) {
+        t.s += sh[32 + w];
+        if (F & F_SMOOTH) t.wz += sh[64 + w];
+    }
+    return t;
+}
+
 // Row-independent scalars: MEAN denominators D_w, D_n and the class-weight sum W (= V without
 // weights). Computed on the device (setup kernel, or in-kernel by the small kernel).
 struct Denoms { double Dw, Dn, W; };
@@ -275,21 +308,111 @@ __device__ __forceinline__ void store_vec(const Pack<T>& p, T* row, int e0) {
     __stcs(reinterpret_cast<uint4*>(row + e0), *reinterpret_cast<const uint4*>(&p));
 }
 
+// A Pack from shared memory in ONE 16-byte access. Dereferencing a `const Pack<T>*` directly made
+// nvcc emit eight 2-byte LDS.U16 per 16-bit vector in the staged kernel (SASS, 2026-12-01: 112
+// LDS.U16 vs 10 LDS.128 in ce_tma_kernel<bf16>): 8x the shared-memory instructions, which is what
+// the "short scoreboard" stalls and the 77% L1 throughput of the run-4 ncu profile were.
+template <typename T>
+__device__ __forceinline__ Pack<T> lds_pack(const uint4* p) {
+    uint4 u = *p;
+    return *reinterpret_cast<const Pack<T>*>(&u);
+}
+
+// Max of a vector's logits without converting them: packed 16-bit max (2 elements per
+// instruction) for fp16/bf16, fmaxf for fp32. Only valid when z = x (no logit map). NaN lanes are
+// skipped like fmaxf does (max.{f16,bf16}x2 returns the non-NaN operand).
+__device__ __forceinline__ float pack_max(const Pack<float>& x) {
+    return fmaxf(fmaxf(x.v[0], x.v[1]), fmaxf(x.v[2], x.v[3]));
+}
+__device__ __forceinline__ float pack_max(const Pack<__half>& x) {
+    const __half2* h = reinterpret_cast<const __half2*>(x.v);
+    __half2 m = __hmax2(__hmax2(h[0], h[1]), __hmax2(h[2], h[3]));
+    return fmaxf(__low2float(m), __high2float(m));
+}
+__device__ __forceinline__ float pack_max(const Pack<__nv_bfloat16>& x) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(x.v);
+    __nv_bfloat162 m = __hmax2(__hmax2(h[0], h[1]), __hmax2(h[2], h[3]));
+    return fmaxf(__low2float(m), __high2float(m));
+}
+
+// A vector's elements as fp32, and fp32 values packed back into a vector, with the fewest
+// instructions: bf16 -> fp32 is a shift (low half) or a mask (high half) of each 32-bit word, and
+// fp32 -> 16 bit a paired cvt (cvt.rn.{bf16,f16}x2.f32: one instruction per two elements,
+// round to nearest even like __float2bfloat16_rn / __float2half_rn). Element-wise conversion made
+// nvcc use two instructions for the high half and build the output vector in local memory
+// (STL.S16 in the backward kernel's SASS, 2026-12-01).
+__device__ __forceinline__ void unpack(const Pack<float>& p, float (&z)[4]) {
+#pragma unroll
+    for (int v = 0; v < 4; v++) z[v] = p.v[v];
+}
+__device__ __forceinline__ void unpack(const Pack<__nv_bfloat16>& p, float (&z)[8]) {
+    const uint4 u = *reinterpret_cast<const uint4*>(&p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        z[2 * k] = __uint_as_float(w[k] << 16);
+        z[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ void unpack(const Pack<__half>& p, float (&z)[8]) {
+    const __half2* h = reinterpret_cast<const __half2*>(p.v);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 f = __half22float2(h[k]);
+        z[2 * k] = f.x;
+        z[2 * k + 1] = f.y;
+    }
+}
+template <typename T> __device__ __forceinline__ Pack<T> pack_out(const float (&g)[Pack<T>::VEC]);
+template <> __device__ __forceinline__ Pack<float> pack_out<float>(const float (&g)[4]) {
+    Pack<float> o;
+#pragma unroll
+    for (int v = 0; v < 4; v++) o.v[v] = g[v];
+    return o;
+}
+template <> __device__ __forceinline__ Pack<__nv_bfloat16> pack_out<__nv_bfloat16>(const float (&g)[8]) {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(g[2 * k + 1]), "f"(g[2 * k]));
+    const uint4 u = make_uint4(w[0], w[1], w[2], w[3]);
+    return *reinterpret_cast<const Pack<__nv_bfloat16>*>(&u);
+}
+template <> __device__ __forceinline__ Pack<__half> pack_out<__half>(const float (&g)[8]) {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(g[2 * k + 1]), "f"(g[2 * k]));
+    const uint4 u = make_uint4(w[0], w[1], w[2], w[3]);
+    return *reinterpret_cast<const Pack<__half>*>(&u);
+}
+
+template <int F, typename T>
+__device__ __forceinline__ void vec_z(const CeArgs& a, const Pack<T>& x, float (&z)[Pack<T>::VEC]) {
+    unpack(x, z);
+    if (F & F_ZMAP) {
+#pragma unroll
+        for (int v = 0; v < Pack<T>::VEC; v++) z[v] = zval<F>(a, z[v]);
+    }
+}
+
 // Per-thread stats, first sweep (max) and second sweep (sum-exp, weighted sum) over one vector.
 template <int F, typename T>
 __device__ __forceinline__ float vec_max(const CeArgs& a, const Pack<T>& x, float m) {
+    if (!(F & F_ZMAP)) return fmaxf(m, pack_max(x));
+    float z[Pack<T>::VEC];
+    vec_z<F>(a, x, z);
 #pragma unroll
-    for (int v = 0; v < Pack<T>::VEC; v++) m = fmaxf(m, zval<F>(a, to_float(x.v[v])));
+    for (int v = 0; v < Pack<T>::VEC; v++) m = fmaxf(m, z[v]);
     return m;
 }
 
 template <int F, typename T>
 __device__ __forceinline__ void vec_sum(const CeArgs& a, const Pack<T>& x, int e0, float mL, float& s, float& wz) {
+    float z[Pack<T>::VEC];
+    vec_z<F>(a, x, z);
 #pragma unroll
     for (int v = 0; v < Pack<T>::VEC; v++) {
-        float z = zval<F>(a, to_float(x.v[v]));
-        s += fexp2(fmaf(z, FL_LOG2E, -mL));  // NaN z poisons s, so the row's lse is NaN, as PyTorch
-        if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + e0 + v) : 1.0f) * z;
+        s += fexp2(fmaf(z[v], FL_LOG2E, -mL));  // NaN z poisons s, so the row's lse is NaN, as PyTorch
+        if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + e0 + v) : 1.0f) * z[v];
     }
 }
 
@@ -297,11 +420,11 @@ __device__ __forceinline__ void vec_sum(const CeArgs& a, const Pack<T>& x, int e
 template <int F, typename T>
 __device__ __forceinline__ void vec_online(const CeArgs& a, const Pack<T>& x, int e0, float& m, float& s, float& wz) {
     float z[Pack<T>::VEC];
-    float vm = -INFINITY;
+    vec_z<F>(a, x, z);
+    float vm = (F & F_ZMAP) ? -INFINITY : pack_max(x);  // z = x: a packed max on the raw vector
 #pragma unroll
     for (int v = 0; v < Pack<T>::VEC; v++) {
-        z[v] = zval<F>(a, to_float(x.v[v]));
-        vm = fmaxf(vm, z[v]);
+        if (F & F_ZMAP) vm = fmaxf(vm, z[v]);
         if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + e0 + v) : 1.0f) * z[v];
     }
     if (vm > m) {  // false for NaN: fmaxf skips NaN, as the two-sweep max does
@@ -316,19 +439,17 @@ __device__ __forceinline__ void vec_online(const CeArgs& a, const Pack<T>& x, in
 template <int F, typename T>
 __device__ __forceinline__ Pack<T> vec_grad(const CeArgs& a, const GradCoef& c, const Pack<T>& x, int e0) {
     constexpr int VEC = Pack<T>::VEC;
-    float g[VEC];
+    float z[VEC], g[VEC];
+    vec_z<F>(a, x, z);
 #pragma unroll
-    for (int v = 0; v < VEC; v++) g[v] = grad_elem<F, false>(a, c, zval<F>(a, to_float(x.v[v])), e0 + v);
+    for (int v = 0; v < VEC; v++) g[v] = grad_elem<F, false>(a, c, z[v], e0 + v);
     const unsigned k = (unsigned)(c.t - e0);  // < VEC only in the target's vector (t = -1 when bad)
     if (k < (unsigned)VEC) {
 #pragma unroll
         for (int v = 0; v < VEC; v++)
-            if (v == (int)k) g[v] = grad_elem<F, true>(a, c, zval<F>(a, to_float(x.v[v])), e0 + v);
+            if (v == (int)k) g[v] = grad_elem<F, true>(a, c, z[v], e0 + v);
     }
-    Pack<T> o;
-#pragma unroll
-    for (int v = 0; v < VEC; v++) o.v[v] = from_float<T>(g[v]);
-    return o;
+    return pack_out<T>(g);
 }
 
 // Row loss pieces (a: CE + smoothing, b: z-loss) from combined stats; writes loss/lse/partials.
@@ -511,6 +632,125 @@ __global__ void __launch_bounds__(256) ce_finish_kernel(CeArgs a) {
     finish_row(a, load_denoms(a), i, bad ? -1 : (int)t64, bad, lse, p0.w, wz, NULL, NULL);
 }
 
+// Long rows, forward statistics (and backward, by knob) on any arch: a persistent grid of CTAs walks units
+// u = (row i, chunk c) of `cv` aligned vectors, u = blockIdx.x, + gridDim.x, ...; thread tid
+// handles vectors lo + tid + k*T, STREAM_K of them per batch, all of a batch's loads in flight
+// before any use. Why (H200 runs 3-10, ce_row_kernel with one 8 KB chunk per 64-thread CTA):
+// per-CTA costs (target load before the first logit load, RowGrid, a block reduction per 4096
+// elements) made the 16-bit forward instruction-bound at 1.54x the read floor while fp32, with
+// half the elements per byte, ran at 1.10x. Here a unit is ~64 KB, the target of the next unit is
+// loaded one unit ahead, the batch max is a packed 16-bit max and the block reduction is the
+// two-phase one.
+//   PASS_STATS    forward with C > 1: (max, sum-exp, sum w z, target logit) per unit into the
+//                 workspace; ce_finish_kernel merges them per row
+//   PASS_FORWARD  forward with C == 1: the row's loss/lse/partials directly
+//   PASS_BACKWARD lse given: read the unit once, write its dlogits (in place allowed: every
+//                 element is read and then written by the same thread)
+#define STREAM_K 8
+#define STREAM_T 256
+
+template <typename T, int PASS, int F>
+// Register caps (launch bounds): the common case (no options) 4 CTAs per SM forward (64 regs), 3
+// backward (80); with options 2 (128), which their per-element code needs to stay spill-free.
+__global__ void __launch_bounds__(STREAM_T, F != 0 ? 2 : PASS == PASS_BACKWARD ? 3 : 4)
+    ce_stream_kernel(CeArgs a, int C, int cv) {
+    __shared__ float sh[96];
+    const int tid = (int)threadIdx.x, V = (int)a.V;
+    constexpr int T_ = STREAM_T;  // compile-time: the k-th vector of a batch is at an immediate offset
+    const int64_t units = a.N * (int64_t)C;
+    const Denoms dn = load_denoms(a);
+    int64_t u = blockIdx.x;
+    int64_t t_next = u < units ? load_target(a, u / C) : 0;
+    for (; u < units; u += gridDim.x) {
+        const int64_t i = u / C;
+        const int c = (int)(u - i * C);
+        const int64_t t64 = t_next;
+        if (u + gridDim.x < units) t_next = load_target(a, (u + gridDim.x) / C);  // lands during this unit
+        const bool ignored = t64 == a.ignore_index;
+        const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
+        const int t = bad ? -1 : (int)t64;  // never an index when bad
+        const T* row = (const T*)a.logits + i * a.ld;
+        T* drow = (T*)a.dlogits + i * a.ld;
+        const RowGrid<T> g(row, V);
+        const int lo = c * cv, hi = lo + cv < g.nfull ? lo + cv : g.nfull;
+        const bool has_x = c == 0 && tid < g.nextra;
+        const int ex = has_x ? g.extra_elem(tid) : 0;
+
+        if (ignored) {  // not read; dlogits zero-filled; loss/lse 0 (C > 1: ce_finish_kernel)
+            if (PASS == PASS_BACKWARD) {
+                Pack<T> zero;
+#pragma unroll
+                for (int v = 0; v < Pack<T>::VEC; v++) zero.v[v] = from_float<T>(0.0f);
+                for (int q = lo + tid; q < hi; q += T_) store_vec(zero, drow, g.vec_elem(q));
+                if (has_x) drow[ex] = from_float<T>(0.0f);
+            } else if (PASS == PASS_FORWARD && tid == 0) {
+                ignored_row_outputs(a, i, PASS_FORWARD);
+            }
+            continue;  // uniform over the CTA: no barrier is skipped by part of it
+        }
+        if (PASS != PASS_STATS && bad && c == 0 && tid == 0 && a.error_flag) *a.error_flag = 1;
+
+        if (PASS == PASS_BACKWARD) {
+            const GradCoef cf = make_coef(a, dn, i, t, bad, a.lse_in[i]);
+            for (int q0 = lo + tid; q0 < hi; q0 += STREAM_K * T_) {
+                const int e0 = g.vec_elem(q0);
+                const T* src = row + e0;
+                T* dst = drow + e0;
+                Pack<T> x[STREAM_K];
+#pragma unroll
+                for (int k = 0; k < STREAM_K; k++)
+                    if (q0 + k * T_ < hi) load_vec(x[k], src, k * T_ * Pack<T>::VEC, true);
+#pragma unroll
+                for (int k = 0; k < STREAM_K; k++)
+                    if (q0 + k * T_ < hi)
+                        store_vec(vec_grad<F>(a, cf, x[k], e0 + k * T_ * Pack<T>::VEC), dst, k * T_ * Pack<T>::VEC);
+            }
+            if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, cf, zval<F>(a, to_float(row[ex])), ex));
+            continue;
+        }
+
+        // forward statistics of this unit
+        const float zt = (c == 0 && tid == 0 && !bad) ? zval<F>(a, to_float(row[t])) : 0.0f;
+        float m = -INFINITY, s = 0.0f, wz = 0.0f;
+        if (has_x) {
+            const float z = zval<F>(a, to_float(row[ex]));
+            m = z;
+            s = 1.0f;  // 2^0: z relative to itself
+            if (F & F_SMOOTH) wz = (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
+        }
+        for (int q0 = lo + tid; q0 < hi; q0 += STREAM_K * T_) {
+            const int e0 = g.vec_elem(q0);
+            const T* src = row + e0;
+            Pack<T> x[STREAM_K];
+#pragma unroll
+            for (int k = 0; k < STREAM_K; k++)
+                if (q0 + k * T_ < hi) load_vec(x[k], src, k * T_ * Pack<T>::VEC, true);
+            float bm = -INFINITY;
+#pragma unroll
+            for (int k = 0; k < STREAM_K; k++)
+                if (q0 + k * T_ < hi) bm = (F & F_ZMAP) ? vec_max<F>(a, x[k], bm) : fmaxf(bm, pack_max(x[k]));
+            if (bm > m) {  // false for NaN (skipped, as fmaxf does)
+                s = (m == -INFINITY) ? 0.0f : s * fexp2((m - bm) * FL_LOG2E);
+                m = bm;
+            }
+            const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
+#pragma unroll
+            for (int k = 0; k < STREAM_K; k++)
+                if (q0 + k * T_ < hi) vec_sum<F>(a, x[k], e0 + k * T_ * Pack<T>::VEC, mL, s, wz);
+        }
+        RowStats r = {m, s, wz};
+        r = block_reduce_ms<F>(r, sh);
+        if (tid == 0) {
+            if (PASS == PASS_STATS) {
+                a.stats[i * C + c] = make_float4(r.m, r.s, r.wz, zt);
+            } else {
+                const float lse = (r.m == -INFINITY) ? -INFINITY : r.m + logf(r.s);
+                finish_row(a, dn, i, t, bad, lse, zt, r.wz, NULL, NULL);
+            }
+        }
+    }
+}
+
 // Small problems (SUM/MEAN, N <= SMALL_MAX_ROWS, rows of <= 8 vectors per lane), sm_90: the whole
 // call in ONE launch of ONE cluster of C CTAs x 8 warps, a warp per row with the row in registers.
 // The denominators are computed first (each CTA a fixed slice of the targets, combined across the
@@ -660,15 +900,20 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
 // sm_90: ONE read of the logits for long rows. A persistent kernel; each thread-block cluster of
 // `cs` CTAs owns rows grp, grp + ngrp, ...; CTA `rank` stages its contiguous chunk of the row's
 // aligned vectors in shared memory with bulk async copies (cp.async.bulk, completion on an
-// mbarrier), double-buffered: the copy of the cluster's next row is in flight while this row is
-// reduced and its dlogits stored. Per row: max / sum-exp sweeps over shared memory, a block
-// reduction, each CTA's partial (max, sum-exp, sum w z, target logit) stored into every CTA of the
-// cluster (DSMEM), ONE cluster barrier, every CTA merges the partials in rank order (same bits
-// everywhere), then the gradient sweep over shared memory (fused) with 16-byte streaming stores.
+// mbarrier). The chunk is cut into `ns` sub-chunks, each with its own mbarrier, and the buffer is
+// recycled sub-chunk by sub-chunk: as soon as the last sweep of this row has left sub-chunk k (a
+// CTA barrier), warp 0 issues the copy of the NEXT row's sub-chunk k into it. So the next row's
+// bytes are in flight while this row's gradient is swept and stored, and the next row's
+// statistics start on sub-chunk 0 while the rest still lands (versions 4-5 waited for this row's
+// whole sweep before issuing anything: NOTES.md). Per row: one online (max, sum-exp) sweep, a
+// block reduction, each CTA's partial (max, sum-exp, sum w z, target logit) stored into every CTA
+// of the cluster (DSMEM), ONE cluster barrier, a rank-ordered merge (same bits everywhere), then
+// the gradient sweep (fused) with 16-byte streaming stores.
 // HBM traffic: one read of the logits (+ one write of dlogits): the floor.
-// Backward (lse given) uses the same staging without a cluster: work units (row, chunk).
+// Backward (lse given; by knob) uses the same staging without a cluster: work units (row, chunk).
 // Head/tail elements outside the row's 16-byte-aligned body are loaded by rank 0 directly.
 #define TMA_MAX_CLUSTER 16
+#define TMA_MAX_SUB 8       // sub-chunks (mbarriers) per CTA buffer
 #define TMA_PIECE_VECS 256  // one bulk copy moves at most 4 KB; warp 0's lanes issue the pieces
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -738,31 +983,32 @@ __device__ __forceinline__ bool tma_unit(int64_t it, int cs, int crank, int64_t 
     return *row < N;
 }
 
-// Warp 0: start the copy of (row, rank)'s chunk into buf; the mbarrier's phase completes when all
-// bytes have landed (at once for ignored rows and empty chunks). t64: the row's target, loaded
-// ahead by the caller (a dependent load here would delay warp 0, hence the whole CTA).
+// Warp 0: start the copy of sub-chunk k (vectors [k*sub, (k+1)*sub) of (row, rank)'s chunk) into
+// the same place of buf; the mbarrier's phase completes when its bytes have landed (at once for
+// ignored rows and empty sub-chunks). t64: the row's target, loaded ahead by the caller.
 template <typename T>
-__device__ __forceinline__ void tma_issue(const CeArgs& a, int64_t i, int rank, int cs, int64_t t64, uint4* buf,
-                                          uint64_t* bar, bool bulk) {
+__device__ __forceinline__ void tma_issue_sub(const CeArgs& a, int64_t i, int rank, int cs, int64_t t64, int sub,
+                                              int k, uint4* buf, uint64_t* bar) {
     const int lane = threadIdx.x & 31;
     const T* row = (const T*)a.logits + i * a.ld;
-    TmaChunk ch = {0, 0};
-    const RowGrid<T> g(row, (int)a.V);
-    if (t64 != a.ignore_index) ch = tma_chunk(g.nfull, cs, rank);
-    if (!bulk) {  // every thread: its vectors, then its arrive
-        for (int q = (int)threadIdx.x; q < ch.n; q += (int)blockDim.x) cp_async16(buf + q, row + g.vec_elem(ch.lo + q));
-        cp_async_arrive(bar);
-        return;
+    int lo = k * sub, n = 0;
+    const T* src = row;
+    if (t64 != a.ignore_index) {
+        const RowGrid<T> g(row, (int)a.V);
+        const TmaChunk ch = tma_chunk(g.nfull, cs, rank);
+        const int hi = lo + sub < ch.n ? lo + sub : ch.n;
+        n = hi > lo ? hi - lo : 0;
+        src = row + g.vec_elem(ch.lo + lo);
     }
     if (lane == 0) {
-        if (ch.n > 0) mbar_arrive_tx(bar, (uint32_t)ch.n * 16u);
+        if (n > 0) mbar_arrive_tx(bar, (uint32_t)n * 16u);
         else mbar_arrive(bar);
     }
     __syncwarp();
-    for (int p = lane; p * TMA_PIECE_VECS < ch.n; p += 32) {
+    for (int p = lane; p * TMA_PIECE_VECS < n; p += 32) {
         const int v0 = p * TMA_PIECE_VECS;
-        const int nv = ch.n - v0 < TMA_PIECE_VECS ? ch.n - v0 : TMA_PIECE_VECS;
-        bulk_load(buf + v0, row + g.vec_elem(ch.lo + v0), (uint32_t)nv * 16u, bar);
+        const int nv = n - v0 < TMA_PIECE_VECS ? n - v0 : TMA_PIECE_VECS;
+        bulk_load(buf + lo + v0, src + (size_t)v0 * Pack<T>::VEC, (uint32_t)nv * 16u, bar);
     }
 }
 
@@ -806,36 +1052,34 @@ __device__ __forceinline__ TmaRow tma_row_at(const CeArgs& a, int64_t it, int cs
 }
 
 template <typename T, int PASS, int F>
-__global__ void __launch_bounds__(1024) ce_tma_kernel(CeArgs a, int cs, int per, int nbuf, int exp) {
+__global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int per, int ns) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    extern __shared__ __align__(128) uint4 tma_buf[];  // [nbuf][per] 16-byte vectors
-    __shared__ __align__(8) uint64_t bar[2];
+    extern __shared__ __align__(128) uint4 tma_buf[];  // [per] 16-byte vectors, ns sub-chunks
+    __shared__ __align__(8) uint64_t bar[TMA_MAX_SUB];
     __shared__ float4 slot[2][TMA_MAX_CLUSTER];  // partials of the cluster's CTAs, by rank
-    __shared__ RowStats sh[33];
+    __shared__ float sh[96];
     const int tid = (int)threadIdx.x, T_ = (int)blockDim.x;
     const int V = (int)a.V;
+    const int sub = (per + ns - 1) / ns;
     int crank = 0;
     if (PASS != PASS_BACKWARD) asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(crank));
 
-    const bool bulk = !(exp & 8);  // bit 8: per-thread cp.async instead of bulk copies
     if (tid == 0) {
-        for (int b = 0; b < nbuf; b++) mbar_init(&bar[b], bulk ? 1u : (uint32_t)T_);
+        for (int k = 0; k < ns; k++) mbar_init(&bar[k], 1u);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     // row-independent scalars, once (the setup kernel ran before this one on the stream)
     const Denoms dn = load_denoms(a);
     const float Gs = (PASS != PASS_FORWARD && a.reduction != FL_REDUCTION_NONE) ? row_upstream(a, 0) : 0.0f;
 
-    // cur: the unit being processed; nx: the next (its scalars in flight); nx2: the one after
-    // (target only: it picks the chunk the next copy into this buffer moves when nbuf == 2)
+    // cur: the unit being processed; nx: the next one (its copies are issued during cur's last
+    // sweep, its scalars are loaded during cur); nx2: the one after (target only)
     TmaRow cur = tma_row_at<PASS>(a, 0, cs, crank);
     TmaRow nx = tma_row_at<PASS>(a, 1, cs, crank);
     __syncthreads();  // why: barriers initialised before any copy is issued or waited on
     if (PASS != PASS_BACKWARD) cg::this_cluster().sync();  // why: DSMEM stores need every CTA started
-    if (tid < 32 || !bulk) {
-        if (cur.valid) tma_issue<T>(a, cur.i, cur.rank, cs, cur.t64, tma_buf, &bar[0], bulk);
-        if (nbuf == 2 && nx.valid) tma_issue<T>(a, nx.i, nx.rank, cs, nx.t64, tma_buf + per, &bar[1], bulk);
-    }
+    if (tid < 32 && cur.valid)
+        for (int k = 0; k < ns; k++) tma_issue_sub<T>(a, cur.i, cur.rank, cs, cur.t64, sub, k, tma_buf, &bar[k]);
     tma_row_fetch<T, PASS, F>(a, cur, Gs);
 
     int xch = 0;  // exchanges done: slot parity (every CTA of the cluster counts the same rows)
@@ -845,9 +1089,7 @@ __global__ void __launch_bounds__(1024) ce_tma_kernel(CeArgs a, int cs, int per,
 
         const int64_t i = cur.i;
         const int rank = cur.rank;
-        const int b = nbuf == 2 ? (int)(it & 1) : 0;
-        const uint32_t parity = (uint32_t)((nbuf == 2 ? it >> 1 : it) & 1);
-        const uint4* buf = tma_buf + b * per;
+        const uint32_t parity = (uint32_t)(it & 1);  // every barrier completes one phase per unit
         const T* row = (const T*)a.logits + i * a.ld;
         T* drow = (T*)a.dlogits + i * a.ld;
         const int64_t t64 = cur.t64;
@@ -869,44 +1111,37 @@ __global__ void __launch_bounds__(1024) ce_tma_kernel(CeArgs a, int cs, int per,
                 for (int q = tid; q < ch.n; q += T_) store_vec(zero, drow, g.vec_elem(ch.lo + q));
                 if (has_x) drow[ex] = from_float<T>(0.0f);
             }
-            mbar_wait(&bar[b], parity);  // the (empty) phase completes at once: keeps the parity count
+            // the (empty) phases complete at once; every thread observes them before the barrier
+            // moves on (a phase two ahead would alias the parity)
+            for (int k = 0; k < ns; k++) mbar_wait(&bar[k], parity);
+            __syncthreads();  // why: all threads past their waits before the next copies arm the barriers
+            if (tid < 32 && nx.valid)
+                for (int k = 0; k < ns; k++) tma_issue_sub<T>(a, nx.i, nx.rank, cs, nx.t64, sub, k, tma_buf, &bar[k]);
         } else {
             if (bad && rank == 0 && tid == 0 && a.error_flag) *a.error_flag = 1;
             float lse;
-            mbar_wait(&bar[b], parity);
             if (PASS == PASS_BACKWARD) {
                 lse = cur.lse;
             } else {
                 float m = has_x ? zval<F>(a, xs) : -INFINITY;
-                float s = 0.0f, wz = 0.0f;
-                if (exp & 2) {
-                    m = 0.0f; s = 1.0f;
-                } else if (exp & 16) {
-#pragma unroll 4
-                for (int q = tid; q < ch.n; q += T_) m = vec_max<F>(a, *reinterpret_cast<const Pack<T>*>(buf + q), m);
-                const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
-#pragma unroll 4
-                for (int q = tid; q < ch.n; q += T_)
-                    vec_sum<F>(a, *reinterpret_cast<const Pack<T>*>(buf + q), g.vec_elem(ch.lo + q), mL, s, wz);
-                } else {
+                float s = has_x ? 1.0f : 0.0f, wz = 0.0f;
+                if (has_x && (F & F_SMOOTH)) wz = (a.weight ? __ldg(a.weight + ex) : 1.0f) * m;
+                for (int k = 0; k < ns; k++) {
+                    const int lo = k * sub, hi = lo + sub < ch.n ? lo + sub : ch.n;
+                    mbar_wait(&bar[k], parity);
 #pragma unroll 2
-                    for (int q = tid; q < ch.n; q += T_)
-                        vec_online<F>(a, *reinterpret_cast<const Pack<T>*>(buf + q), g.vec_elem(ch.lo + q), m, s, wz);
-                }
-                const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
-                if (has_x) {
-                    float z = zval<F>(a, xs);
-                    s += fexp2(fmaf(z, FL_LOG2E, -mL));
-                    if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
+                    for (int q = lo + tid; q < hi; q += T_)
+                        vec_online<F>(a, lds_pack<T>(tma_buf + q), g.vec_elem(ch.lo + q), m, s, wz);
+                    if (PASS == PASS_FORWARD) {  // the forward is done with sub-chunk k: recycle it
+                        __syncthreads();  // why: every thread has read sub-chunk k
+                        if (tid < 32 && nx.valid)
+                            tma_issue_sub<T>(a, nx.i, nx.rank, cs, nx.t64, sub, k, tma_buf, &bar[k]);
+                    }
                 }
                 RowStats r = {m, s, wz};
-                if (!(exp & 4)) r = block_reduce_stats(r, sh);
+                r = block_reduce_ms<F>(r, sh);
                 const int x = xch & 1;
                 xch++;
-                if (exp & 1) {
-                    lse = r.m + logf(r.s);
-                    if (rank == 0 && tid == 0) finish_row_w(a, dn, i, bad, cur.w_t, lse, 0.0f, r.wz, NULL, NULL);
-                } else {
                 if (tid == 0) {
                     const float zt = (rank == 0 && !bad) ? zval<F>(a, cur.zt) : 0.0f;
                     const float4 mine = make_float4(r.m, r.s, r.wz, zt);
@@ -926,22 +1161,23 @@ __global__ void __launch_bounds__(1024) ce_tma_kernel(CeArgs a, int cs, int per,
                 }
                 lse = (M == -INFINITY) ? -INFINITY : M + logf(S);
                 if (rank == 0 && tid == 0) finish_row_w(a, dn, i, bad, cur.w_t, lse, p0.w, WZ, NULL, NULL);
-                }
             }
             if (PASS != PASS_FORWARD) {
                 const GradCoef c = make_coef_v(a, dn, cur.G, t, bad, cur.w_t, lse);
+                for (int k = 0; k < ns; k++) {
+                    const int lo = k * sub, hi = lo + sub < ch.n ? lo + sub : ch.n;
+                    if (PASS == PASS_BACKWARD) mbar_wait(&bar[k], parity);
 #pragma unroll 4
-                for (int q = tid; q < ch.n; q += T_) {
-                    const int e0 = g.vec_elem(ch.lo + q);
-                    store_vec(vec_grad<F>(a, c, *reinterpret_cast<const Pack<T>*>(buf + q), e0), drow, e0);
+                    for (int q = lo + tid; q < hi; q += T_) {
+                        const int e0 = g.vec_elem(ch.lo + q);
+                        store_vec(vec_grad<F>(a, c, lds_pack<T>(tma_buf + q), e0), drow, e0);
+                    }
+                    __syncthreads();  // why: every thread has read sub-chunk k before it is refilled
+                    if (tid < 32 && nx.valid)
+                        tma_issue_sub<T>(a, nx.i, nx.rank, cs, nx.t64, sub, k, tma_buf, &bar[k]);
                 }
                 if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, xs), ex));
             }
-        }
-        __syncthreads();  // why: every thread is done reading buffer b before it is refilled
-        if (tid < 32 || !bulk) {
-            const TmaRow& nn = nbuf == 2 ? nx2 : nx;  // the unit it + nbuf
-            if (nn.valid) tma_issue<T>(a, nn.i, nn.rank, cs, nn.t64, tma_buf + b * per, &bar[b], bulk);
         }
         cur = nx;
         nx = nx2;
@@ -1029,21 +1265,24 @@ static cudaError_t dev_info(DevInfo* out) {
     return cudaSuccess;
 }
 
-struct Config { int T, K, C; int tma; int sms; int tcs, tper, tnbuf, tT; size_t tsmem; };
+struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t tsmem; int stream, sC, scv; };
 
 // Knobs for A/B runs on the GPU, read from the environment once (all experimental):
 //   FUSEDLOSS_CE_CHUNK_THREADS = 64|128|256|512   chunk CTA size of the two-pass path (below)
 //   FUSEDLOSS_CE_SMALL_MAX_ROWS                    rows up to which the small kernel runs
+//   FUSEDLOSS_CE_STREAM=0|1|2                      streaming kernel off / forward (default) /
+//                                                  forward and backward (chunk kernels otherwise)
+//   FUSEDLOSS_CE_STREAM_KB                         bytes per streaming unit (KB, 8..1024; 256:
+//                                                  H200 2026-12-01, forward 8192x128256 bf16
+//                                                  0.96x the copy floor vs 1.01x at 64, 1.17x at 32)
 //   FUSEDLOSS_CE_TMA=0                             sm_90 staged one-read kernel off
 //   FUSEDLOSS_CE_TMA_FWD=1, _BWD=1                 staged kernel for forward / backward too
 //   FUSEDLOSS_CE_TMA_KB                            shared-memory chunk per CTA (cluster size follows)
-//   FUSEDLOSS_CE_TMA_NBUF = 1|2, _THREADS = 128..1024, _GRID (cap on clusters / CTAs)
+//   FUSEDLOSS_CE_TMA_NSUB = 1..8                   sub-chunks (recycled one by one) per CTA chunk
+//   FUSEDLOSS_CE_TMA_THREADS = 128|256, _GRID      CTA size (<= 80 registers at 256: 3 CTAs per SM
+//                                                  fit); cap on resident clusters / CTAs
 //   FUSEDLOSS_DEBUG=1                              print each new staged launch plan to stderr
-//   FUSEDLOSS_CE_TMA_EXPERIMENT                    timing only, WRONG results: bit 1 skips the
-//                                                  cluster exchange, 2 the statistics sweeps, 4 the
-//                                                  block reduction, 8 uses per-thread cp.async,
-//                                                  16 two statistics sweeps
-struct Knobs { int chunk_threads, small_rows, on, fwd, bwd, kb, nbuf, threads, grid, debug, exp; };
+struct Knobs { int chunk_threads, small_rows, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -1057,22 +1296,24 @@ static const Knobs* knobs(void) {
         Knobs n;
         n.chunk_threads = env_int("FUSEDLOSS_CE_CHUNK_THREADS", 0);
         n.small_rows = env_int("FUSEDLOSS_CE_SMALL_MAX_ROWS", 128);
+        n.stream = env_int("FUSEDLOSS_CE_STREAM", 1);
+        n.stream_kb = env_int("FUSEDLOSS_CE_STREAM_KB", 256);
         n.on = env_int("FUSEDLOSS_CE_TMA", 1);
         n.fwd = env_int("FUSEDLOSS_CE_TMA_FWD", 0);
         n.bwd = env_int("FUSEDLOSS_CE_TMA_BWD", 0);
         n.kb = env_int("FUSEDLOSS_CE_TMA_KB", 100);
-        n.nbuf = env_int("FUSEDLOSS_CE_TMA_NBUF", 0);
+        n.nsub = env_int("FUSEDLOSS_CE_TMA_NSUB", 4);
         n.threads = env_int("FUSEDLOSS_CE_TMA_THREADS", 256);
         n.grid = env_int("FUSEDLOSS_CE_TMA_GRID", 0);
         n.debug = env_int("FUSEDLOSS_DEBUG", 0);
-        n.exp = env_int("FUSEDLOSS_CE_TMA_EXPERIMENT", 0);
         const int ct = n.chunk_threads;
         if (ct != 64 && ct != 128 && ct != 256 && ct != 512) n.chunk_threads = 0;
         if (n.small_rows < 0) n.small_rows = 0;
         if (n.small_rows > SMALL_MAX_ROWS) n.small_rows = SMALL_MAX_ROWS;
-        if (n.kb < 1 || n.kb > 100) n.kb = 100;
-        if (n.nbuf != 1 && n.nbuf != 2) n.nbuf = 0;
-        if (n.threads < 128 || n.threads > 1024 || n.threads % 32) n.threads = 256;
+        if (n.stream_kb < 8 || n.stream_kb > 1024) n.stream_kb = 256;
+        if (n.kb < 1 || n.kb > 200) n.kb = 100;
+        if (n.nsub < 1 || n.nsub > TMA_MAX_SUB) n.nsub = 4;
+        if (n.threads != 128 && n.threads != 256) n.threads = 256;
         k = n;  // every thread computes the same values: a racing second store is harmless
         __atomic_store_n(&have, 1, __ATOMIC_RELEASE);
     }
@@ -1179,7 +1420,7 @@ static cudaError_t tma_occupancy(const void* fn, int cs, int T, size_t smem, int
     return e;
 }
 
-struct TmaPlan { int cs, per, nbuf, T; size_t smem; };
+struct TmaPlan { int cs, per, ns, T; size_t smem; };
 
 // Whether (and how) the staged one-read kernel takes this call: sm_90, rows longer than one
 // register-resident CTA (> 512 vectors), a row split over <= 16 CTAs of <= kb KB each.
@@ -1196,9 +1437,9 @@ static int tma_plan(int pass, int cc_major, int64_t V, int esize, TmaPlan* p) {
     if ((int64_t)cs * chunk < nv) return 0;
     p->cs = cs;
     p->per = (int)((nv + cs - 1) / cs);
-    p->nbuf = k->nbuf ? k->nbuf : (2 * (size_t)p->per * 16 <= 100 * 1024 ? 2 : 1);
+    p->ns = k->nsub;
     p->T = k->threads;
-    p->smem = (size_t)p->nbuf * p->per * 16;
+    p->smem = (size_t)p->per * 16;
     return 1;
 }
 
@@ -1226,7 +1467,7 @@ static cudaError_t launch_tma(const CeArgs& a, const TmaPlan& p, int sms, cudaSt
     cfg.blockDim = dim3((unsigned)p.T, 1, 1);
     cfg.dynamicSmemBytes = p.smem;
     cfg.stream = s;
-    e = cudaLaunchKernelEx(&cfg, ce_tma_kernel<T, PASS, F>, a, p.cs, p.per, p.nbuf, knobs()->exp);
+    e = cudaLaunchKernelEx(&cfg, ce_tma_kernel<T, PASS, F>, a, p.cs, p.per, p.ns);
     if (e == cudaSuccess) *done = 1;
     return e;
 }
@@ -1239,14 +1480,66 @@ static cudaError_t launch_row(const CeArgs& a, const Config& c, cudaStream_t s) 
     return cudaGetLastError();
 }
 
+// The streaming kernel (forward / backward of long rows): a persistent grid of as many CTAs as
+// are resident, walking N * sC units; forward with sC > 1 is finished by ce_finish_kernel.
+template <typename T, int PASS, int F>
+static cudaError_t launch_stream(const CeArgs& a0, const Config& c, cudaStream_t s, int* done) {
+    *done = 0;
+    const int P = PASS == PASS_BACKWARD ? PASS_BACKWARD : (c.sC > 1 ? PASS_STATS : PASS_FORWARD);
+    const void* fn = P == PASS_BACKWARD ? (const void*)ce_stream_kernel<T, PASS_BACKWARD, F>
+                     : P == PASS_STATS  ? (const void*)ce_stream_kernel<T, PASS_STATS, F>
+                                        : (const void*)ce_stream_kernel<T, PASS_FORWARD, F>;
+    int n = 0;
+    cudaError_t e = tma_occupancy(fn, 0, STREAM_T, 0, c.sms, &n);  // resident CTAs on the device
+    if (e != cudaSuccess || n <= 0) return e;
+    CeArgs a = a0;
+    a.C = c.sC;
+    const int64_t units = a.N * (int64_t)c.sC;
+    const unsigned grid = (unsigned)(units < n ? units : n);
+    if (P == PASS_BACKWARD) ce_stream_kernel<T, PASS_BACKWARD, F><<<grid, STREAM_T, 0, s>>>(a, c.sC, c.scv);
+    else if (P == PASS_STATS) ce_stream_kernel<T, PASS_STATS, F><<<grid, STREAM_T, 0, s>>>(a, c.sC, c.scv);
+    else ce_stream_kernel<T, PASS_FORWARD, F><<<grid, STREAM_T, 0, s>>>(a, c.sC, c.scv);
+    e = cudaGetLastError();
+    if (e == cudaSuccess && P == PASS_STATS) {
+        ce_finish_kernel<F><<<(unsigned)((a.N + 255) / 256), 256, 0, s>>>(a);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) *done = 1;
+    return e;
+}
+
+// Units of the streaming kernel: chunks of <= FUSEDLOSS_CE_STREAM_KB (256 KB) of a row, and at
+// least ~8 units per SM so that short-N problems still fill the device (chunks never shorter than
+// 2 vectors per thread; C <= fl__ce_chunks(V), which sizes the workspace).
+static void stream_plan(int64_t N, int64_t V, int esize, int sms, Config* c) {
+    const int64_t nv = V / (16 / esize) + 1;  // upper bound of a row's aligned vectors
+    const int64_t cvmax = (int64_t)knobs()->stream_kb * 1024 / 16;
+    int64_t C = (nv + cvmax - 1) / cvmax;
+    const int64_t want = 8 * (int64_t)sms;
+    if (N * C < want) C = (want + N - 1) / N;
+    const int64_t cmax = fl__ce_chunks(V, (size_t)esize);
+    const int64_t cmin_vecs = (nv + 2 * STREAM_T - 1) / (2 * STREAM_T);
+    if (C > cmin_vecs) C = cmin_vecs;
+    if (C > cmax) C = cmax;
+    if (C < 1) C = 1;
+    c->stream = 1;
+    c->sC = (int)C;
+    c->scv = (int)((nv + C - 1) / C);
+}
+
 // The passes of one call, in order, on the stream (no host sync between them).
 template <typename T, int PASS, int F>
 static cudaError_t launch_main(const CeArgs& a, const Config& c, cudaStream_t s) {
     cudaError_t e = cudaSuccess;
     if (c.tma) {
-        const TmaPlan p = {c.tcs, c.tper, c.tnbuf, c.tT, c.tsmem};
+        const TmaPlan p = {c.tcs, c.tper, c.tns, c.tT, c.tsmem};
         int done = 0;
         e = launch_tma<T, PASS, F>(a, p, c.sms, s, &done);
+        if (e != cudaSuccess || done) return e;
+    }
+    if (c.stream && PASS != PASS_FUSED) {
+        int done = 0;
+        e = launch_stream<T, PASS, F>(a, c, s, &done);
         if (e != cudaSuccess || done) return e;
     }
     if (PASS == PASS_BACKWARD) return launch_row<T, PASS_BACKWARD, F>(a, c, s);
@@ -1388,10 +1681,17 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
         Config c = choose_config(V, (int)fl__dtype_size(dt), pass);
         TmaPlan tp;
         if (tma_plan(pass, d.cc_major, V, (int)fl__dtype_size(dt), &tp)) {
-            c.tma = 1; c.sms = d.sms; c.tcs = tp.cs; c.tper = tp.per; c.tnbuf = tp.nbuf; c.tT = tp.T; c.tsmem = tp.smem;
+            c.tma = 1; c.sms = d.sms; c.tcs = tp.cs; c.tper = tp.per; c.tns = tp.ns; c.tT = tp.T; c.tsmem = tp.smem;
         }
+        c.sms = d.sms;
+        const int64_t nvr = V / vec + 1;
+        // the streaming kernel for the forward; the backward stays on the chunk kernels (64-thread
+        // CTAs, 8 vectors each), which measured faster for a read+write stream (H200, 2026-12-01:
+        // 8192x128256 bf16 backward 1.04x vs 1.30x; FUSEDLOSS_CE_STREAM=2 takes it for both)
+        const int stream_on = knobs()->stream == 2 || (knobs()->stream == 1 && pass == PASS_FORWARD);
+        if (stream_on && pass != PASS_FUSED && nvr > 512) stream_plan(N, V, (int)fl__dtype_size(dt), d.sms, &c);
         a.C = c.C;
-        if ((int64_t)N * c.C > INT32_MAX)
+        if (!c.stream && (int64_t)N * c.C > INT32_MAX)
             return fl__fail(FL_ERR_UNSUPPORTED, "%s: N * chunks (%lld * %d) exceeds one launch", fn, (long long)N, c.C);
         FL_CUDA_TRY(launch_pass(pass, dt, flags, 0, a, c, 0, stream));
     }
