@@ -405,35 +405,29 @@ __device__ __forceinline__ float vec_max(const CeArgs& a, const Pack<T>& x, floa
     return m;
 }
 
-template <int F, typename T>
-__device__ __forceinline__ void vec_sum(const CeArgs& a, const Pack<T>& x, int e0, float mL, float& s, float& wz) {
-    float z[Pack<T>::VEC];
-    vec_z<F>(a, x, z);
+// The exponentials of a vector are added pairwise (a tree of depth log2 VEC), then to s: a
+// dependency chain of one add per vector instead of one per element (the sweeps are latency-bound
+// on their accumulator chains, ncu run 4). Fixed order: deterministic.
+template <int VEC>
+__device__ __forceinline__ float tree_sum(float (&e)[VEC]) {
 #pragma unroll
-    for (int v = 0; v < Pack<T>::VEC; v++) {
-        s += fexp2(fmaf(z[v], FL_LOG2E, -mL));  // NaN z poisons s, so the row's lse is NaN, as PyTorch
-        if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + e0 + v) : 1.0f) * z[v];
-    }
+    for (int w = VEC / 2; w > 0; w /= 2)
+#pragma unroll
+        for (int v = 0; v < w; v++) e[v] += e[v + w];
+    return e[0];
 }
 
-// One sweep: running (max, sum-exp) over a vector; rescales only when the max grows.
 template <int F, typename T>
-__device__ __forceinline__ void vec_online(const CeArgs& a, const Pack<T>& x, int e0, float& m, float& s, float& wz) {
-    float z[Pack<T>::VEC];
+__device__ __forceinline__ void vec_sum(const CeArgs& a, const Pack<T>& x, int e0, float mL, float& s, float& wz) {
+    constexpr int VEC = Pack<T>::VEC;
+    float z[VEC], e[VEC];
     vec_z<F>(a, x, z);
-    float vm = (F & F_ZMAP) ? -INFINITY : pack_max(x);  // z = x: a packed max on the raw vector
 #pragma unroll
-    for (int v = 0; v < Pack<T>::VEC; v++) {
-        if (F & F_ZMAP) vm = fmaxf(vm, z[v]);
+    for (int v = 0; v < VEC; v++) {
+        e[v] = fexp2(fmaf(z[v], FL_LOG2E, -mL));  // NaN z poisons s, so the row's lse is NaN, as PyTorch
         if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + e0 + v) : 1.0f) * z[v];
     }
-    if (vm > m) {  // false for NaN: fmaxf skips NaN, as the two-sweep max does
-        s = (m == -INFINITY) ? 0.0f : s * fexp2((m - vm) * FL_LOG2E);
-        m = vm;
-    }
-    const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
-#pragma unroll
-    for (int v = 0; v < Pack<T>::VEC; v++) s += fexp2(fmaf(z[v], FL_LOG2E, -mL));
+    s += tree_sum(e);
 }
 
 template <int F, typename T>
@@ -1129,9 +1123,32 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
                 for (int k = 0; k < ns; k++) {
                     const int lo = k * sub, hi = lo + sub < ch.n ? lo + sub : ch.n;
                     mbar_wait(&bar[k], parity);
+                    // the sub-chunk's max first (two independent chains of packed maxima), one
+                    // rescale of s, then its sum-exp (two chains): no per-vector rescale test and
+                    // no serial chain through one accumulator (version 5's vec_online was one)
+                    float m0 = -INFINITY, m1 = -INFINITY;
+                    int q = lo + tid;
 #pragma unroll 2
-                    for (int q = lo + tid; q < hi; q += T_)
-                        vec_online<F>(a, lds_pack<T>(tma_buf + q), g.vec_elem(ch.lo + q), m, s, wz);
+                    for (; q + T_ < hi; q += 2 * T_) {
+                        m0 = vec_max<F>(a, lds_pack<T>(tma_buf + q), m0);
+                        m1 = vec_max<F>(a, lds_pack<T>(tma_buf + q + T_), m1);
+                    }
+                    if (q < hi) m0 = vec_max<F>(a, lds_pack<T>(tma_buf + q), m0);
+                    const float bm = fmaxf(m0, m1);
+                    if (bm > m) {  // false for NaN (skipped, as fmaxf does)
+                        s = (m == -INFINITY) ? 0.0f : s * fexp2((m - bm) * FL_LOG2E);
+                        m = bm;
+                    }
+                    const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
+                    float s0 = 0.0f, s1 = 0.0f;
+                    q = lo + tid;
+#pragma unroll 2
+                    for (; q + T_ < hi; q += 2 * T_) {
+                        vec_sum<F>(a, lds_pack<T>(tma_buf + q), g.vec_elem(ch.lo + q), mL, s0, wz);
+                        vec_sum<F>(a, lds_pack<T>(tma_buf + q + T_), g.vec_elem(ch.lo + q + T_), mL, s1, wz);
+                    }
+                    if (q < hi) vec_sum<F>(a, lds_pack<T>(tma_buf + q), g.vec_elem(ch.lo + q), mL, s0, wz);
+                    s += s0 + s1;
                     if (PASS == PASS_FORWARD) {  // the forward is done with sub-chunk k: recycle it
                         __syncthreads();  // why: every thread has read sub-chunk k
                         if (tid < 32 && nx.valid)
@@ -1187,37 +1204,61 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
 #endif
 }
 
-// One CTA: D_w, D_n (MEAN) and W = sum of class weights, into the workspace header (double).
-// Fixed per-thread striding + fixed-order tree: deterministic.
-__global__ void __launch_bounds__(1024) ce_setup_kernel(CeArgs a) {
-    __shared__ double sh[3][32];
-    double dw = 0.0, dn = 0.0, W = 0.0;
+// D_w and D_n of MEAN over the whole batch, summed by one CTA of 1024 threads in a fixed order
+// (per-thread striding, shuffle tree, warps in order): the setup and the reduce kernel give the
+// same bits. Valid in thread 0. `sh` >= 2 x 32 doubles.
+__device__ __forceinline__ void block_denoms(const CeArgs& a, double (*sh)[32], double* Dw, double* Dn) {
+    double dw = 0.0, dn = 0.0;
     for (int64_t i = threadIdx.x; i < a.N; i += blockDim.x) {
         int64_t t = load_target(a, i);
         if (t == a.ignore_index) continue;
         dn += 1.0;
         dw += (a.weight && t >= 0 && t < a.V) ? (double)a.weight[t] : 1.0;  // bad targets weigh 1
     }
-    if (a.weight)
-        for (int64_t j = threadIdx.x; j < a.V; j += blockDim.x) W += (double)a.weight[j];
     for (int o = 16; o > 0; o >>= 1) {
         dw += __shfl_xor_sync(0xffffffffu, dw, o);
         dn += __shfl_xor_sync(0xffffffffu, dn, o);
-        W += __shfl_xor_sync(0xffffffffu, W, o);
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) { sh[0][warp] = dw; sh[1][warp] = dn; sh[2][warp] = W; }
+    if (lane == 0) { sh[0][warp] = dw; sh[1][warp] = dn; }
+    __syncthreads();  // why: warp partials visible to thread 0
+    double s0 = 0, s1 = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) { s0 += sh[0][w]; s1 += sh[1][w]; }
+    *Dw = s0;
+    *Dn = s1;
+}
+
+// One CTA: D_w, D_n (MEAN) and W = sum of class weights, into the workspace header (double).
+// Fixed per-thread striding + fixed-order tree: deterministic.
+__global__ void __launch_bounds__(1024) ce_setup_kernel(CeArgs a) {
+    __shared__ double sh[3][32];
+    double Dw, Dn;
+    block_denoms(a, sh, &Dw, &Dn);
+    double W = 0.0;
+    if (a.weight)
+        for (int64_t j = threadIdx.x; j < a.V; j += blockDim.x) W += (double)a.weight[j];
+    for (int o = 16; o > 0; o >>= 1) W += __shfl_xor_sync(0xffffffffu, W, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // why: sh is reused
+    if (lane == 0) sh[2][warp] = W;
     __syncthreads();  // why: warp partials visible to thread 0
     if (threadIdx.x == 0) {
-        double s0 = 0, s1 = 0, s2 = 0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) { s0 += sh[0][w]; s1 += sh[1][w]; s2 += sh[2][w]; }
-        a.hdr[0] = s0; a.hdr[1] = s1; a.hdr[2] = s2;
+        double s2 = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s2 += sh[2][w];
+        a.hdr[0] = Dw; a.hdr[1] = Dn; a.hdr[2] = s2;
     }
 }
 
-// One CTA: loss[0] from the per-row partials (SUM / MEAN). needs_setup: hdr holds D_w, D_n.
-__global__ void __launch_bounds__(1024) ce_reduce_kernel(CeArgs a) {
+// One CTA: loss[0] from the per-row partials (SUM / MEAN). MEAN: hdr holds D_w, D_n (setup
+// kernel), or, with `denoms` (a forward that needed no setup), this kernel sums them itself: one
+// launch fewer per forward call.
+__global__ void __launch_bounds__(1024) ce_reduce_kernel(CeArgs a, int denoms) {
     __shared__ double sh[2][32];
+    double Dw = 0.0, Dn = 0.0;
+    if (denoms) {
+        block_denoms(a, sh, &Dw, &Dn);
+        __syncthreads();  // why: sh is reused below
+    }
     double sa = 0.0, sb = 0.0;
     for (int64_t i = threadIdx.x; i < a.N; i += blockDim.x) {
         sa += (double)a.part[2 * i];
@@ -1234,8 +1275,9 @@ __global__ void __launch_bounds__(1024) ce_reduce_kernel(CeArgs a) {
         double A = 0, B = 0;
         for (int w = 0; w < (int)(blockDim.x >> 5); w++) { A += sh[0][w]; B += sh[1][w]; }
         double total;
+        if (!denoms) { Dw = a.hdr[0]; Dn = a.hdr[1]; }
         if (a.reduction == FL_REDUCTION_MEAN)
-            total = A / a.hdr[0] + (a.zeta > 0.0f ? B / a.hdr[1] : 0.0);
+            total = A / Dw + (a.zeta > 0.0f ? B / Dn : 0.0);
         else
             total = A + B;
         a.loss[0] = (float)total;
@@ -1279,6 +1321,8 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //   FUSEDLOSS_CE_TMA_FWD=1, _BWD=1                 staged kernel for forward / backward too
 //   FUSEDLOSS_CE_TMA_KB                            shared-memory chunk per CTA (cluster size follows)
 //   FUSEDLOSS_CE_TMA_NSUB = 1..8                   sub-chunks (recycled one by one) per CTA chunk
+//                                                  (2: H200 2026-12-01, fused 8192x128256 bf16
+//                                                  1.35x vs 1.37x at 1, 1.39x at 4, 1.44x at 8)
 //   FUSEDLOSS_CE_TMA_THREADS = 128|256, _GRID      CTA size (<= 80 registers at 256: 3 CTAs per SM
 //                                                  fit); cap on resident clusters / CTAs
 //   FUSEDLOSS_DEBUG=1                              print each new staged launch plan to stderr
@@ -1302,7 +1346,7 @@ static const Knobs* knobs(void) {
         n.fwd = env_int("FUSEDLOSS_CE_TMA_FWD", 0);
         n.bwd = env_int("FUSEDLOSS_CE_TMA_BWD", 0);
         n.kb = env_int("FUSEDLOSS_CE_TMA_KB", 100);
-        n.nsub = env_int("FUSEDLOSS_CE_TMA_NSUB", 4);
+        n.nsub = env_int("FUSEDLOSS_CE_TMA_NSUB", 2);
         n.threads = env_int("FUSEDLOSS_CE_TMA_THREADS", 256);
         n.grid = env_int("FUSEDLOSS_CE_TMA_GRID", 0);
         n.debug = env_int("FUSEDLOSS_DEBUG", 0);
@@ -1312,7 +1356,7 @@ static const Knobs* knobs(void) {
         if (n.small_rows > SMALL_MAX_ROWS) n.small_rows = SMALL_MAX_ROWS;
         if (n.stream_kb < 8 || n.stream_kb > 1024) n.stream_kb = 256;
         if (n.kb < 1 || n.kb > 200) n.kb = 100;
-        if (n.nsub < 1 || n.nsub > TMA_MAX_SUB) n.nsub = 4;
+        if (n.nsub < 1 || n.nsub > TMA_MAX_SUB) n.nsub = 2;
         if (n.threads != 128 && n.threads != 256) n.threads = 256;
         k = n;  // every thread computes the same values: a racing second store is harmless
         __atomic_store_n(&have, 1, __ATOMIC_RELEASE);
@@ -1424,7 +1468,7 @@ struct TmaPlan { int cs, per, ns, T; size_t smem; };
 
 // Whether (and how) the staged one-read kernel takes this call: sm_90, rows longer than one
 // register-resident CTA (> 512 vectors), a row split over <= 16 CTAs of <= kb KB each.
-static int tma_plan(int pass, int cc_major, int64_t V, int esize, TmaPlan* p) {
+static int tma_plan(int pass, int cc_major, int64_t N, int64_t V, int esize, int sms, TmaPlan* p) {
     const Knobs* k = knobs();
     if (cc_major < 9 || !k->on) return 0;
     if (pass == PASS_BACKWARD && !k->bwd) return 0;
@@ -1435,6 +1479,10 @@ static int tma_plan(int pass, int cc_major, int64_t V, int esize, TmaPlan* p) {
     int cs = 1;
     while ((int64_t)cs * chunk < nv && cs < TMA_MAX_CLUSTER) cs *= 2;
     if ((int64_t)cs * chunk < nv) return 0;
+    // Splitting rows over more CTAs to balance few rows per cluster lost badly (H200 2026-12-01:
+    // 2048x32000 f16 fused 1.57x -> 2.65x with 4 CTAs of 16 KB per row instead of 1 of 64 KB):
+    // the per-row costs (reduction, exchange, barriers) outweigh the idle last round.
+    (void)N; (void)sms;
     p->cs = cs;
     p->per = (int)((nv + cs - 1) / cs);
     p->ns = k->nsub;
@@ -1647,7 +1695,9 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
 
     const int reduced = p.reduction != FL_REDUCTION_NONE;
     const int mean = p.reduction == FL_REDUCTION_MEAN;
-    const int needs_setup = mean || (p.weight && p.label_smoothing > 0.0f);
+    // the forward's row kernels need only W (weighted smoothing); its MEAN denominators are summed
+    // by the reduce kernel itself
+    const int needs_setup = (mean && pass != PASS_FORWARD) || (p.weight && p.label_smoothing > 0.0f);
 
     if (N == 0) {  // nothing to read; SUM = 0, MEAN = NaN (0/0) still come from the reduce kernel
         if (!reduced || pass == PASS_BACKWARD) return FL_OK;
@@ -1680,7 +1730,7 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
     if (N > 0) {
         Config c = choose_config(V, (int)fl__dtype_size(dt), pass);
         TmaPlan tp;
-        if (tma_plan(pass, d.cc_major, V, (int)fl__dtype_size(dt), &tp)) {
+        if (tma_plan(pass, d.cc_major, N, V, (int)fl__dtype_size(dt), d.sms, &tp)) {
             c.tma = 1; c.sms = d.sms; c.tcs = tp.cs; c.tper = tp.per; c.tns = tp.ns; c.tT = tp.T; c.tsmem = tp.smem;
         }
         c.sms = d.sms;
@@ -1696,7 +1746,7 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
         FL_CUDA_TRY(launch_pass(pass, dt, flags, 0, a, c, 0, stream));
     }
     if (reduced && pass != PASS_BACKWARD) {
-        ce_reduce_kernel<<<1, 1024, 0, stream>>>(a);
+        ce_reduce_kernel<<<1, 1024, 0, stream>>>(a, mean && !needs_setup);
         FL_CUDA_TRY(cudaGetLastError());
     }
     return FL_OK;
