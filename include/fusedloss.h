@@ -269,6 +269,116 @@ FL_API fl_status fl_scale_rows_cpu(void* x, int64_t N, int64_t V, int64_t ld, fl
 FL_API fl_status fl_scale_rows_cuda(void* x, int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
                                     const float* g, int per_row, fl_stream stream);
 
+/*-****************************************************************************
+ *  7. GeLU (tanh approximation or exact erf), with an optional fused bias
+ *
+ *  The activation of the transformer MLP, the bias of the preceding Linear folded in, and the
+ *  bias gradient (a column sum over the N rows) fused into the backward pass.
+ *  Layout: x, y, dy, dx are row-major [N, ld] with the first F columns used (ld >= F; columns
+ *  F..ld-1 are neither read nor written); each matrix has its own row stride. bias, dbias: [F].
+ *  Sizes are int64 and offsets are 64-bit everywhere (N*ld may exceed 2^31).
+ *
+ *  With u = x + b (b = bias[j] of the element's column j; b = 0 without a bias), exactly
+ *  PyTorch's F.gelu(u, approximate=...) in opmath float (aten ActivationGeluKernel.cu):
+ *    FL_GELU_TANH : y = (0.5 u) (1 + tanh(kB fma(kK, u^3, u))),  u^3 = (u u) u,
+ *                   kB = float(sqrt(2) * 2/sqrt(pi) * 0.5) = 0.7978845608f, kK = 0.044715f
+ *    FL_GELU_NONE : y = (0.5 u) (1 + erf(u kA)),                   kA = float(1/sqrt(2))
+ *  Backward, du = dy * gelu'(u) (again PyTorch's gelu_backward, operation for operation):
+ *    TANH : t = tanh(kB fma(kK, u^3, u)),
+ *           du = dy fma(1 + t, 0.5, (0.5 u) fma(-t, t, 1) kB fma(3kK, u u, 1))
+ *    NONE : du = dy fma(1 + erf(u kA), 0.5, u (exp((-0.5 u) u) kC)),  kC = float(2/sqrt(pi) * 0.5/sqrt(2))
+ *  dx = du (rounded once to dtype); dbias[j] = sum over the N rows of du[i, j].
+ *  The fma/product order shown is the one nvcc compiles PyTorch's expressions to, and the one
+ *  both backends use (pinned with explicit fma/__fmul_rn; the CPU backend uses C fmaf).
+ *
+ *  Numerics: every operation in fp32 whatever the dtype (x, bias, dy converted exactly; u is
+ *  formed in fp32 and NOT rounded to dtype before the activation, as torch.compile's fused
+ *  kernel does; eager F.gelu(x + b) rounds x + b to fp16/bf16 first, so with 16-bit dtypes and
+ *  a bias the results may differ from eager by 1 ulp of the dtype on a few elements; fp32 and
+ *  bias-free calls follow eager's operations exactly).
+ *  The only difference from PyTorch's CUDA kernel is the tanhf/erff/expf implementation:
+ *    _cuda: CUDA's own tanhf/erff/expf (libdevice, max 2 / 2 / 2 ulp): the same functions
+ *           PyTorch's CUDA kernel calls, so on the same toolkit the fp32 results are
+ *           bitwise PyTorch's (not guaranteed across CUDA versions: then within 2 ulp of
+ *           tanh/erf, i.e. |y - y_torch| <= ~2.4e-7 * |u| near the tails).
+ *    _cpu : the C library's tanhf/erff/expf (glibc: <= 2 ulp), same operation order, so CPU
+ *           and CUDA differ only by those functions' last bits (the tests' tolerance table).
+ *  dbias accumulates in fp32 on CUDA (per-thread row sums, then a fixed-order tree over
+ *  threads and row blocks) and in double on the CPU; it is rounded once to bias_dtype.
+ *  NaN/inf propagate as in PyTorch (e.g. tanh-mode backward at |u| > ~1.8e19 is NaN there too).
+ *
+ *  Dtypes: dtype (x, y, dy, dx) fp32 / fp16 / bf16. bias_dtype (bias and dbias) is dtype or
+ *  fp32 (an fp32 bias parameter with bf16 activations, as under autocast). Outputs overwritten.
+ *
+ *  Aliasing: in-place is allowed exactly as y == x (forward), dx == dy or dx == x (backward),
+ *  with equal row strides (each element is read before it is written, by the same thread);
+ *  inputs may alias each other; any other overlap of an output with anything is
+ *  FL_ERR_INVALID_ARGUMENT.
+ *
+ *  Determinism: both backends give bitwise-identical outputs on every run; dbias is summed in
+ *  a fixed order (CUDA: the order depends only on N, F, dtype and the buffers' 16-byte
+ *  alignment, never on the GPU or timing; CPU: not on the thread count).
+ *
+ *  CUDA speed notes: 16-byte vector accesses when every row of every matrix starts 16-byte
+ *  aligned, or when the matrices are contiguous (ld == F) with 16-byte aligned bases (odd F:
+ *  the matrix is then streamed as a flat array); otherwise a slower scalar path. One launch,
+ *  plus one small launch for the dbias total when the rows are not 16-byte aligned (odd F).
+ *  No allocation, no host synchronisation; graph-capturable.
+ ******************************************************************************/
+typedef enum { FL_GELU_NONE = 0, FL_GELU_TANH = 1 } fl_gelu_approx;
+
+/*! fl_gelu_workspace_size() :
+ *  Bytes of workspace fl_gelu_backward_{cpu,cuda}() need for these sizes when dbias is
+ *  requested (either backend; the same answer for both). Without dbias no workspace is needed
+ *  (pass NULL, 0). The answer is never 0 and at most about 4 KiB + max(2 MiB, 128 bytes * F)
+ *  (0.75 MiB at F = 3072, 2 MiB at F = 16384).
+ *  CUDA workspace rules: device memory, 256-byte aligned, and its first 4096 bytes (the
+ *  row-block counters) must be ZERO before the first call that uses it, e.g. one
+ *  cudaMemsetAsync after allocating it; every backward call leaves them zero again, so the
+ *  same workspace can serve any later GeLU backward call on the same stream without being
+ *  cleared again. Do not share it with other ops (or clear those 4096 bytes after they ran).
+ *  The rest of the workspace is scratch. CPU: host memory, any content.
+ * @return : FL_OK or FL_ERR_INVALID_ARGUMENT. */
+FL_API fl_status fl_gelu_workspace_size(size_t* bytes, int64_t N, int64_t F, fl_dtype dtype);
+
+/*! fl_gelu_forward_{cpu,cuda}() :
+ *  y[N, ld_y] = gelu(x + bias) (see above), rounded once to dtype. bias: [F] of bias_dtype,
+ *  or NULL (then bias_dtype is ignored). N >= 0 (N == 0: nothing is done), F >= 1,
+ *  ld_y >= F, ld_x >= F. In place: y == x with ld_y == ld_x. Pointers aligned to their element
+ *  size. CUDA: asynchronous on `stream`; one launch.
+ * @return : FL_OK or an error status (fl_last_error() has the detail). */
+FL_API fl_status fl_gelu_forward_cpu(void* y, const void* x, const void* bias,
+                                     int64_t N, int64_t F, int64_t ld_y, int64_t ld_x,
+                                     fl_dtype dtype, fl_dtype bias_dtype, fl_gelu_approx approx);
+FL_API fl_status fl_gelu_forward_cuda(void* y, const void* x, const void* bias,
+                                      int64_t N, int64_t F, int64_t ld_y, int64_t ld_x,
+                                      fl_dtype dtype, fl_dtype bias_dtype, fl_gelu_approx approx,
+                                      fl_stream stream);
+
+/*! fl_gelu_backward_{cpu,cuda}() :
+ *  From the forward's inputs x, bias (NOT its output: nothing but x and the [F] bias needs to
+ *  be kept for backward) and the upstream gradient dy[N, ld_dy]:
+ *    dx[N, ld_dx] = dy * gelu'(x + bias), dtype, overwritten; required when N > 0;
+ *    dbias[F]     = column sums of dy * gelu'(x + bias) over the N rows, bias_dtype, overwritten
+ *                   (zeros when N == 0); or NULL to skip it. dbias requires bias (a bias
+ *                   without dbias is fine: a frozen bias).
+ *  In place: dx == dy (ld_dx == ld_dy) or dx == x (ld_dx == ld_x).
+ *  workspace: fl_gelu_workspace_size() bytes when dbias != NULL (see its rules), else unused.
+ *  CUDA: asynchronous on `stream`; dx and dbias come from one kernel that reads x and dy once
+ *  (the last thread block of each column slab sums the row blocks' partials, in a fixed
+ *  order); when rows are not 16-byte aligned (odd F) a second small kernel sums them instead.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_gelu_backward_cpu(void* dx, void* dbias, const void* dy, const void* x,
+                                      const void* bias, int64_t N, int64_t F,
+                                      int64_t ld_dx, int64_t ld_dy, int64_t ld_x,
+                                      fl_dtype dtype, fl_dtype bias_dtype, fl_gelu_approx approx,
+                                      void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_gelu_backward_cuda(void* dx, void* dbias, const void* dy, const void* x,
+                                       const void* bias, int64_t N, int64_t F,
+                                       int64_t ld_dx, int64_t ld_dy, int64_t ld_x,
+                                       fl_dtype dtype, fl_dtype bias_dtype, fl_gelu_approx approx,
+                                       void* workspace, size_t workspace_bytes, fl_stream stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -72,6 +72,55 @@ fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
                           fl_index_dtype index_dtype, const fl_ce_options* opts,
                           const void* workspace, size_t workspace_bytes, fl__ce_params* p);
 
+/* ---- GeLU: shared validation and the CUDA work plan (src/common/gelu_validate.c) --------- */
+
+/* How the CUDA backend cuts a GeLU call (pure integer arithmetic, so that the workspace size
+ * query and the CUDA launcher agree; also compiled into CPU-only builds).
+ * The [N, F] problem is seen as a matrix of `rows` virtual rows of `width` positions, each
+ * virtual row being `group` consecutive real rows (group = 1 unless the flat path is taken);
+ * the column of position p is p mod F. A CTA of tx x ty threads owns `tx` vectors of `vec`
+ * positions (a slab) times `rpb` virtual rows (a row block). */
+typedef enum { FL__GELU_ROWS = 0,   /* every row of every matrix 16-byte aligned: vectors   */
+               FL__GELU_FLAT = 1,   /* contiguous (ld == F), aligned bases, F*esize % 16 != 0 */
+               FL__GELU_SCALAR = 2  /* anything else: one element per access              */
+} fl__gelu_path;
+
+#define FL__GELU_COUNTER_BYTES 4096  /* zeroed slab counters at the start of a CUDA workspace */
+#define FL__GELU_MAX_COUNTERS (FL__GELU_COUNTER_BYTES / 4)
+#define FL__GELU_UNROLL 4            /* virtual rows in flight per thread (kernel unroll)    */
+
+typedef struct {
+    fl__gelu_path path;
+    int     vec;        /* elements per access (16 / esize, or 1) */
+    int     group;      /* real rows per virtual row */
+    int     tx, ty;     /* CTA shape */
+    int64_t rows;       /* virtual rows = ceil(N / group) */
+    int64_t width;      /* positions of a full virtual row = group * F */
+    int64_t last;       /* positions of the last virtual row */
+    int64_t wvec;       /* vector columns = ceil(width / vec) */
+    int64_t slabs;      /* grid.x = ceil(wvec / tx) */
+    int64_t rpb;        /* virtual rows per row block */
+    int64_t nb;         /* row blocks = grid.y */
+    int     finish;     /* dbias total: 0 none, 1 last CTA of each slab, 2 second kernel */
+    size_t  ws_bytes;   /* CUDA workspace bytes this plan needs (0 without dbias) */
+} fl__gelu_plan;
+
+void fl__gelu_make_plan(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
+                        int with_dbias);
+/* Row blocks of the CPU backend's dbias (fixed: thread-count independent) and its bytes. */
+int64_t fl__gelu_cpu_blocks(int64_t N);
+size_t fl__gelu_workspace_bytes(int64_t N, int64_t F, fl_dtype dtype);
+
+/* Validate every argument of a GeLU entry point. Forward: out = y, dy = NULL, dbias = NULL,
+ * ld_dy = ld_x. Backward: out = dx. Checks sizes, dtypes, approx, NULLs, element alignment,
+ * 64-bit overflow, aliasing (only out == x / out == dy with equal strides), workspace size
+ * (backward with dbias) and, when is_cuda, the workspace's 256-byte alignment. */
+fl_status fl__gelu_validate(const char* fn, int backward, int is_cuda, const void* out,
+                            const void* dbias, const void* dy, const void* x, const void* bias,
+                            int64_t N, int64_t F, int64_t ld_out, int64_t ld_dy, int64_t ld_x,
+                            fl_dtype dtype, fl_dtype bias_dtype, fl_gelu_approx approx,
+                            const void* workspace, size_t workspace_bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,6 +3,8 @@
     import fusedloss
     loss = fusedloss.cross_entropy(logits, target)          # like F.cross_entropy
     criterion = fusedloss.nn.CrossEntropyLoss()             # like torch.nn.CrossEntropyLoss
+    h = fusedloss.gelu(x, bias, approximate="tanh")         # like F.gelu(x + bias), dbias fused
+    act = fusedloss.nn.BiasGELU(3072)                       # after nn.Linear(768, 3072, bias=False)
 
 Layers (STYLE.md section 7): _lib (ctypes, no torch) -> ops (torch.library custom ops) ->
 autograd -> functional -> nn. The library libfusedloss.so is found through FUSEDLOSS_LIBRARY,
@@ -14,8 +16,8 @@ from ._lib import FusedLossError, TargetOutOfRangeError, cuda_built  # noqa: E40
 from . import ops  # noqa: E402,F401  (registers torch.ops.fusedloss.*)
 from . import autograd  # noqa: E402,F401
 from .ops import check_errors, set_debug, is_debug  # noqa: E402
-from .functional import cross_entropy  # noqa: E402
+from .functional import cross_entropy, gelu  # noqa: E402
 from . import functional, nn  # noqa: E402,F401
 
-__all__ = ["cross_entropy", "nn", "functional", "check_errors", "set_debug", "is_debug",
+__all__ = ["cross_entropy", "gelu", "nn", "functional", "check_errors", "set_debug", "is_debug",
            "FusedLossError", "TargetOutOfRangeError", "cuda_built", "__version__"]

@@ -20,7 +20,7 @@ import os
 __all__ = [
     "FusedLossError", "TargetOutOfRangeError", "lib", "library_path", "version_number",
     "version_string", "cuda_built", "status_string", "last_error", "CEOptions",
-    "ce_options", "workspace_size",
+    "ce_options", "workspace_size", "gelu_workspace_size", "GELU_APPROX",
 ]
 
 EXPECTED_VERSION_NUMBER = 100  # FL_VERSION_NUMBER of 0.1.0 (MAJOR*10000 + MINOR*100 + PATCH)
@@ -40,6 +40,8 @@ FL_DTYPE_F32, FL_DTYPE_F16, FL_DTYPE_BF16 = 0, 1, 2
 FL_INDEX_I32, FL_INDEX_I64 = 0, 1
 FL_REDUCTION_NONE, FL_REDUCTION_MEAN, FL_REDUCTION_SUM = 0, 1, 2
 REDUCTIONS = {"none": FL_REDUCTION_NONE, "mean": FL_REDUCTION_MEAN, "sum": FL_REDUCTION_SUM}
+FL_GELU_NONE, FL_GELU_TANH = 0, 1
+GELU_APPROX = {"none": FL_GELU_NONE, "tanh": FL_GELU_TANH}  # PyTorch's approximate= strings
 
 
 class FusedLossError(RuntimeError):
@@ -83,6 +85,10 @@ _OPTS = ctypes.c_void_p
 _CE_FWD = [_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT, _OPTS, _P, _SZ]
 _CE_BWD = [_P, _P, _P, _P, _P, _F32, _I64, _I64, _I64, _INT, _INT, _OPTS, _P, _SZ]
 _CE_FUSED = [_P, _P, _P, _P, _P, _P, _F32, _I64, _I64, _I64, _INT, _INT, _OPTS, _P, _SZ]
+# y, x, bias, N, F, ld_y, ld_x, dtype, bias_dtype, approx
+_GELU_FWD = [_P, _P, _P, _I64, _I64, _I64, _I64, _INT, _INT, _INT]
+# dx, dbias, dy, x, bias, N, F, ld_dx, ld_dy, ld_x, dtype, bias_dtype, approx, workspace, bytes
+_GELU_BWD = [_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT, _INT, _INT, _P, _SZ]
 _SIGNATURES = {
     "fl_version_number": (ctypes.c_uint, []),
     "fl_version_string": (ctypes.c_char_p, []),
@@ -98,6 +104,11 @@ _SIGNATURES = {
     "fl_cross_entropy_fused_cuda": (_INT, _CE_FUSED + [_P]),
     "fl_scale_rows_cpu": (_INT, [_P, _I64, _I64, _I64, _INT, _P, _INT]),
     "fl_scale_rows_cuda": (_INT, [_P, _I64, _I64, _I64, _INT, _P, _INT, _P]),
+    "fl_gelu_workspace_size": (_INT, [ctypes.POINTER(_SZ), _I64, _I64, _INT]),
+    "fl_gelu_forward_cpu": (_INT, _GELU_FWD),
+    "fl_gelu_forward_cuda": (_INT, _GELU_FWD + [_P]),
+    "fl_gelu_backward_cpu": (_INT, _GELU_BWD),
+    "fl_gelu_backward_cuda": (_INT, _GELU_BWD + [_P]),
 }
 
 
@@ -189,4 +200,13 @@ def workspace_size(N, V, dtype, opts=None):
     _check(lib.fl_cross_entropy_workspace_size(ctypes.byref(out), int(N), int(V), int(dtype),
                                                ctypes.byref(opts) if opts is not None else None),
            "fl_cross_entropy_workspace_size")
+    return out.value
+
+
+def gelu_workspace_size(N, F, dtype):
+    """fl_gelu_workspace_size(): bytes of workspace a GeLU backward with dbias needs (CUDA: its
+    first 4096 bytes must be zero before first use; the library leaves them zero)."""
+    out = ctypes.c_size_t(0)
+    _check(lib.fl_gelu_workspace_size(ctypes.byref(out), int(N), int(F), int(dtype)),
+           "fl_gelu_workspace_size")
     return out.value

@@ -49,7 +49,7 @@ from . import ops
 from ._lib import FL_REDUCTION_NONE
 
 __all__ = ["CrossEntropyFunction", "EagerInplaceFunction", "CrossEntropyInplaceFunction",
-           "eager_ok"]
+           "GeluFunction", "eager_ok"]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -232,3 +232,65 @@ class CrossEntropyInplaceFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, grad_lse):
         return (_scale_inplace_grad(ctx, grad_loss, ctx.reduction == FL_REDUCTION_NONE),) + (None,) * 8
+
+
+
+# ---- GeLU (+ bias) -------------------------------------------------------------------------------
+# Forward saves x and the bias (never x + b: nothing of (N, F) beyond the input autograd keeps
+# anyway); backward makes ONE C call that writes dx and, when the bias needs a gradient, dbias
+# (the column sums, fused: x and dy are read once). Traceable path: register_autograd on
+# fusedloss::gelu_forward; eager path: GeluFunction, the same C calls without the dispatcher.
+_GELU_DOUBLE_BACKWARD_MSG = (
+    "fusedloss.gelu: double backward (differentiating the gradient) is not supported; use "
+    "torch.nn.functional.gelu for higher-order gradients")
+
+
+def _gelu_setup_context(ctx, inputs, output):
+    x, bias, approximate = inputs
+    ctx.save_for_backward(x, bias)
+    ctx.approximate = approximate
+
+
+def _gelu_backward_formula(ctx, grad):
+    x, bias = ctx.saved_tensors
+    need_x = ctx.needs_input_grad[0]
+    need_b = bias is not None and ctx.needs_input_grad[1]
+    if grad is None or not (need_x or need_b):
+        return None, None, None
+    dx, dbias = torch.ops.fusedloss.gelu_backward(grad.contiguous(), x, bias, ctx.approximate, need_b)
+    return (dx if need_x else None), (dbias if need_b else None), None
+
+
+ops.gelu_forward.register_autograd(_gelu_backward_formula, setup_context=_gelu_setup_context)
+
+
+def _gelu_no_double_backward(ctx, *grads):
+    raise RuntimeError(_GELU_DOUBLE_BACKWARD_MSG)
+
+
+ops.gelu_backward.register_autograd(_gelu_no_double_backward, setup_context=_no_setup)
+
+
+class GeluFunction(torch.autograd.Function):
+    """Eager twin of fusedloss::gelu_forward + its registered autograd:
+    apply(x, bias_or_None, approximate) -> y. Inputs checked by functional.gelu."""
+
+    @staticmethod
+    def forward(ctx, x, bias, approximate):
+        y = ops.run_gelu_forward(x, bias, approximate)
+        ctx.save_for_backward(x, bias)
+        ctx.approximate = approximate
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, bias = ctx.saved_tensors
+        need_x = ctx.needs_input_grad[0]
+        need_b = bias is not None and ctx.needs_input_grad[1]
+        if torch.is_grad_enabled():  # create_graph=True: through the op, which refuses to be differentiated
+            dx, dbias = torch.ops.fusedloss.gelu_backward(grad.contiguous(), x, bias, ctx.approximate, need_b)
+        else:
+            if grad.dtype is not x.dtype:
+                grad = grad.to(x.dtype)
+            dx, dbias = ops.run_gelu_backward(grad, x, bias, ctx.approximate, need_b)
+        return (dx if need_x else None), (dbias if need_b else None), None

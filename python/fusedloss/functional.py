@@ -1,7 +1,8 @@
-"""fusedloss.functional — drop-in for torch.nn.functional.cross_entropy (layer 4, STYLE.md section 7).
+"""fusedloss.functional — drop-ins for torch.nn.functional.cross_entropy and gelu (layer 4, STYLE.md section 7).
 
     import fusedloss
     loss = fusedloss.cross_entropy(logits.view(-1, V), targets.view(-1))
+    h = fusedloss.gelu(x, bias, approximate="tanh")          # F.gelu(x + bias), bias grad fused
 
 Shapes, options and results follow F.cross_entropy; the fast path is 2-D (N, C) logits whose
 rows are contiguous (any row stride >= C). See cross_entropy's docstring for the differences.
@@ -21,7 +22,7 @@ def _finite(v):
     return -math.inf < v < math.inf
 
 
-__all__ = ["cross_entropy"]
+__all__ = ["cross_entropy", "gelu"]
 
 # Tests set this to run the eager calls through the custom ops too (the path torch.compile takes).
 _FORCE_OPS = False
@@ -303,3 +304,55 @@ def _soft_cross_entropy(x, t, weight, red, eps, z_loss, cap, scale):
     elif red == REDUCTIONS["mean"]:
         loss = loss.mean()
     return loss, lse.detach()
+
+
+# ---- GeLU (+ bias) ---------------------------------------------------------------------------
+from ._lib import GELU_APPROX as _GELU_APPROX  # noqa: E402
+
+
+def gelu(input, bias=None, approximate="tanh"):
+    r"""GeLU of ``input + bias``, fused: ``F.gelu(input + bias, approximate=approximate)`` in one
+    pass forward and one pass backward (dinput and, when the bias requires grad, dbias = the
+    column sums, from the same single read of input and the gradient).
+
+    - ``input``: (..., F), float32 / float16 / bfloat16 (float64 raises TypeError); rows must be
+      contiguous (a 2-D tensor with any row stride >= F is used as it is, else a copy is made).
+    - ``bias``: None or (F,), of input's dtype or float32 (e.g. an fp32 parameter under
+      autocast; fp16/bf16 biases of the other 16-bit dtype are upcast to float32 first).
+    - ``approximate``: ``'tanh'`` (the default here, GPT-2's "gelu_new") or ``'none'`` (exact
+      erf, torch's default) -- PyTorch's formulas operation for operation in float32.
+
+    Returns a new contiguous tensor of input's shape and dtype. input + bias is formed in
+    float32 and not rounded before the activation (as torch.compile's fused kernel; eager
+    ``F.gelu(x + b)`` rounds the sum to fp16/bf16 first, so with a bias and 16-bit inputs the
+    result may differ from eager by one ulp on a few elements). Backward saves input and bias
+    only. Double backward raises RuntimeError. Works under torch.compile(fullgraph=True) and in
+    CUDA graphs (custom ops fusedloss::gelu_forward / gelu_backward).
+    """
+    if not isinstance(input, Tensor):
+        raise TypeError(f"gelu: input must be a Tensor, got {type(input).__name__}")
+    code = _GELU_APPROX.get(approximate) if isinstance(approximate, str) else None
+    if code is None:
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    if input.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"gelu: input dtype {input.dtype} is not supported (float32, float16, bfloat16)")
+    if input.dim() == 0:
+        raise ValueError("gelu: input must have at least 1 dimension (..., F), got a 0-d tensor")
+    if bias is not None:
+        if not isinstance(bias, Tensor):
+            raise TypeError(f"gelu: bias must be a Tensor or None, got {type(bias).__name__}")
+        F_ = input.shape[-1]
+        if bias.shape != (F_,):
+            raise ValueError(f"gelu: bias must have shape ({F_},) (the last dimension of input), got "
+                             f"{tuple(bias.shape)}")
+        if bias.device != input.device:
+            raise ValueError(f"gelu: bias is on {bias.device} but input is on {input.device}")
+        if bias.dtype not in (input.dtype, _F32):
+            if bias.dtype not in _FLOAT_DTYPES:
+                raise TypeError(f"gelu: bias dtype {bias.dtype} is not supported (input's dtype or float32)")
+            bias = bias.float()  # exact for fp16/bf16; differentiable, so its grad comes back cast
+    if not _FORCE_OPS and _autograd.eager_ok(input) and (bias is None or _autograd.eager_ok(bias)):
+        if _grad_enabled() and (input.requires_grad or (bias is not None and bias.requires_grad)):
+            return _autograd.GeluFunction.apply(input, bias, code)
+        return ops.run_gelu_forward(input, bias, code)
+    return torch.ops.fusedloss.gelu_forward(input, bias, code)

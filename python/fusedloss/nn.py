@@ -1,7 +1,9 @@
 """fusedloss.nn — torch.nn modules backed by the fused kernels (layer 5, STYLE.md section 7).
 
-Swapping ``torch.nn.CrossEntropyLoss`` for ``fusedloss.nn.CrossEntropyLoss`` is the whole
-migration; ``print(model)`` shows ``CrossEntropyLoss(fused, ...)``.
+Swapping ``torch.nn.CrossEntropyLoss`` for ``fusedloss.nn.CrossEntropyLoss`` (or ``torch.nn.GELU``
+for ``fusedloss.nn.GELU``) is the whole migration; ``print(model)`` shows ``...(fused, ...)``.
+``BiasGELU`` takes over the bias of the Linear before a GeLU: ``Linear(bias=False) -> BiasGELU``
+computes the same as ``Linear -> GELU`` with the bias add and its gradient fused into the GeLU.
 """
 import math
 import numbers
@@ -9,14 +11,14 @@ import numbers
 import torch
 from torch import Tensor
 
-from .functional import cross_entropy
+from .functional import cross_entropy, gelu
 
 def _finite(v):
     # comparisons, not math.isfinite: they also work on the SymFloats of torch.compile(dynamic=True)
     return -math.inf < v < math.inf
 
 
-__all__ = ["CrossEntropyLoss"]
+__all__ = ["CrossEntropyLoss", "GELU", "BiasGELU"]
 
 
 class CrossEntropyLoss(torch.nn.Module):
@@ -96,3 +98,73 @@ class CrossEntropyLoss(torch.nn.Module):
         if self.inplace_backward:
             s += ", inplace_backward=True"
         return s
+
+
+def _check_approximate(cls, approximate):
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"{cls}: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return approximate
+
+
+class GELU(torch.nn.Module):
+    r"""Fused drop-in for :class:`torch.nn.GELU`: same constructor (``approximate='none'``, torch's
+    default, or ``'tanh'``), same results (PyTorch's float32 formulas); see
+    :func:`fusedloss.gelu`."""
+
+    __constants__ = ["approximate"]
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.approximate = _check_approximate("GELU", approximate)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return gelu(input, None, self.approximate)
+
+    def extra_repr(self):
+        return f"fused, approximate={self.approximate!r}"
+
+
+class BiasGELU(torch.nn.Module):
+    r"""``gelu(input + bias)`` with a learnable bias of ``features`` entries, fused (forward one
+    pass; backward one pass that also sums the bias gradient over the rows).
+
+    Replaces the bias of the Linear in front of a GeLU::
+
+        nn.Linear(768, 3072) -> nn.GELU()      ==   nn.Linear(768, 3072, bias=False) -> BiasGELU(3072)
+
+    or, for an existing pair, ``act = BiasGELU.from_linear(linear, approximate=...)``, which moves
+    the linear's bias Parameter into the new module (and sets ``linear.bias = None``).
+    ``approximate``: ``'none'`` (torch.nn.GELU's default) or ``'tanh'``. The bias is initialised
+    to zeros unless given (``from_linear`` keeps the trained/initialised values). ``device`` and
+    ``dtype`` as for torch modules; an fp32 bias with bf16/fp16 activations (autocast) is used as
+    it is, and its gradient is fp32.
+    """
+
+    __constants__ = ["features", "approximate"]
+
+    def __init__(self, features: int, approximate: str = "none", device=None, dtype=None) -> None:
+        super().__init__()
+        if isinstance(features, bool) or not isinstance(features, numbers.Integral) or features < 1:
+            raise ValueError(f"BiasGELU: features must be a positive int, got {features!r}")
+        self.features = int(features)
+        self.approximate = _check_approximate("BiasGELU", approximate)
+        self.bias = torch.nn.Parameter(torch.zeros(self.features, device=device, dtype=dtype))
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, approximate: str = "none") -> "BiasGELU":
+        """A BiasGELU holding ``linear.bias`` (the same Parameter object: optimizer state and
+        sharing are kept); ``linear.bias`` becomes None, so ``linear -> act`` computes what
+        ``linear -> GELU`` computed before."""
+        if not isinstance(linear, torch.nn.Linear) or linear.bias is None:
+            raise ValueError("BiasGELU.from_linear: need a torch.nn.Linear with a bias")
+        m = cls(linear.out_features, approximate, device=linear.bias.device, dtype=linear.bias.dtype)
+        bias = linear.bias
+        linear.register_parameter("bias", None)
+        m.bias = bias
+        return m
+
+    def forward(self, input: Tensor) -> Tensor:
+        return gelu(input, self.bias, self.approximate)
+
+    def extra_repr(self):
+        return f"fused, features={self.features}, approximate={self.approximate!r}"

@@ -9,6 +9,10 @@ fl_*_cuda on torch's current stream, and a fake kernel for torch.compile / meta 
   cross_entropy_fused(logits, target, weight?, ..., grad_loss?, grad_scale) -> (loss, lse, dlogits)
   cross_entropy_fused_inplace(logits!, target, weight?, ..., grad_loss?, grad_scale) -> (loss, lse)
       the same, with dlogits written over the logits (mutates_args=("logits",))
+  gelu_forward(x, bias?, approximate) -> y                      (fl_gelu_forward_*)
+  gelu_backward(grad, x, bias?, approximate, compute_dbias) -> (dx, dbias)   (fl_gelu_backward_*)
+      dbias is a (0,) tensor when not computed; x is any shape (..., F), bias (F,) of x's
+      dtype or float32; approximate is the fl_gelu_approx number (0 none/erf, 1 tanh).
 
 The ops are deliberately raw: logits are 2-D (N, V) with unit column stride and a row stride
 ld = stride(0) >= V (the C API's layout); target is 1-D (N,) int32/int64; weight is fp32 (V,);
@@ -45,7 +49,8 @@ from . import _lib
 from ._lib import TargetOutOfRangeError, _check
 
 __all__ = ["cross_entropy_forward", "cross_entropy_backward", "cross_entropy_fused",
-           "cross_entropy_fused_inplace", "check_errors", "set_debug", "is_debug"]
+           "cross_entropy_fused_inplace", "gelu_forward", "gelu_backward", "check_errors",
+           "set_debug", "is_debug"]
 
 _fl = _lib.lib
 _DTYPES = {torch.float32: _lib.FL_DTYPE_F32, torch.float16: _lib.FL_DTYPE_F16,
@@ -606,3 +611,174 @@ def _(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, 
     N = logits.shape[0]
     return (logits.new_empty(_loss_shape(N, reduction), dtype=torch.float32),
             logits.new_empty((N,), dtype=torch.float32))
+
+
+# ---- GeLU (+ bias, + dbias) ---------------------------------------------------------------------
+# x is seen as [N, F] rows (F = last dimension): a 2-D tensor with a unit column stride keeps its
+# row stride (ld >= F, e.g. a column slice), anything else must be contiguous (else a copy is made).
+# Outputs (y, dx) are fresh contiguous tensors of x's shape; dbias has the bias's dtype.
+# The CUDA workspace (backward with dbias only) is one buffer per (device, stream) whose first
+# 4096 bytes are zeroed once when it is created: the kernels leave their counters zero, so it is
+# reused without clearing (the C API's rule). Under CUDA-graph capture a fresh buffer is taken
+# from the graph's pool and its counter bytes are zeroed inside the graph (a 4 KiB memset node).
+_GELU_COUNTER_BYTES = 4096
+_gelu_ws_sizes = {}
+_gelu_cuda_ws = {}  # (device index, raw stream) -> (uint8 tensor, address, bytes)
+
+
+def _gelu_ws_bytes(N, F, dt):
+    k = (N, F, dt)
+    n = _gelu_ws_sizes.get(k)
+    if n is None:
+        n = _lib.gelu_workspace_size(N, F, dt)
+        if len(_gelu_ws_sizes) >= 4096:
+            _gelu_ws_sizes.clear()
+        _gelu_ws_sizes[k] = n
+    return n
+
+
+def _gelu_cuda_workspace(idx, stream, nbytes):
+    """(tensor, address, bytes) of >= nbytes on cuda:idx whose counter bytes are zero."""
+    if _capturing():
+        buf = torch.empty(max(nbytes, _GELU_COUNTER_BYTES), dtype=_U8, device=_cuda_device(idx))
+        buf[:_GELU_COUNTER_BYTES].zero_()
+        return buf, buf.data_ptr(), buf.numel()
+    key = (idx, stream)
+    ws = _gelu_cuda_ws.get(key)
+    if ws is None or ws[2] < nbytes:
+        if ws is None and len(_gelu_cuda_ws) >= 256:
+            _gelu_cuda_ws.clear()
+        buf = torch.empty(max(nbytes, 1 << 16), dtype=_U8, device=_cuda_device(idx))
+        buf[:_GELU_COUNTER_BYTES].zero_()  # on this stream, before the kernel that uses it
+        ws = _gelu_cuda_ws[key] = (buf, buf.data_ptr(), buf.numel())
+    return ws
+
+
+def _gelu_rows(t):
+    """(t', N, F, ld): t as [N, F] rows with a unit column stride and row stride ld."""
+    F = t.shape[-1]
+    if t.dim() == 2:
+        N = t.shape[0]
+        if (F <= 1 or t.stride(1) == 1) and (N <= 1 or t.stride(0) >= F):
+            return t, N, F, (t.stride(0) if N > 1 else F)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t, (t.numel() // F if F else 0), F, F
+
+
+def gelu_check(op, x, bias, approximate, grad=None):
+    """Python-side checks of the GeLU ops' arguments (the C library checks the rest)."""
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"fusedloss::{op}: x dtype {x.dtype} not supported (float32, float16, bfloat16)")
+    if x.dim() < 1:
+        raise ValueError(f"fusedloss::{op}: x must have at least 1 dimension (..., F)")
+    if approximate not in (_lib.FL_GELU_NONE, _lib.FL_GELU_TANH):
+        raise ValueError(f"fusedloss::{op}: approximate must be 0 (none) or 1 (tanh), got {approximate!r}")
+    if bias is not None:
+        F = x.shape[-1]
+        if bias.dim() != 1 or bias.shape[0] != F:
+            raise ValueError(f"fusedloss::{op}: bias must have shape ({F},), got {tuple(bias.shape)}")
+        if bias.dtype not in (x.dtype, torch.float32):
+            raise TypeError(f"fusedloss::{op}: bias dtype {bias.dtype} must be x's ({x.dtype}) or float32")
+        if bias.device != x.device:
+            raise ValueError(f"fusedloss::{op}: bias is on {bias.device}, x on {x.device}")
+    if grad is not None:
+        if grad.shape != x.shape or grad.dtype != x.dtype or grad.device != x.device:
+            raise ValueError(f"fusedloss::{op}: grad must match x ({x.dtype} {tuple(x.shape)} on {x.device}), "
+                             f"got {grad.dtype} {tuple(grad.shape)} on {grad.device}")
+
+
+def run_gelu_forward(x, bias, approximate):
+    """fl_gelu_forward_{cpu,cuda}: y = gelu(x + bias), a new contiguous tensor of x's shape
+    (inputs already checked)."""
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    x2, N, F, ld = _gelu_rows(x)
+    if N == 0 or F == 0:
+        return y
+    dt = _DTYPES[x.dtype]
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
+    bdt = _DTYPES[bias.dtype] if bias is not None else dt
+    bptr = bias.data_ptr() if bias is not None else None
+    if x.device.type == "cpu":
+        st = _fl.fl_gelu_forward_cpu(y.data_ptr(), x2.data_ptr(), bptr, N, F, F, ld, dt, bdt, approximate)
+        if st:
+            _check(st, "fl_gelu_forward_cpu")
+        return y
+    idx = x.device.index
+    if _current_device() != idx:
+        with torch.cuda.device(idx):
+            return run_gelu_forward(x, bias, approximate)
+    st = _fl.fl_gelu_forward_cuda(y.data_ptr(), x2.data_ptr(), bptr, N, F, F, ld, dt, bdt, approximate,
+                                  _raw_stream(idx))
+    if st:
+        _check(st, "fl_gelu_forward_cuda")
+    return y
+
+
+def run_gelu_backward(grad, x, bias, approximate, compute_dbias):
+    """fl_gelu_backward_{cpu,cuda}: (dx, dbias or None); dx a new contiguous tensor of x's shape,
+    dbias (F,) of the bias's dtype (zeros when there are no rows)."""
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
+    want = compute_dbias and bias is not None
+    dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if want else None
+    x2, N, F, ld_x = _gelu_rows(x)
+    if N == 0 or F == 0:
+        if want:
+            dbias.zero_()
+        return dx, dbias
+    g2, _, _, ld_g = _gelu_rows(grad)
+    dt = _DTYPES[x.dtype]
+    bdt = _DTYPES[bias.dtype] if bias is not None else dt
+    bptr = bias.data_ptr() if bias is not None else None
+    dbptr = dbias.data_ptr() if want else None
+    if x.device.type == "cpu":
+        ws = _cpu_workspace(_gelu_ws_bytes(N, F, dt)) if want else (None, None, 0)
+        st = _fl.fl_gelu_backward_cpu(dx.data_ptr(), dbptr, g2.data_ptr(), x2.data_ptr(), bptr, N, F, F, ld_g,
+                                      ld_x, dt, bdt, approximate, ws[1], ws[2])
+        if st:
+            _check(st, "fl_gelu_backward_cpu")
+        return dx, dbias
+    idx = x.device.index
+    if _current_device() != idx:
+        with torch.cuda.device(idx):
+            return run_gelu_backward(grad, x, bias, approximate, compute_dbias)
+    stream = _raw_stream(idx)
+    ws = _gelu_cuda_workspace(idx, stream, _gelu_ws_bytes(N, F, dt)) if want else (None, None, 0)
+    st = _fl.fl_gelu_backward_cuda(dx.data_ptr(), dbptr, g2.data_ptr(), x2.data_ptr(), bptr, N, F, F, ld_g, ld_x,
+                                   dt, bdt, approximate, ws[1], ws[2], stream)
+    if st:
+        _check(st, "fl_gelu_backward_cuda")
+    return dx, dbias
+
+
+@torch.library.custom_op("fusedloss::gelu_forward", mutates_args=(), device_types=("cpu", "cuda"))
+def gelu_forward(x: Tensor, bias: Optional[Tensor], approximate: int) -> Tensor:
+    """y = gelu(x + bias) (fl_gelu_forward_*); see the GeLU notes above."""
+    gelu_check("gelu_forward", x, bias, approximate)
+    return run_gelu_forward(x, bias, approximate)
+
+
+@gelu_forward.register_fake
+def _(x, bias, approximate):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("fusedloss::gelu_backward", mutates_args=(), device_types=("cpu", "cuda"))
+def gelu_backward(grad: Tensor, x: Tensor, bias: Optional[Tensor], approximate: int,
+                  compute_dbias: bool) -> Tuple[Tensor, Tensor]:
+    """(dx, dbias) = (grad * gelu'(x + bias), its column sums) (fl_gelu_backward_*); dbias is a
+    (0,) tensor of x's dtype when not computed (no bias or compute_dbias False)."""
+    gelu_check("gelu_backward", x, bias, approximate, grad)
+    dx, dbias = run_gelu_backward(grad, x, bias, approximate, compute_dbias)
+    return dx, dbias if dbias is not None else x.new_empty((0,))
+
+
+@gelu_backward.register_fake
+def _(grad, x, bias, approximate, compute_dbias):
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if compute_dbias and bias is not None:
+        return dx, torch.empty_like(bias, memory_format=torch.contiguous_format)
+    return dx, x.new_empty((0,))

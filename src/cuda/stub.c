@@ -41,3 +41,20 @@ fl_status fl_scale_rows_cuda(void* x, int64_t N, int64_t V, int64_t ld, fl_dtype
     (void)x; (void)N; (void)V; (void)ld; (void)dtype; (void)g; (void)per_row; (void)stream;
     return FL_NOT_BUILT("fl_scale_rows_cuda");
 }
+
+fl_status fl_gelu_forward_cuda(void* y, const void* x, const void* bias, int64_t N, int64_t F, int64_t ld_y,
+                               int64_t ld_x, fl_dtype dtype, fl_dtype bias_dtype, fl_gelu_approx approx,
+                               fl_stream stream) {
+    (void)y; (void)x; (void)bias; (void)N; (void)F; (void)ld_y; (void)ld_x; (void)dtype; (void)bias_dtype;
+    (void)approx; (void)stream;
+    return FL_NOT_BUILT("fl_gelu_forward_cuda");
+}
+
+fl_status fl_gelu_backward_cuda(void* dx, void* dbias, const void* dy, const void* x, const void* bias,
+                                int64_t N, int64_t F, int64_t ld_dx, int64_t ld_dy, int64_t ld_x,
+                                fl_dtype dtype, fl_dtype bias_dtype, fl_gelu_approx approx, void* workspace,
+                                size_t workspace_bytes, fl_stream stream) {
+    (void)dx; (void)dbias; (void)dy; (void)x; (void)bias; (void)N; (void)F; (void)ld_dx; (void)ld_dy; (void)ld_x;
+    (void)dtype; (void)bias_dtype; (void)approx; (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_gelu_backward_cuda");
+}

@@ -1,0 +1,219 @@
+/* gelu_validate.c — argument checks shared by the CPU and CUDA GeLU backends, the CUDA work
+ * plan (pure integer arithmetic, so the workspace size query and the launcher agree), and
+ * fl_gelu_workspace_size().
+ *
+ * Every message names the public function and the offending value. Nothing here dereferences
+ * a caller pointer. */
+#include <stdint.h>
+#include <string.h>
+
+#include "../internal.h"
+
+static int64_t cdiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static size_t align256(size_t x) { return (x + 255u) & ~(size_t)255u; }
+
+static int64_t gcd64(int64_t a, int64_t b) {
+    while (b) { int64_t t = a % b; a = b; b = t; }
+    return a;
+}
+
+/* Work decomposition of the CUDA kernels (see src/cuda/gelu.cu for what each field drives).
+ * Only N, F, esize, the path and whether dbias is wanted matter: never the device, so the
+ * dbias summation order (and so its bits) is the same on every GPU. */
+void fl__gelu_make_plan(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
+                        int with_dbias) {
+    memset(p, 0, sizeof(*p));
+    p->path = path;
+    p->vec = path == FL__GELU_SCALAR ? 1 : (int)(16u / esize);
+    /* flat path: a virtual row is the smallest number of real rows whose bytes are a multiple
+     * of 16, so every virtual row starts 16-byte aligned when the base does */
+    p->group = path == FL__GELU_FLAT ? (int)(16 / gcd64(F * (int64_t)esize, 16)) : 1;
+    p->rows = N > 0 ? cdiv64(N, p->group) : 0;
+    p->width = (int64_t)p->group * F;
+    p->last = N > 0 ? (N - (p->rows - 1) * p->group) * F : 0;
+    p->wvec = cdiv64(p->width, p->vec);
+    if (p->vec > 1)  /* 64 x 16 B = 1 KiB of each row per CTA: a DRAM-friendly run */
+        p->tx = p->wvec <= 32 ? 32 : 64;
+    else
+        p->tx = p->wvec <= 32 ? 32 : p->wvec <= 64 ? 64 : p->wvec <= 128 ? 128 : 256;
+    p->ty = 256 / p->tx;
+    p->slabs = cdiv64(p->wvec, p->tx);
+    if (p->rows == 0) return;
+    /* Row blocks. With dbias each row block writes one fp32 partial per position, so their
+     * number is capped (64 blocks x F x 4 B written and read back is ~1% of the N x F traffic
+     * at N = 8192); ~1024 CTAs of 256 threads keep every SM of an H100/H200 busy with
+     * FL__GELU_UNROLL 16-byte loads per array in flight per thread. Without dbias more, smaller
+     * blocks balance the load better. */
+    const int64_t step = (int64_t)p->ty * FL__GELU_UNROLL;
+    const int64_t target = with_dbias ? 1024 : 2048, cap = with_dbias ? 64 : 65535;
+    int64_t nb = cdiv64(target, p->slabs);
+    if (nb > cap) nb = cap;
+    if (nb > cdiv64(p->rows, step)) nb = cdiv64(p->rows, step);
+    if (nb < 1) nb = 1;
+    p->rpb = cdiv64(cdiv64(p->rows, nb), step) * step; /* whole unrolled steps per thread */
+    p->nb = cdiv64(p->rows, p->rpb);
+    if (with_dbias) {
+        /* the last-CTA-per-slab finish needs each slab's positions to be whole columns (not
+         * true of the flat path, where a column's positions are F apart) and a counter each */
+        p->finish = (path == FL__GELU_FLAT || p->slabs > FL__GELU_MAX_COUNTERS) ? 2 : 1;
+        p->ws_bytes = FL__GELU_COUNTER_BYTES + align256((size_t)p->nb * (size_t)p->width * 4u);
+    }
+}
+
+int64_t fl__gelu_cpu_blocks(int64_t N) {
+    /* at most 16 blocks (of >= 16 rows): 16 threads share the dbias work, and the double
+     * partials (16 x F x 8 bytes) stay below the CUDA backend's own workspace need */
+    if (N <= 0) return 0;
+    int64_t b = cdiv64(N, 16);
+    return b > 16 ? 16 : b;
+}
+
+size_t fl__gelu_workspace_bytes(int64_t N, int64_t F, fl_dtype dtype) {
+    const size_t es = fl__dtype_size(dtype) ? fl__dtype_size(dtype) : 4u;
+    size_t need = 256u + align256((size_t)fl__gelu_cpu_blocks(N) * (size_t)F * sizeof(double));
+    for (int path = 0; path < 3; path++) {
+        fl__gelu_plan p;
+        fl__gelu_make_plan(&p, (fl__gelu_path)path, N, F, es, 1);
+        if (p.ws_bytes > need) need = p.ws_bytes;
+    }
+    return need;
+}
+
+fl_status fl_gelu_workspace_size(size_t* bytes, int64_t N, int64_t F, fl_dtype dtype) {
+    static const char* fn = "fl_gelu_workspace_size";
+    fl__clear_error();
+    if (!bytes) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: bytes is NULL", fn);
+    if (N < 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: N (%lld) < 0", fn, (long long)N);
+    if (F < 1) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: F (%lld) < 1", fn, (long long)F);
+    if (fl__dtype_size(dtype) == 0)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown dtype (%d)", fn, (int)dtype);
+    if (F > INT64_MAX / 4096 || (N > 0 && F > INT64_MAX / 16 / N))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: N*F (%lld*%lld) overflows", fn, (long long)N,
+                        (long long)F);
+    *bytes = fl__gelu_workspace_bytes(N, F, dtype);
+    return FL_OK;
+}
+
+/* Byte range [lo, hi) of a buffer; empty when p is NULL or n == 0. */
+typedef struct { uintptr_t lo, hi; } grange;
+
+static grange mkr(const void* p, size_t n) {
+    grange r;
+    r.lo = (uintptr_t)p;
+    r.hi = p ? r.lo + n : r.lo;
+    return r;
+}
+
+static int ovl(grange a, grange b) {
+    if (a.lo == a.hi || b.lo == b.hi) return 0;
+    return a.lo < b.hi && b.lo < a.hi;
+}
+
+static size_t mat_bytes(int64_t N, int64_t F, int64_t ld, size_t es) {
+    return N > 0 ? ((size_t)(N - 1) * (size_t)ld + (size_t)F) * es : 0;
+}
+
+fl_status fl__gelu_validate(const char* fn, int backward, int is_cuda, const void* out,
+                            const void* dbias, const void* dy, const void* x, const void* bias,
+                            int64_t N, int64_t F, int64_t ld_out, int64_t ld_dy, int64_t ld_x,
+                            fl_dtype dtype, fl_dtype bias_dtype, fl_gelu_approx approx,
+                            const void* workspace, size_t workspace_bytes) {
+    const char* on = backward ? "dx" : "y";
+    const char* lon = backward ? "ld_dx" : "ld_y";
+
+    /* sizes, dtypes, mode */
+    if (N < 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: N (%lld) < 0", fn, (long long)N);
+    if (F < 1) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: F (%lld) < 1", fn, (long long)F);
+    const size_t es = fl__dtype_size(dtype);
+    if (es == 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown dtype (%d)", fn, (int)dtype);
+    if (approx != FL_GELU_NONE && approx != FL_GELU_TANH)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT,
+                        "%s: unknown approx (%d); use FL_GELU_NONE (0, erf) or FL_GELU_TANH (1)", fn,
+                        (int)approx);
+    size_t bes = 0;
+    if (bias || dbias) {
+        bes = fl__dtype_size(bias_dtype);
+        if (bes == 0)
+            return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown bias_dtype (%d)", fn, (int)bias_dtype);
+        if (bias_dtype != dtype && bias_dtype != FL_DTYPE_F32)
+            return fl__fail(FL_ERR_INVALID_ARGUMENT,
+                            "%s: bias_dtype (%d) must be dtype (%d) or FL_DTYPE_F32 (0)", fn,
+                            (int)bias_dtype, (int)dtype);
+    }
+    if (ld_out < F)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: %s (%lld) < F (%lld)", fn, lon, (long long)ld_out,
+                        (long long)F);
+    if (ld_x < F)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: ld_x (%lld) < F (%lld)", fn, (long long)ld_x,
+                        (long long)F);
+    if (backward && ld_dy < F)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: ld_dy (%lld) < F (%lld)", fn, (long long)ld_dy,
+                        (long long)F);
+    /* every 64-bit product used below and in the kernels: N*ld*esize, and the workspace's F*8*64*4 */
+    if (F > INT64_MAX / 4096)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: F (%lld) too large", fn, (long long)F);
+    {
+        const int64_t lds[3] = {ld_out, ld_x, backward ? ld_dy : ld_x};
+        const char* names[3] = {lon, "ld_x", "ld_dy"};
+        for (int k = 0; k < 3; k++)
+            if (N > 0 && lds[k] > INT64_MAX / (int64_t)es / N)
+                return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: N*%s (%lld*%lld) overflows", fn, names[k],
+                                (long long)N, (long long)lds[k]);
+    }
+
+    /* pointers */
+    if (N > 0 && !x) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: x is NULL", fn);
+    if (N > 0 && !out) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, on);
+    if (backward && N > 0 && !dy) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: dy is NULL", fn);
+    if (dbias && !bias)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT,
+                        "%s: dbias is given but bias is NULL (dbias is the gradient of the bias)", fn);
+    {
+        const void* ps[5] = {out, x, dy, bias, dbias};
+        const char* names[5] = {on, "x", "dy", "bias", "dbias"};
+        const size_t al[5] = {es, es, es, bes, bes};
+        for (int k = 0; k < 5; k++)
+            if (ps[k] && al[k] && ((uintptr_t)ps[k] % al[k]))
+                return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: %s (%p) is not aligned to its element size (%zu)",
+                                fn, names[k], ps[k], al[k]);
+    }
+
+    /* workspace: only backward with dbias and rows to sum */
+    const int ws_used = backward && dbias && N > 0;
+    size_t need = 0;
+    if (ws_used) {
+        need = fl__gelu_workspace_bytes(N, F, dtype);
+        if (workspace_bytes < need)
+            return fl__fail(FL_ERR_INSUFFICIENT_WORKSPACE,
+                            "%s: workspace_bytes (%zu) < required (%zu); see fl_gelu_workspace_size()", fn,
+                            workspace_bytes, need);
+        if (!workspace)
+            return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace is NULL (need %zu bytes)", fn, need);
+        if (is_cuda && ((uintptr_t)workspace & 255u))
+            return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace (%p) is not 256-byte aligned", fn,
+                            workspace);
+    }
+
+    /* aliasing */
+    const grange r_out = mkr(out, mat_bytes(N, F, ld_out, es));
+    const grange r_x = mkr(x, mat_bytes(N, F, ld_x, es));
+    const grange r_dy = mkr(backward ? dy : NULL, mat_bytes(N, F, ld_dy, es));
+    const grange r_b = mkr(bias, (size_t)F * bes);
+    const grange r_db = mkr(dbias, (size_t)F * bes);
+    const grange r_ws = mkr(ws_used ? workspace : NULL, need);
+    if (ovl(r_out, r_x) && !(out == x && ld_out == ld_x))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT,
+                        "%s: %s (%p) overlaps x (%p); only %s == x with %s == ld_x (in place) is allowed", fn, on,
+                        out, x, on, lon);
+    if (backward && ovl(r_out, r_dy) && !(out == dy && ld_out == ld_dy))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT,
+                        "%s: dx (%p) overlaps dy (%p); only dx == dy with ld_dx == ld_dy (in place) is allowed",
+                        fn, out, dy);
+    if (ovl(r_out, r_b) || ovl(r_out, r_db) || ovl(r_out, r_ws))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: %s (%p) overlaps bias, dbias or the workspace", fn, on, out);
+    if (ovl(r_db, r_x) || ovl(r_db, r_dy) || ovl(r_db, r_b) || ovl(r_db, r_ws))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: dbias (%p) overlaps another argument", fn, dbias);
+    if (ovl(r_ws, r_x) || ovl(r_ws, r_dy) || ovl(r_ws, r_b))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace (%p) overlaps another argument", fn, workspace);
+    return FL_OK;
+}
