@@ -17,6 +17,11 @@
 #   bench      build/bench_cross_entropy --csv bench/results/<date>-h200.csv (copied to $OUT)
 #   bench-ab   the benchmark on the headline shapes once per BENCH_AB variant (knob settings)
 #   peers      python3 bench/bench_peers.py --out $OUT/peers-<date>.json
+#   gelu       GeLU (issue 6): build/test_gelu_cuda (fast and exact 16-bit paths), compute-sanitizer
+#              memcheck on its small grid, build/bench_gelu (defaults, then each GELU_AB variant),
+#              python3 bench/bench_gelu_torch.py (eager, torch.compile, MLP level), the Python
+#              GeLU tests on the GPU; all output in $OUT/gelu.log
+#   pytest     the Python package's CUDA tests (PYTHONPATH=python, build/libfusedloss.so)
 # Every step's output goes to $OUT/<step>.log (OUT defaults to /tmp/out); stdout gets one line
 # per step, the tail of any failing log, the benchmark summaries, and last a summary table.
 # Env: OUT, STEPS, BUDGET (seconds for the whole script, default 530), FL_COMMIT, GPU_ARCH (90),
@@ -93,7 +98,7 @@ run_step() {
 
 # ---- environment -------------------------------------------------------------------------------
 : > "$OUT/build.log"
-for f in test-cpu test-cuda test-knobs sanitize bench bench-ab peers; do want "$f" && : > "$OUT/$f.log"; done
+for f in test-cpu test-cuda test-knobs sanitize bench bench-ab gelu pytest peers; do want "$f" && : > "$OUT/$f.log"; done
 {
     echo "# gpu_check.sh $(date -u +%FT%TZ) commit $FL_COMMIT steps:$STEPS"
     nvidia-smi 2>&1 || echo "nvidia-smi not available"
@@ -253,6 +258,44 @@ if want bench-ab && have build/bench_cross_entropy bench-ab; then
     '
     [ -f "$CSV" ] && cp "$CSV" "$OUT/bench-$DATE-h200.csv"
     KEY[bench-ab]="$(grep -c '^### variant' "$OUT/bench-ab.log") variants"
+fi
+
+# ---- GeLU (issue 6) ------------------------------------------------------------------------------
+if want gelu && have build/test_gelu_cuda gelu; then
+    export GELU_AB="${GELU_AB:-}"
+    run_step gelu 300 '
+        rc=0
+        echo "### test_gelu_cuda"; build/test_gelu_cuda ${GELU_TEST_ARGS:-} | tail -25 || rc=1
+        if build/test_gelu_cuda --help 2>&1 | grep -q -- --exact16; then
+            echo "### test_gelu_cuda --exact16"; build/test_gelu_cuda --exact16 ${GELU_TEST_ARGS:-} | tail -5 || rc=1
+        fi
+        if [ -n "$SANITIZER" ]; then
+            echo "### memcheck test_gelu_cuda --small --stride 3"
+            timeout 90 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 build/test_gelu_cuda --small --stride 3 | tail -4 || rc=1
+        fi
+        if [ -x build/bench_gelu ]; then
+            echo "### bench_gelu (defaults)"; build/bench_gelu --csv "$OUT/gelu-bench.csv" | tail -40
+            IFS=";" read -ra VARS <<< "$GELU_AB"
+            for v in "${VARS[@]}"; do
+                [ -z "$v" ] && continue
+                echo "### bench_gelu variant: $v"; env $v build/bench_gelu | grep -E "SUMMARY|rror"
+            done
+        fi
+        if [ -e build/libfusedloss.so ]; then
+            echo "### bench_gelu_torch.py"
+            PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so timeout 200 python3 bench/bench_gelu_torch.py --out "$OUT/gelu-torch.json" 2>&1 | tail -40
+            echo "### pytest python/tests/test_gelu.py (CUDA)"
+            PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so timeout 120 python3 -m pytest -q -x -k cuda python/tests/test_gelu.py 2>&1 | tail -5
+        fi
+        exit $rc
+    '
+    KEY[gelu]=$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$OUT/gelu.log" | head -1)
+fi
+
+# ---- Python package on the GPU -------------------------------------------------------------------
+if want pytest && have build/libfusedloss.so pytest; then
+    run_step pytest 200 'PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so python3 -m pytest -q -x -k cuda python/tests ${PYTEST_ARGS:-} 2>&1 | tail -15'
+    KEY[pytest]=$(grep -E "passed|failed" "$OUT/pytest.log" | tail -1)
 fi
 
 # ---- PyTorch peers -------------------------------------------------------------------------------

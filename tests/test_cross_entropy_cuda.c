@@ -397,6 +397,12 @@ static int build_cases(ce_case* cs, int cap) {
         c = base_case(N2, V2, dt); c.sigma = (dt == FL_DTYPE_F16) ? 12.0f : 16.0f; c.eps = 0.1f; ADD(c);
         /* legacy default stream */
         c = base_case(N, V, dt); c.null_stream = 1; c.ldpad = 1; ADD(c);
+        /* small reduced problems (N <= 128, short rows): the one-launch cluster kernel, whose
+         * first row per warp is loaded before the denominators */
+        c = base_case(128, 1000, dt); ADD(c);
+        c = base_case(100, 777, dt); c.red = FL_REDUCTION_SUM; c.eps = 0.1f; c.weights = 1;
+        c.ignore_frac = 0.3; c.gl = 1; c.ldpad = 3; ADD(c);
+        c = base_case(5, 2000, dt); c.zloss = 1e-4f; c.softcap = 8.0f; c.ignore_frac = 0.4; ADD(c);
     }
 #undef ADD
     return n;

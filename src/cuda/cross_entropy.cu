@@ -755,6 +755,17 @@ __global__ void __launch_bounds__(STREAM_T, F != 0 ? 2 : PASS == PASS_BACKWARD ?
 #define SMALL_MAX_ROWS 1024
 #define SMALL_KW 8
 
+// Lane `lane`'s vectors (and head/tail element) of row i, for the small kernel's warp-per-row.
+template <typename T>
+__device__ __forceinline__ void small_load_row(const CeArgs& a, int64_t i, int lane, Pack<T> (&x)[SMALL_KW], float& xs) {
+    const T* row = (const T*)a.logits + i * a.ld;
+    const RowGrid<T> g(row, (int)a.V);
+#pragma unroll
+    for (int k = 0; k < SMALL_KW; k++)
+        if (lane + 32 * k < g.nfull) load_vec(x[k], row, g.vec_elem(lane + 32 * k), true);
+    xs = lane < g.nextra ? to_float(row[g.extra_elem(lane)]) : 0.0f;
+}
+
 template <typename T, int PASS, int F>
 __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, int C) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -767,6 +778,18 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
     // why: a CTA may touch another's shared memory only once that CTA has started; arrive now,
     // wait just before the remote store in step 3, so the barrier's latency hides behind the rows
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+
+    // 0. this warp's first row: its target, then (unless ignored) its logits are loaded before
+    //    the denominators, so the row's load latency overlaps step 1's target loads instead of
+    //    following them (one dependent global round trip fewer on the critical path)
+    const int gw = rank * SMALL_WARPS + warp, nw = C * SMALL_WARPS;
+    Pack<T> x[SMALL_KW];
+    float xs = 0.0f;
+    int64_t t_first = a.ignore_index;
+    if (gw < a.N) {
+        t_first = load_target(a, gw);
+        if (t_first != a.ignore_index) small_load_row<T>(a, gw, lane, x, xs);
+    }
 
     // 1. denominators, computed redundantly by every CTA (N <= SMALL_MAX_ROWS targets from L2):
     //    no cluster barrier needed before the rows. Fixed striding + fixed-order sums: every CTA
@@ -797,11 +820,10 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
 
     // 2. rows: warp gw handles rows gw, gw + C*WARPS, ...; its lane 0 sums their losses in row order
     double acc_a = 0.0, acc_b = 0.0;
-    const int gw = rank * SMALL_WARPS + warp, nw = C * SMALL_WARPS;
     for (int64_t i = gw; i < a.N; i += nw) {
         const T* row = (const T*)a.logits + i * a.ld;
         T* drow = (T*)a.dlogits + i * a.ld;
-        const int64_t t64 = load_target(a, i);
+        const int64_t t64 = i == gw ? t_first : load_target(a, i);
         const bool ignored = t64 == a.ignore_index;
         const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
         const int t = bad ? -1 : (int)t64;
@@ -822,11 +844,7 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
             continue;
         }
         if (bad && lane == 0 && a.error_flag) *a.error_flag = 1;
-        Pack<T> x[SMALL_KW];
-#pragma unroll
-        for (int k = 0; k < SMALL_KW; k++)
-            if (lane + 32 * k < g.nfull) load_vec(x[k], row, g.vec_elem(lane + 32 * k), true);
-        const float xs = has_x ? to_float(row[ex]) : 0.0f;
+        if (i != gw) small_load_row<T>(a, i, lane, x, xs);  // the first row was loaded in step 0
         // target logit read before the warp's shuffles below, which order it before any
         // (in-place) gradient store of this warp
         const float zt = (lane == 0 && !bad) ? zval<F>(a, to_float(row[t])) : 0.0f;
