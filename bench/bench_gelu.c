@@ -21,6 +21,9 @@
  *   bf16 and f32, tanh and erf. --csv appends one row per (case, pass):
  *   op,pass,dtype,N,F,approx,ms,ratio_to_floor,gbps,copy_gbps,gpu,commit,date
  *   (commit from $FL_COMMIT, else "unknown"). Run time on an H200: ~15 s (mostly input setup).
+ *   At the end one "SUMMARY <case> fwd R bwd_dbias R bwd R (knobs)" line per case (grep SUMMARY).
+ *   The library's FUSEDLOSS_GELU_* knobs (src/cuda/gelu.cu) are read from the environment once:
+ *   run the binary once per setting, e.g. FUSEDLOSS_GELU_EXACT16=1 build/bench_gelu.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime.h>
@@ -294,14 +297,31 @@ int main(int argc, char** argv) {
         fseek(f, 0, SEEK_END);
         if (ftell(f) == 0) fprintf(f, "op,pass,dtype,N,F,approx,ms,ratio_to_floor,gbps,copy_gbps,gpu,commit,date\n");
     }
+    /* the FUSEDLOSS_GELU_* knobs in effect (read by the library once, at its first call) */
+    static const char* const KN[] = {"FUSEDLOSS_GELU_EXACT16", "FUSEDLOSS_GELU_ROWS", "FUSEDLOSS_GELU_DBIAS_ROWS",
+                                     "FUSEDLOSS_GELU_TX", "FUSEDLOSS_GELU_GRID_WAVES", "FUSEDLOSS_GELU_DBIAS_CTAS"};
+    char knob_str[256] = "";
+    for (size_t k = 0; k < sizeof KN / sizeof KN[0]; k++) {
+        const char* v = getenv(KN[k]);
+        if (v && *v) {
+            const size_t l = strlen(knob_str);
+            snprintf(knob_str + l, sizeof knob_str - l, "%s%s=%s", l ? " " : "", KN[k] + 15, v);
+        }
+    }
+    if (!knob_str[0]) snprintf(knob_str, sizeof knob_str, "defaults");
+    printf("knobs: %s\n", knob_str);
+    static char summary[64][160];
+    int nsum = 0;
     int over = 0;
-    for (int i = 0; i < ncases; i++) {
+    for (int i = 0; i < ncases && nsum < 64; i++) {
         const bcase* b = &cases[i];
         char name[64];
         const char* apn = b->ap == FL_GELU_TANH ? "tanh" : "erf";
         snprintf(name, sizeof name, "%lldx%lld %s %s", (long long)b->N, (long long)b->F, dt_name(b->dt), apn);
         result_t res[NPASS];
         run_case(b, copy_gbps, res);
+        snprintf(summary[nsum++], sizeof summary[0], "SUMMARY %-22s fwd %.3fx  bwd_dbias %.3fx  bwd %.3fx  (%s)", name,
+                 res[P_FWD].ratio, res[P_BWD_DB].ratio, res[P_BWD].ratio, knob_str);
         for (int p = 0; p < NPASS; p++) {
             const result_t* r = &res[p];
             const double target = p == P_FWD ? 1.10 : p == P_BWD_DB ? 1.15 : 0.0;
@@ -317,6 +337,9 @@ int main(int argc, char** argv) {
         fflush(stdout);
     }
     if (f) fclose(f);
+    printf("\n");
+    for (int i = 0; i < nsum; i++) printf("%s\n", summary[i]);
+    printf("SUMMARY copy BW %.0f GB/s on %s\n", copy_gbps, prop.name);
     printf("\n%d of %d targeted passes above target\n", over, 2 * ncases);
     CK(cudaStreamDestroy(g_stream));
     return 0;

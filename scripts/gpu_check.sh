@@ -263,15 +263,16 @@ fi
 # ---- GeLU (issue 6) ------------------------------------------------------------------------------
 if want gelu && have build/test_gelu_cuda gelu; then
     export GELU_AB="${GELU_AB:-}"
-    run_step gelu 300 '
+    run_step gelu 420 '
         rc=0
         echo "### test_gelu_cuda"; build/test_gelu_cuda ${GELU_TEST_ARGS:-} | tail -25 || rc=1
-        if build/test_gelu_cuda --help 2>&1 | grep -q -- --exact16; then
-            echo "### test_gelu_cuda --exact16"; build/test_gelu_cuda --exact16 ${GELU_TEST_ARGS:-} | tail -5 || rc=1
-        fi
+        echo "### test_gelu_cuda --exact16 --small (the exact 16-bit path)"
+        build/test_gelu_cuda --exact16 --small | tail -3 || rc=1
         if [ -n "$SANITIZER" ]; then
-            echo "### memcheck test_gelu_cuda --small --stride 3"
-            timeout 90 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 build/test_gelu_cuda --small --stride 3 | tail -4 || rc=1
+            echo "### memcheck test_gelu_cuda --small --stride 5"
+            timeout 75 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 build/test_gelu_cuda --small --stride 5 | tail -4 || rc=1
+            echo "### racecheck test_gelu_cuda --small --stride 11"
+            timeout 45 "$SANITIZER" --tool racecheck --print-limit 20 --error-exitcode 99 build/test_gelu_cuda --small --stride 11 | tail -3 || rc=1
         fi
         if [ -x build/bench_gelu ]; then
             echo "### bench_gelu (defaults)"; build/bench_gelu --csv "$OUT/gelu-bench.csv" | tail -40
@@ -283,7 +284,7 @@ if want gelu && have build/test_gelu_cuda gelu; then
         fi
         if [ -e build/libfusedloss.so ]; then
             echo "### bench_gelu_torch.py"
-            PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so timeout 200 python3 bench/bench_gelu_torch.py --out "$OUT/gelu-torch.json" 2>&1 | tail -40
+            PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so timeout 170 python3 bench/bench_gelu_torch.py --out "$OUT/gelu-torch.json" ${GELU_TORCH_ARGS:-} 2>&1 | tail -40
             echo "### pytest python/tests/test_gelu.py (CUDA)"
             PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so timeout 120 python3 -m pytest -q -x -k cuda python/tests/test_gelu.py 2>&1 | tail -5
         fi

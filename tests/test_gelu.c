@@ -590,6 +590,131 @@ static void test_errors(tu_rng* rng) {
     free(e_ws);
 }
 
+/* ------------------------------------------------------------------------------------------
+ * The CUDA backend's fast fp16/bf16 formulas (src/cuda/gelu.cu, gelu_f_fast / gelu_df_fast),
+ * emulated here operation for operation in fp32 (fmaf where the kernel has __fmaf_rn), checked
+ * EXHAUSTIVELY over all 65536 bf16 and all 65536 fp16 inputs against the exact GeLU (double:
+ * tanh mode u / (1 + exp(-2v)) with PyTorch's constants kB, kK; erf mode u * erfc(-u/sqrt 2) / 2),
+ * both rounded to the dtype. MUFU.EX2 / MUFU.RCP (ex2.approx.ftz, rcp.approx.ftz) are emulated
+ * by exp2f / 1/x with their documented error bounds applied as a perturbation: every input is
+ * evaluated three times, with the two results scaled by 1, 1 + 2^-21 and 1 - 2^-21 (about 4x
+ * PTX's stated bounds), and the worst is kept; an ex2 result below 2^-126 is flushed to 0 (ftz).
+ * Forward: every result within 1 ulp of the exactly rounded one (asserted), count printed.
+ * Backward (dy = 1; tanh mode u*u = inf excluded: NaN there, as PyTorch): within 1 ulp except near gelu's minimum (u ~ -0.75, where gelu' crosses 0
+ * and any fp32 formula has an absolute error of a few 2^-24): there the absolute error must be
+ * below 2^-21 (asserted), the count is printed.
+ * ---------------------------------------------------------------------------------------- */
+static double g_pert;  /* relative perturbation of the emulated MUFU results */
+static float fx_ex2(float x) {
+    float r = exp2f(x);
+    r = (float)((double)r * (1.0 + g_pert));
+    return r < 0x1p-126f ? 0.0f : r;
+}
+static float fx_rcp(float x) { return (float)((1.0 / (double)x) * (1.0 - g_pert)); }
+static float fx_mills_fwd(float t) {
+    float m = -0x1.561938p-3f;
+    m = fmaf(m, t, 0x1.654a46p-2f); m = fmaf(m, t, 0x1.00d60ep-3f); m = fmaf(m, t, 0x1.3b5214p-2f);
+    m = fmaf(m, t, 0x1.45a830p-2f); m = fmaf(m, t, 0x1.47be4ep-2f);
+    return m * t;
+}
+static float fx_mills_bwd(float t) {
+    float m = 0x1.5ffdc4p-4f;
+    m = fmaf(m, t, -0x1.37ce0cp-2f); m = fmaf(m, t, 0x1.0c591cp-2f); m = fmaf(m, t, 0x1.5bfd5ap-5f);
+    m = fmaf(m, t, 0x1.f07abap-3f); m = fmaf(m, t, 0x1.23a28ep-2f); m = fmaf(m, t, 0x1.47ccf0p-2f);
+    m = fmaf(m, t, 0x1.47ade4p-2f);
+    return m * t;
+}
+static float fx_gelu(float u, int tanh_mode) {
+    if (tanh_mode) {
+        const float u2 = u * u, z2 = fmaf(0x1.a5a7d0p-4f, u2, 0x1.26aec2p+1f) * u;
+        const float e64 = fx_ex2(64.0f - fabsf(z2)), r = fx_rcp(fmaf(e64, 0x1p-64f, 1.0f));
+        return u >= 0.0f ? u * r : ((u * e64) * r) * 0x1p-64f;
+    }
+    const float a = fabsf(u), t = fx_rcp(fmaf(a, 0x1.47ae14p-2f, 1.0f)), R = fx_mills_fwd(t);
+    const float e0 = fx_ex2(fmaf(a * -0x1.715476p-1f, a, 0x1.f564dep+5f)), q64 = e0 * R;
+    return u >= 0.0f ? u * fmaf(q64, -0x1p-64f, 1.0f) : (u * q64) * 0x1p-64f;
+}
+static float fx_dgelu(float u, int tanh_mode) {
+    if (tanh_mode) {
+        const float u2 = u * u, z2 = fmaf(0x1.a5a7d0p-4f, u2, 0x1.26aec2p+1f) * u;
+        const float e64 = fx_ex2(64.0f - fabsf(z2)), r = fx_rcp(fmaf(e64, 0x1p-64f, 1.0f));
+        const float q = fmaf(0x1.b6676cp-3f, u2, 0x1.988454p+0f), er = e64 * r;
+        return u >= 0.0f ? fmaf(u, q * (er * 0x1p-64f), 1.0f) * r : fmaf(er * u, q * r, er) * 0x1p-64f;
+    }
+    const float a = fabsf(u), t = fx_rcp(fmaf(a, 0x1.47ae14p-2f, 1.0f)), R = fx_mills_bwd(t);
+    const float e0 = fx_ex2(fmaf(a * -0x1.715476p-1f, a, 0x1.f564dep+5f)), eD = e0 * (a - R);
+    return u >= 0.0f ? fmaf(eD, 0x1p-64f, 1.0f) : eD * -0x1p-64f;
+}
+static double ex_gelu(double u, int tanh_mode, int deriv) {
+    const double kB = (double)0x1.988454p-1f, kK = (double)0x1.6e4e26p-5f;
+    if (tanh_mode) {
+        const double v2 = 2.0 * kB * (u + kK * u * u * u), s = 1.0 / (1.0 + exp(-v2)), s1 = 1.0 / (1.0 + exp(v2));
+        return deriv ? s + u * s * s1 * 2.0 * kB * (1.0 + 3.0 * kK * u * u) : u * s;
+    }
+    const double P = 0.5 * erfc(-u / sqrt(2.0)), phi = exp(-0.5 * u * u) * 0.39894228040143267794;
+    return deriv ? P + u * phi : u * P;
+}
+/* ordered position of a 16-bit pattern (-0 == +0) and its value */
+static int64_t fx_ord(uint16_t b) { return (b & 0x8000u) ? -(int64_t)(b & 0x7fffu) : (int64_t)b; }
+static double fx_val(uint16_t b, int bf) { return bf ? tu_bf16_to_f32(b) : tu_f16_to_f32(b); }
+static uint16_t fx_round(double v, int bf) {   /* exact round-to-nearest of a double (finite) */
+    uint16_t c = bf ? tu_f32_to_bf16((float)v) : tu_f32_to_f16((float)v);
+    for (int k = 0; k < 2; k++) {   /* the double -> float step may have moved it by one */
+        const uint16_t up = (uint16_t)(c + ((c & 0x8000u) ? -1 : 1)), dn = (uint16_t)(c - ((c & 0x8000u) ? -1 : 1));
+        const double e = fabs(fx_val(c, bf) - v);
+        if ((c & 0x7fffu) != 0 && isfinite(fx_val(up, bf)) && fabs(fx_val(up, bf) - v) < e) c = up;
+        else if ((c & 0x7fffu) != 0 && isfinite(fx_val(dn, bf)) && fabs(fx_val(dn, bf) - v) < e) c = dn;
+    }
+    return c;
+}
+static void test_fast16_exhaustive(void) {
+    for (int bf = 1; bf >= 0; bf--)
+        for (int tm = 1; tm >= 0; tm--)
+            for (int deriv = 0; deriv < 2; deriv++) {
+                long n = 0, d1 = 0, dbig = 0, dbig_bad = 0;
+                double maxrel = 0.0, maxabs_big = 0.0;
+                for (uint32_t b = 0; b < 65536; b++) {
+                    const float u = (float)fx_val((uint16_t)b, bf);
+                    if (!isfinite(u)) continue;
+                    /* tanh backward, |u| > ~1.8e19: u*u overflows and PyTorch's result is NaN; so is ours */
+                    if (deriv && tm && isinf(u * u)) {
+                        g_pert = 0.0;
+                        CHECK(isnan(fx_dgelu(u, tm)), "tanh bwd u = %g: NaN as PyTorch", (double)u);
+                        continue;
+                    }
+                    const double ex = ex_gelu((double)u, tm, deriv);
+                    const uint16_t re = fx_round(ex, bf);
+                    int64_t worst = 0;
+                    double wabs = 0.0;
+                    for (int pk = 0; pk < 3; pk++) {
+                        g_pert = pk == 0 ? 0.0 : pk == 1 ? 0x1p-21 : -0x1p-21;
+                        const float f = deriv ? fx_dgelu(u, tm) : fx_gelu(u, tm);
+                        const uint16_t rf = bf ? tu_f32_to_bf16(f) : tu_f32_to_f16(f);
+                        int64_t dd = fx_ord(rf) - fx_ord(re);
+                        if (dd < 0) dd = -dd;
+                        if (dd > worst) worst = dd;
+                        if (fabs((double)f - ex) > wabs) wabs = fabs((double)f - ex);
+                        if (ex != 0.0 && fabs(((double)f - ex) / ex) > maxrel && fabs(ex) > 1e-30) maxrel = fabs(((double)f - ex) / ex);
+                    }
+                    n++;
+                    if (worst == 1) d1++;
+                    if (worst > 1) {
+                        dbig++;
+                        if (wabs > maxabs_big) maxabs_big = wabs;
+                        if (deriv ? wabs > 0x1p-21 : 1) {
+                            if (dbig_bad < 5) printf("    %s %s %s u = %.9g: %lld ulp, |err| %.3g\n", bf ? "bf16" : "fp16",
+                                                     tm ? "tanh" : "erf", deriv ? "bwd" : "fwd", (double)u, (long long)worst, wabs);
+                            dbig_bad++;
+                        }
+                    }
+                }
+                printf("  fast %s %-4s %s: %ld inputs, %ld at 1 ulp, %ld > 1 ulp (max |err| there %.3g), max rel err (fp32, |ref| > 1e-30) %.3g\n",
+                       bf ? "bf16" : "fp16", tm ? "tanh" : "erf", deriv ? "bwd" : "fwd", n, d1, dbig, maxabs_big, maxrel);
+                CHECK(dbig_bad == 0, "fast %s %s %s: %ld inputs beyond the bound", bf ? "bf16" : "fp16", tm ? "tanh" : "erf",
+                      deriv ? "bwd" : "fwd", dbig_bad);
+            }
+}
+
 int main(int argc, char** argv) {
     uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 20261201ull;
     printf("seed %llu\n", (unsigned long long)seed);
@@ -603,6 +728,12 @@ int main(int argc, char** argv) {
         long f0 = tu_failed, p0 = tu_passed;
         sections[k](&rng);
         printf("== section %-40s %6ld checks, %s\n", names[k], (tu_passed - p0) + (tu_failed - f0),
+               tu_failed == f0 ? "ok" : "FAILED");
+    }
+    {
+        long f0 = tu_failed, p0 = tu_passed;
+        test_fast16_exhaustive();
+        printf("== section %-40s %6ld checks, %s\n", "CUDA fast fp16/bf16 formulas, exhaustive", (tu_passed - p0) + (tu_failed - f0),
                tu_failed == f0 ? "ok" : "FAILED");
     }
     return tu_finish();

@@ -18,10 +18,19 @@ static int64_t gcd64(int64_t a, int64_t b) {
 }
 
 /* Work decomposition of the CUDA kernels (see src/cuda/gelu.cu for what each field drives).
- * Only N, F, esize, the path and whether dbias is wanted matter: never the device, so the
- * dbias summation order (and so its bits) is the same on every GPU. */
-void fl__gelu_make_plan(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
-                        int with_dbias) {
+ * Only N, F, esize, the path, whether dbias is wanted and the launch knobs (unroll = rows in
+ * flight per thread, tx = threads along a row, target_ctas) matter: never the device for dbias
+ * (its target is a fixed number, so the dbias summation order and so its bits are the same on
+ * every GPU; the launcher sizes target_ctas from the device only without dbias). */
+#define GELU_DBIAS_NB_CAP 64                 /* row blocks with dbias */
+#define GELU_PART_BUDGET ((size_t)2 << 20)   /* bytes of fp32 dbias partials (nb * width * 4) */
+#define GELU_DBIAS_CTAS_MAX 2048             /* = FL__GELU_DBIAS_CTAS_MAX in src/cuda/gelu.cu */
+
+void fl__gelu_make_plan_ex(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
+                           int with_dbias, int unroll, int tx, int64_t target_ctas);
+
+void fl__gelu_make_plan_ex(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
+                           int with_dbias, int unroll, int tx, int64_t target_ctas) {
     memset(p, 0, sizeof(*p));
     p->path = path;
     p->vec = path == FL__GELU_SCALAR ? 1 : (int)(16u / esize);
@@ -32,22 +41,35 @@ void fl__gelu_make_plan(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t
     p->width = (int64_t)p->group * F;
     p->last = N > 0 ? (N - (p->rows - 1) * p->group) * F : 0;
     p->wvec = cdiv64(p->width, p->vec);
-    if (p->vec > 1)  /* 64 x 16 B = 1 KiB of each row per CTA: a DRAM-friendly run */
-        p->tx = p->wvec <= 32 ? 32 : 64;
-    else
+    if (p->vec > 1) {
+        /* tx x 16 B of each row per CTA (512 B at tx = 32: four full 128-byte lines per warp
+         * access). With dbias, narrow slabs make the last-CTA finish short (it reads
+         * tx * vec * nb partials) and give more slabs, so fewer row blocks, for the same CTAs. */
+        if (tx != 32 && tx != 64 && tx != 128 && tx != 256) tx = with_dbias ? 32 : 64;
+        while (tx > 32 && p->wvec <= tx / 2) tx /= 2;
+        p->tx = tx;
+    } else {
         p->tx = p->wvec <= 32 ? 32 : p->wvec <= 64 ? 64 : p->wvec <= 128 ? 128 : 256;
+    }
     p->ty = 256 / p->tx;
     p->slabs = cdiv64(p->wvec, p->tx);
     if (p->rows == 0) return;
-    /* Row blocks. With dbias each row block writes one fp32 partial per position, so their
-     * number is capped (64 blocks x F x 4 B written and read back is ~1% of the N x F traffic
-     * at N = 8192); ~1024 CTAs of 256 threads keep every SM of an H100/H200 busy with
-     * FL__GELU_UNROLL 16-byte loads per array in flight per thread. Without dbias more, smaller
-     * blocks balance the load better. */
-    const int64_t step = (int64_t)p->ty * FL__GELU_UNROLL;
-    const int64_t target = with_dbias ? 1024 : 2048, cap = with_dbias ? 64 : 65535;
-    int64_t nb = cdiv64(target, p->slabs);
-    if (nb > cap) nb = cap;
+    if (unroll != 2 && unroll != 4 && unroll != 8) unroll = FL__GELU_UNROLL;
+    if (p->vec == 1) unroll = 4;   /* the scalar path is built with 4 only */
+    const int64_t step = (int64_t)p->ty * unroll;
+    /* Row blocks: about target_ctas CTAs in all, rounded down (the launcher's target is whole
+     * waves). With dbias each row block writes one fp32 partial per position, so their number
+     * is capped (64, and 2 MiB of partials: ~1% of the N x F traffic at N = 8192). */
+    if (target_ctas < 1) target_ctas = 1;
+    if (with_dbias && target_ctas > GELU_DBIAS_CTAS_MAX) target_ctas = GELU_DBIAS_CTAS_MAX;
+    int64_t nb = target_ctas / p->slabs;
+    if (with_dbias) {
+        const int64_t budget = (int64_t)(GELU_PART_BUDGET / ((size_t)p->width * 4u));
+        if (nb > GELU_DBIAS_NB_CAP) nb = GELU_DBIAS_NB_CAP;
+        if (nb > budget) nb = budget;
+    } else if (nb > 65535) {
+        nb = 65535;
+    }
     if (nb > cdiv64(p->rows, step)) nb = cdiv64(p->rows, step);
     if (nb < 1) nb = 1;
     p->rpb = cdiv64(cdiv64(p->rows, nb), step) * step; /* whole unrolled steps per thread */
@@ -58,6 +80,12 @@ void fl__gelu_make_plan(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t
         p->finish = (path == FL__GELU_FLAT || p->slabs > FL__GELU_MAX_COUNTERS) ? 2 : 1;
         p->ws_bytes = FL__GELU_COUNTER_BYTES + align256((size_t)p->nb * (size_t)p->width * 4u);
     }
+}
+
+/* the default launch shape (the workspace query takes the maximum over all shapes, below) */
+void fl__gelu_make_plan(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
+                        int with_dbias) {
+    fl__gelu_make_plan_ex(p, path, N, F, esize, with_dbias, FL__GELU_UNROLL, 0, with_dbias ? 528 : 2048);
 }
 
 int64_t fl__gelu_cpu_blocks(int64_t N) {
@@ -71,11 +99,16 @@ int64_t fl__gelu_cpu_blocks(int64_t N) {
 size_t fl__gelu_workspace_bytes(int64_t N, int64_t F, fl_dtype dtype) {
     const size_t es = fl__dtype_size(dtype) ? fl__dtype_size(dtype) : 4u;
     size_t need = 256u + align256((size_t)fl__gelu_cpu_blocks(N) * (size_t)F * sizeof(double));
-    for (int path = 0; path < 3; path++) {
-        fl__gelu_plan p;
-        fl__gelu_make_plan(&p, (fl__gelu_path)path, N, F, es, 1);
-        if (p.ws_bytes > need) need = p.ws_bytes;
-    }
+    /* every path x every knob setting the CUDA launcher accepts (at the largest CTA target: nb
+     * only grows with it), so a workspace sized once serves any FUSEDLOSS_GELU_* setting */
+    static const int TX[4] = {32, 64, 128, 256};
+    for (int path = 0; path < 3; path++)
+        for (int u = 2; u <= 8; u *= 2)
+            for (int t = 0; t < 4; t++) {
+                fl__gelu_plan p;
+                fl__gelu_make_plan_ex(&p, (fl__gelu_path)path, N, F, es, 1, u, TX[t], GELU_DBIAS_CTAS_MAX);
+                if (p.ws_bytes > need) need = p.ws_bytes;
+            }
     return need;
 }
 

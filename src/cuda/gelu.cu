@@ -42,7 +42,14 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include <stdlib.h>
+
 #include "../internal.h"
+
+// src/common/gelu_validate.c (belongs in src/internal.h, which this change may not edit)
+extern "C" void fl__gelu_make_plan_ex(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
+                                      int with_dbias, int unroll, int tx, int64_t target_ctas);
+#define FL__GELU_DBIAS_CTAS_MAX 2048
 
 #define FL_CUDA_TRY(expr)                                                                   \
     do {                                                                                    \
@@ -81,6 +88,7 @@ struct GeluArgs {
     float* part;           // workspace: [nb][width] fp32 dbias partials
     unsigned* counters;    // workspace: [slabs] arrival counters (zero between calls)
     int finish;            // 0 none, 1 last CTA per slab, 2 separate kernel
+    int hint;              // load cache hint (load_full)
 };
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -99,11 +107,14 @@ struct alignas(sizeof(T) * V) Vec {
     T v[V];
 };
 
+// hint: unused. A runtime choice of ld.global.cs / .nc.L1::no_allocate / plain here (uniform
+// branch per load) raised the bf16 forward from 46 to 90+ registers (ptxas, CUDA 13, sm_90): rejected.
 template <typename T, int V>
-__device__ __forceinline__ Vec<T, V> load_full(const T* p) {
+__device__ __forceinline__ Vec<T, V> load_full(const T* p, int hint) {
     Vec<T, V> r;
     if constexpr (sizeof(T) * V == 16) {
-        uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));  // read once: evict first
+        uint4 u;
+            u = __ldcs(reinterpret_cast<const uint4*>(p));  // read once: evict first
         r = *reinterpret_cast<Vec<T, V>*>(&u);
     } else {
         static_assert(V == 1, "vector width");
@@ -163,6 +174,105 @@ __device__ __forceinline__ float gelu_df(float u, float dy) {
     return __fmul_rn(dy, __fmaf_rn(__fadd_rn(1.0f, erff(__fmul_rn(u, GELU_KA))), 0.5f, __fmul_rn(u, pdf)));
 }
 
+// ---- fast 16-bit path (FAST = true: fp16 / bf16 outputs only; see the file comment) ---------
+// MUFU.EX2 / MUFU.RCP, pinned: ex2.approx.ftz (rel. error ~2^-22) and rcp.approx.ftz (~1 ulp).
+__device__ __forceinline__ float ex2_approx(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ float rcp_approx(float x) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+// The constants of the fast formulas; tests/test_gelu.c repeats them (and the operation order) in
+// its CPU emulation, which checks every fp16 / bf16 input exhaustively.
+#define FG_C1 0x1.26aec2p+1f    // 2 log2(e) kB: z2 = log2(e) * 2v = u (C1 + C1K u^2)
+#define FG_C1K 0x1.a5a7d0p-4f   // C1 * kK
+#define FG_Q1 0x1.988454p+0f    // 2 kB:  q = d(2v)/du = Q1 + Q3 u^2
+#define FG_Q3 0x1.b6676cp-3f    // 2 kB * 3 kK
+#define FG_S64 0x1p-64f         // the tail is computed scaled by 2^64 (no ftz underflow before 2^-190)
+#define FG_ALPHA 0x1.47ae14p-2f // erf mode: t = 1 / (1 + ALPHA |u|)
+#define FG_NH (-0x1.715476p-1f) // -log2(e) / 2
+#define FG_C0 0x1.f564dep+5f    // 64 + log2(1 / sqrt(2 pi))
+// Mills ratio Phi(-a) / phi(a) = t * M(t), M a fitted polynomial (relative error 1.4e-5 with 6
+// terms for the forward, 4.7e-7 with 8 terms for the backward, whose d = phi (a - R) cancels
+// near gelu's minimum u = -0.75)
+__device__ __forceinline__ float mills_fwd(float t) {
+    float m = -0x1.561938p-3f;
+    m = __fmaf_rn(m, t, 0x1.654a46p-2f);
+    m = __fmaf_rn(m, t, 0x1.00d60ep-3f);
+    m = __fmaf_rn(m, t, 0x1.3b5214p-2f);
+    m = __fmaf_rn(m, t, 0x1.45a830p-2f);
+    m = __fmaf_rn(m, t, 0x1.47be4ep-2f);
+    return __fmul_rn(m, t);
+}
+__device__ __forceinline__ float mills_bwd(float t) {
+    float m = 0x1.5ffdc4p-4f;
+    m = __fmaf_rn(m, t, -0x1.37ce0cp-2f);
+    m = __fmaf_rn(m, t, 0x1.0c591cp-2f);
+    m = __fmaf_rn(m, t, 0x1.5bfd5ap-5f);
+    m = __fmaf_rn(m, t, 0x1.f07abap-3f);
+    m = __fmaf_rn(m, t, 0x1.23a28ep-2f);
+    m = __fmaf_rn(m, t, 0x1.47ccf0p-2f);
+    m = __fmaf_rn(m, t, 0x1.47ade4p-2f);
+    return __fmul_rn(m, t);
+}
+
+// tanh mode: 0.5 u (1 + tanh(v)) = u sigmoid(2v) exactly; with e = 2^-|z2| (z2 = 2v log2 e) and
+// r = 1 / (1 + e): sigmoid(2v) = r for u >= 0, e r for u < 0: no cancellation on either side.
+// erf mode: Phi(u) = 1 - Q (u >= 0) or Q (u < 0), Q = Phi(-|u|) = phi(|u|) R(|u|).
+template <int A>
+__device__ __forceinline__ float gelu_f_fast(float u) {
+    if (A == FL_GELU_TANH) {
+        const float u2 = __fmul_rn(u, u);
+        const float z2 = __fmul_rn(__fmaf_rn(FG_C1K, u2, FG_C1), u);
+        const float e64 = ex2_approx(__fadd_rn(64.0f, -fabsf(z2)));   // e * 2^64
+        const float r = rcp_approx(__fmaf_rn(e64, FG_S64, 1.0f));
+        const float yp = __fmul_rn(u, r);
+        const float yn = __fmul_rn(__fmul_rn(__fmul_rn(u, e64), r), FG_S64);
+        return u >= 0.0f ? yp : yn;   // NaN: yn (NaN); -0: yp = -0
+    }
+    const float a = fabsf(u);
+    const float t = rcp_approx(__fmaf_rn(a, FG_ALPHA, 1.0f));
+    const float R = mills_fwd(t);
+    const float e0 = ex2_approx(__fmaf_rn(__fmul_rn(a, FG_NH), a, FG_C0));  // phi(a) * 2^64
+    const float q64 = __fmul_rn(e0, R);                                      // Q * 2^64
+    const float yp = __fmul_rn(u, __fmaf_rn(q64, -FG_S64, 1.0f));
+    const float yn = __fmul_rn(__fmul_rn(u, q64), FG_S64);
+    return u >= 0.0f ? yp : yn;
+}
+
+// d = gelu'(u) (times dy). tanh: d = s + u q s (1 - s), s (1 - s) = e r^2:
+//   u >= 0: d = r (1 + u q e r),  u < 0: d = e r + (e r u) (q r).
+// erf: d = Phi(u) + u phi(u) = 1 + phi (|u| - R) (u >= 0), phi (R - |u|) (u < 0).
+template <int A>
+__device__ __forceinline__ float gelu_df_fast(float u, float dy) {
+    float d;
+    if (A == FL_GELU_TANH) {
+        const float u2 = __fmul_rn(u, u);
+        const float z2 = __fmul_rn(__fmaf_rn(FG_C1K, u2, FG_C1), u);
+        const float e64 = ex2_approx(__fadd_rn(64.0f, -fabsf(z2)));
+        const float r = rcp_approx(__fmaf_rn(e64, FG_S64, 1.0f));
+        // grouped so that a vanishing e r times a finite u q gives 0, never inf * 0 (PyTorch is
+        // finite up to |u| ~ 1.8e19, where its u*u overflows and it, like this, gives NaN)
+        const float q = __fmaf_rn(FG_Q3, u2, FG_Q1);
+        const float er = __fmul_rn(e64, r);
+        const float dp = __fmul_rn(__fmaf_rn(u, __fmul_rn(q, __fmul_rn(er, FG_S64)), 1.0f), r);
+        const float dn = __fmul_rn(__fmaf_rn(__fmul_rn(er, u), __fmul_rn(q, r), er), FG_S64);
+        d = u >= 0.0f ? dp : dn;
+    } else {
+        const float a = fabsf(u);
+        const float t = rcp_approx(__fmaf_rn(a, FG_ALPHA, 1.0f));
+        const float R = mills_bwd(t);
+        const float e0 = ex2_approx(__fmaf_rn(__fmul_rn(a, FG_NH), a, FG_C0));
+        const float eD = __fmul_rn(e0, __fadd_rn(a, -R));
+        d = u >= 0.0f ? __fmaf_rn(eD, FG_S64, 1.0f) : __fmul_rn(eD, -FG_S64);
+    }
+    return __fmul_rn(dy, d);
+}
+
 __device__ __forceinline__ void store_bias_dt(void* dbias, int dt, int64_t j, float s) {
     if (dt == FL_DTYPE_F32) ((float*)dbias)[j] = s;
     else if (dt == FL_DTYPE_F16) ((__half*)dbias)[j] = __float2half_rn(s);
@@ -171,7 +281,8 @@ __device__ __forceinline__ void store_bias_dt(void* dbias, int dt, int64_t j, fl
 
 // One vector of one row: u = x (+ b) in fp32 (not rounded: see the header), the activation or
 // its gradient, rounded once. acc += du over the n valid elements (BWD with bias).
-template <typename T, int V, bool BWD, bool BIAS, bool SUM, int A, bool FULL>
+// FAST: the 16-bit formulas above (never instantiated for fp32).
+template <typename T, int V, bool BWD, bool BIAS, bool SUM, int A, bool FAST, bool FULL>
 __device__ __forceinline__ Vec<T, V> compute_vec(const Vec<T, V>& xv, const Vec<T, V>& gv, const float (&b)[V],
                                                  float (&acc)[V], int n) {
     Vec<T, V> o;
@@ -181,11 +292,11 @@ __device__ __forceinline__ Vec<T, V> compute_vec(const Vec<T, V>& xv, const Vec<
         const float u = BIAS ? __fadd_rn(to_f(xv.v[v]), b[v]) : to_f(xv.v[v]);
         float r;
         if (BWD) {
-            r = gelu_df<A>(u, to_f(gv.v[v]));
+            r = FAST ? gelu_df_fast<A>(u, to_f(gv.v[v])) : gelu_df<A>(u, to_f(gv.v[v]));
             // masked elements (zero-filled) are left out: with an inf/NaN bias 0 * gelu'(b) is NaN
             if (SUM && (FULL || v < n)) acc[v] += r;
         } else {
-            r = gelu_f<A>(u);
+            r = FAST ? gelu_f_fast<A>(u) : gelu_f<A>(u);
         }
         o.v[v] = from_f<T>(r);
     }
@@ -199,11 +310,12 @@ __device__ __forceinline__ Vec<T, V> compute_vec(const Vec<T, V>& xv, const Vec<
 //       4 backward + bias + dbias
 enum { M_FWD = 0, M_FWD_BIAS = 1, M_BWD = 2, M_BWD_BIAS = 3, M_BWD_DBIAS = 4 };
 
-// grid (slabs, nb), block (tx, ty) = 256 threads; see the file comment.
-template <typename T, int V, int MODE, int A>
-__global__ void __launch_bounds__(256) gelu_kernel(const GeluArgs a) {
+// grid (slabs, nb), block (tx, ty) = 256 threads; see the file comment. U: rows in flight per
+// thread. dbias (SUM) with U = 4 is capped at 64 registers: 4 CTAs (32 warps) per SM instead of 3
+// at 80 registers; its plan targets one full wave of 4 CTAs on each of 132 SMs.
+template <typename T, int V, int MODE, int A, bool FAST, int U>
+__device__ __forceinline__ void gelu_body(const GeluArgs& a) {
     constexpr bool BWD = MODE >= M_BWD, BIAS = MODE == M_FWD_BIAS || MODE >= M_BWD_BIAS, SUM = MODE == M_BWD_DBIAS;
-    constexpr int U = FL__GELU_UNROLL;
     const int tx = (int)threadIdx.x, ty = (int)threadIdx.y;
     const int TX = (int)blockDim.x, TY = (int)blockDim.y;
     const int64_t slab = blockIdx.x, rbk = blockIdx.y;
@@ -232,6 +344,7 @@ __global__ void __launch_bounds__(256) gelu_kernel(const GeluArgs a) {
     T* ob = (T*)a.out + p0;
     const int64_t m_begin = rbk * a.rpb;
     const int64_t m_end = m_begin + a.rpb < a.rows ? m_begin + a.rpb : a.rows;
+    const int hint = a.hint;
 
     for (int64_t m0 = m_begin + ty; m0 < m_end; m0 += (int64_t)TY * U) {
         const int64_t m_hi = m0 + (int64_t)(U - 1) * TY;  // last row of this step
@@ -241,14 +354,15 @@ __global__ void __launch_bounds__(256) gelu_kernel(const GeluArgs a) {
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int64_t m = m0 + (int64_t)u * TY;  // 64-bit: m * ld exceeds 2^31 for big N*F
-                xv[u] = load_full<T, V>(xb + m * a.ld_x);
-                if (BWD) gv[u] = load_full<T, V>(gb + m * a.ld_dy);
+                xv[u] = load_full<T, V>(xb + m * a.ld_x, hint);
+                if (BWD) gv[u] = load_full<T, V>(gb + m * a.ld_dy, hint);
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int64_t m = m0 + (int64_t)u * TY;
                 // in place (out == x or dy): this thread read these elements above
-                store_full<T, V>(ob + m * a.ld_out, compute_vec<T, V, BWD, BIAS, SUM, A, true>(xv[u], gv[u], b, acc, V));
+                store_full<T, V>(ob + m * a.ld_out,
+                                 compute_vec<T, V, BWD, BIAS, SUM, A, FAST, true>(xv[u], gv[u], b, acc, V));
             }
         } else if (active) {
             // block tail, masked last vector of a row, or the short last virtual row: one row at a time
@@ -260,14 +374,15 @@ __global__ void __launch_bounds__(256) gelu_kernel(const GeluArgs a) {
                 if (n == 0) continue;
                 Vec<T, V> xv = load_part<T, V>(xb + m * a.ld_x, n), gv;
                 if (BWD) gv = load_part<T, V>(gb + m * a.ld_dy, n);
-                store_part<T, V>(ob + m * a.ld_out, compute_vec<T, V, BWD, BIAS, SUM, A, false>(xv, gv, b, acc, n), n);
+                store_part<T, V>(ob + m * a.ld_out,
+                                 compute_vec<T, V, BWD, BIAS, SUM, A, FAST, false>(xv, gv, b, acc, n), n);
             }
         }
     }
 
     if constexpr (SUM) {
         // CTA partial of each position: the ty rows of threads added in order (deterministic)
-        __shared__ float red[256 * V];
+        __shared__ __align__(16) float red[256 * V > 1024 ? 256 * V : 1024];  // >= 256 float4: the finish
         __shared__ unsigned s_last;
         const int tid = ty * TX + tx, nthr = TX * TY, np = TX * V;
 #pragma unroll
@@ -286,20 +401,87 @@ __global__ void __launch_bounds__(256) gelu_kernel(const GeluArgs a) {
             __syncthreads();  // why: the verdict to every thread
             if (s_last) {
                 __threadfence();  // why: acquire side of the counter; the loads below go to L2 (ldcg)
+                // The slab's np positions x nb row-block partials: every thread of the CTA takes
+                // part (was: one thread per position, nb dependent loads each, on the critical
+                // path at the end of the kernel). W positions per access (16-byte loads when the
+                // partial rows are 16-byte aligned: width % 4 == 0); the nq = np / W column
+                // vectors x G = nthr / nq row groups; group g adds row blocks g, g + G, ... in
+                // order, then the G group sums are added in group order: fixed by the plan.
                 const int nb = (int)gridDim.y;
-                for (int i = tid; i < np; i += nthr) {
-                    const int64_t p = pbase + i;  // ROWS / SCALAR: position == column
-                    if (p >= a.F) break;
-                    const float* q = a.part + p;
-                    float s = 0.0f;
-#pragma unroll 8
-                    for (int r = 0; r < nb; r++) s += __ldcg(q + (int64_t)r * a.width);  // row-block order
-                    store_bias_dt(a.dbias, a.bias_dt, p, s);
+                const float* q0 = a.part + pbase;
+                if ((a.width & 3) == 0) {
+                    const int nq = np / 4, G = nthr / nq > 0 ? nthr / nq : 1;
+                    float4* red4 = reinterpret_cast<float4*>(red);  // G * nq <= nthr float4 <= sizeof red
+                    for (int i = tid; i < G * nq; i += nthr) {
+                        const int col = i % nq, g = i / nq;
+                        float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        if (pbase + 4 * col < a.F) {
+                            const float4* q = reinterpret_cast<const float4*>(q0 + 4 * col);
+#pragma unroll 4
+                            for (int r = g; r < nb; r += G) {
+                                const float4 w = __ldcg(q + (int64_t)r * (a.width / 4));
+                                s.x += w.x; s.y += w.y; s.z += w.z; s.w += w.w;
+                            }
+                        }
+                        red4[g * nq + col] = s;
+                    }
+                    __syncthreads();  // why: the G group sums of every column vector visible
+                    for (int col = tid; col < nq; col += nthr) {
+                        float4 s = red4[col];
+                        for (int g = 1; g < G; g++) {
+                            const float4 w = red4[g * nq + col];
+                            s.x += w.x; s.y += w.y; s.z += w.z; s.w += w.w;
+                        }
+                        const int64_t p = pbase + 4 * col;  // ROWS / SCALAR: position == column
+                        if (p < a.F) store_bias_dt(a.dbias, a.bias_dt, p, s.x);
+                        if (p + 1 < a.F) store_bias_dt(a.dbias, a.bias_dt, p + 1, s.y);
+                        if (p + 2 < a.F) store_bias_dt(a.dbias, a.bias_dt, p + 2, s.z);
+                        if (p + 3 < a.F) store_bias_dt(a.dbias, a.bias_dt, p + 3, s.w);
+                    }
+                } else {
+                    const int G = nthr / np > 0 ? nthr / np : 1;
+                    for (int i = tid; i < G * np; i += nthr) {
+                        const int col = i % np, g = i / np;
+                        float s = 0.0f;
+                        if (pbase + col < a.F) {
+#pragma unroll 4
+                            for (int r = g; r < nb; r += G) s += __ldcg(q0 + col + (int64_t)r * a.width);
+                        }
+                        red[g * np + col] = s;
+                    }
+                    __syncthreads();  // why: the G group sums of every column visible
+                    for (int col = tid; col < np; col += nthr) {
+                        float s = red[col];
+                        for (int g = 1; g < G; g++) s += red[g * np + col];
+                        if (pbase + col < a.F) store_bias_dt(a.dbias, a.bias_dt, pbase + col, s);
+                    }
                 }
                 if (tid == 0) a.counters[slab] = 0u;  // leave the counter as found: zero
             }
         }
     }
+}
+
+// Without dbias: no minimum-blocks bound. Measured from ptxas (CUDA 13, sm_90): with
+// __launch_bounds__(256, 1) ptxas takes 90-160 registers for the same code (it may), with (256, 5)
+// it spills; plain (256) gives 37-64 registers, as the first cut.
+template <typename T, int V, int MODE, int A, bool FAST, int U>
+__global__ void __launch_bounds__(256) gelu_kernel(const GeluArgs a) {
+    gelu_body<T, V, MODE, A, FAST, U>(a);
+}
+// With dbias: 4 CTAs (32 warps) per SM, 64 registers, where ptxas does that without spilling
+// (fast 16-bit math at 2 rows in flight, the default; fp32). Elsewhere (exact 16-bit, or 4 rows)
+// the plain bound (ptxas spilled 4-8 bytes at 64 or even 80 registers there): gelu_kernel.
+template <typename T, int V, int MODE, int A, bool FAST, int U>
+__global__ void __launch_bounds__(256, 4)
+    gelu_dbias_kernel(const GeluArgs a) {
+    gelu_body<T, V, MODE, A, FAST, U>(a);
+}
+// fast tanh dbias: 64 registers spill 4-8 bytes (sm_80, sm_90), and so does the plain bound (ptxas
+// still picks 64): 3 CTAs per SM, no spill
+template <typename T, int V, int MODE, int A, bool FAST, int U>
+__global__ void __launch_bounds__(256, 3) gelu_dbias3_kernel(const GeluArgs a) {
+    gelu_body<T, V, MODE, A, FAST, U>(a);
 }
 
 // FLAT path (or > 1024 slabs): dbias[c] = sum over the nb x G partials of column c, in the fixed
@@ -343,27 +525,113 @@ static fl__gelu_path choose_path(int64_t N, int64_t F, size_t es, const void* co
     return FL__GELU_SCALAR;
 }
 
-template <typename T, int V, int MODE>
-static void launch_a(const GeluArgs& a, int approx, dim3 grid, dim3 block, cudaStream_t s) {
-    if (approx == FL_GELU_TANH) gelu_kernel<T, V, MODE, FL_GELU_TANH><<<grid, block, 0, s>>>(a);
-    else gelu_kernel<T, V, MODE, FL_GELU_NONE><<<grid, block, 0, s>>>(a);
+// Environment knobs, read once (first call; C++ static initialisation is thread-safe). For A/B
+// runs of bench/bench_gelu; the defaults are what ships. Invalid values fall back to the default.
+//   FUSEDLOSS_GELU_EXACT16=1      fp16/bf16 use the exact fp32 PyTorch operations (default: fast)
+//   FUSEDLOSS_GELU_ROWS=4|8       rows in flight per thread, vector paths, no dbias (default 4)
+//   FUSEDLOSS_GELU_DBIAS_ROWS=2|4 the same with dbias (default 2 for fp16/bf16: 64 registers with
+//                                 4 rows spill; 2 rows x 2 inputs x 16 B x 1024 threads = 64 KiB in
+//                                 flight per SM is still ~2x what Little's law asks at 4.8 TB/s; fp32: 4)
+//   FUSEDLOSS_GELU_TX=32|64|128|256  threads along a row in a CTA of 256 (default 32 with dbias, 64 without)
+//   FUSEDLOSS_GELU_GRID_WAVES=W   no dbias: CTAs = W x (resident CTAs per SM x SMs), W in (0, 64] (default 2)
+//   FUSEDLOSS_GELU_DBIAS_CTAS=C   with dbias: target CTAs (device-independent: fixes dbias's summation
+//                                 order), 1..2048 (default 528 = 4 x 132 SMs: one full wave on an H200)
+struct GeluKnobs {
+    int exact16, unroll, dbias_rows, tx_dbias, tx_plain, dbias_ctas, ldhint;
+    double waves;
+};
+static long env_long(const char* name, long dflt, long lo, long hi) {
+    const char* s = getenv(name);
+    if (!s || !*s) return dflt;
+    char* end;
+    const long v = strtol(s, &end, 10);
+    return (*end || v < lo || v > hi) ? dflt : v;
+}
+static GeluKnobs read_knobs() {
+    GeluKnobs k;
+    k.exact16 = (int)env_long("FUSEDLOSS_GELU_EXACT16", 0, 0, 1);
+    k.unroll = (int)env_long("FUSEDLOSS_GELU_ROWS", 4, 4, 8);
+    if (k.unroll != 4 && k.unroll != 8) k.unroll = 4;
+    k.dbias_rows = (int)env_long("FUSEDLOSS_GELU_DBIAS_ROWS", 0, 2, 4);
+    if (k.dbias_rows != 2 && k.dbias_rows != 4) k.dbias_rows = 0;  // 0: per dtype (below)
+    const long tx = env_long("FUSEDLOSS_GELU_TX", 0, 32, 256);
+    const int txok = tx == 32 || tx == 64 || tx == 128 || tx == 256;
+    k.tx_dbias = txok ? (int)tx : 32;
+    k.tx_plain = txok ? (int)tx : 64;
+    k.dbias_ctas = (int)env_long("FUSEDLOSS_GELU_DBIAS_CTAS", 528, 1, FL__GELU_DBIAS_CTAS_MAX);
+    k.ldhint = (int)env_long("FUSEDLOSS_GELU_LDHINT", 0, 0, 2);
+    k.waves = 2.0;
+    const char* w = getenv("FUSEDLOSS_GELU_GRID_WAVES");
+    if (w && *w) {
+        char* end;
+        const double v = strtod(w, &end);
+        if (!*end && v > 0.0 && v <= 64.0) k.waves = v;
+    }
+    return k;
+}
+static const GeluKnobs& knobs() {
+    static const GeluKnobs k = read_knobs();
+    return k;
 }
 
-template <typename T, int V>
-static void launch_v(const GeluArgs& a, int mode, int approx, dim3 grid, dim3 block, cudaStream_t s) {
-    switch (mode) {
-        case M_FWD: launch_a<T, V, M_FWD>(a, approx, grid, block, s); break;
-        case M_FWD_BIAS: launch_a<T, V, M_FWD_BIAS>(a, approx, grid, block, s); break;
-        case M_BWD: launch_a<T, V, M_BWD>(a, approx, grid, block, s); break;
-        case M_BWD_BIAS: launch_a<T, V, M_BWD_BIAS>(a, approx, grid, block, s); break;
-        default: launch_a<T, V, M_BWD_DBIAS>(a, approx, grid, block, s); break;
+// A kernel and its occupancy (resident CTAs of 256 threads per SM), cached per instantiation.
+struct KSel {
+    const void* fn;
+    int* occ;
+};
+template <typename T, int V, int MODE, int A, bool FAST, int U>
+static KSel ksel_u() {
+    static int occ = 0;  // benign race: every writer stores the same value
+    KSel k = {nullptr, &occ};
+    if constexpr (MODE == M_BWD_DBIAS && FAST && U == 2 && A == FL_GELU_NONE)
+        k.fn = (const void*)gelu_dbias_kernel<T, V, MODE, A, FAST, U>;   // fp32: 59 registers unbounded (sm_80 spills at 64)
+    else if constexpr (MODE == M_BWD_DBIAS && FAST && U == 2)
+        k.fn = (const void*)gelu_dbias3_kernel<T, V, MODE, A, FAST, U>;
+    else
+        k.fn = (const void*)gelu_kernel<T, V, MODE, A, FAST, U>;
+    return k;
+}
+// built: U = 4 everywhere; vector paths also U = 8 without dbias, U = 2 with dbias
+template <typename T, int V, int MODE, int A, bool FAST>
+static KSel ksel_f(int unroll) {
+    if constexpr (V > 1 && MODE != M_BWD_DBIAS) {
+        if (unroll == 8) return ksel_u<T, V, MODE, A, FAST, 8>();
+    }
+    if constexpr (V > 1 && MODE == M_BWD_DBIAS && FAST) {
+        return ksel_u<T, V, MODE, A, FAST, 2>();  // 4 rows spill (4-8 bytes) even unbounded: not built
+    } else {
+        if constexpr (V > 1 && MODE == M_BWD_DBIAS) {
+            if (unroll == 2) return ksel_u<T, V, MODE, A, FAST, 2>();
+        }
+        return ksel_u<T, V, MODE, A, FAST, 4>();
     }
 }
-
+template <typename T, int V, int MODE, int A>
+static KSel ksel_a(int fast, int unroll) {
+    if constexpr (sizeof(T) == 2) {
+        if (fast) return ksel_f<T, V, MODE, A, true>(unroll);
+    }
+    return ksel_f<T, V, MODE, A, false>(unroll);
+}
+template <typename T, int V, int MODE>
+static KSel ksel_m(int approx, int fast, int unroll) {
+    return approx == FL_GELU_TANH ? ksel_a<T, V, MODE, FL_GELU_TANH>(fast, unroll)
+                                  : ksel_a<T, V, MODE, FL_GELU_NONE>(fast, unroll);
+}
+template <typename T, int V>
+static KSel ksel_v(int mode, int approx, int fast, int unroll) {
+    switch (mode) {
+        case M_FWD: return ksel_m<T, V, M_FWD>(approx, fast, unroll);
+        case M_FWD_BIAS: return ksel_m<T, V, M_FWD_BIAS>(approx, fast, unroll);
+        case M_BWD: return ksel_m<T, V, M_BWD>(approx, fast, unroll);
+        case M_BWD_BIAS: return ksel_m<T, V, M_BWD_BIAS>(approx, fast, unroll);
+        default: return ksel_m<T, V, M_BWD_DBIAS>(approx, fast, unroll);
+    }
+}
 template <typename T>
-static void launch_t(const GeluArgs& a, int vec, int mode, int approx, dim3 grid, dim3 block, cudaStream_t s) {
-    if (vec == 1) launch_v<T, 1>(a, mode, approx, grid, block, s);
-    else launch_v<T, 16 / sizeof(T)>(a, mode, approx, grid, block, s);
+static KSel ksel_t(int vec, int mode, int approx, int fast, int unroll) {
+    if (vec == 1) return ksel_v<T, 1>(mode, approx, fast, unroll);
+    return ksel_v<T, 16 / sizeof(T)>(mode, approx, fast, unroll);
 }
 
 // Shared by forward (dy = dbias = NULL) and backward.
@@ -379,8 +647,36 @@ static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, cons
     const void* ptrs[3] = {out, x, dy};
     const int64_t lds[3] = {ld_out, ld_x, ld_dy};
     const fl__gelu_path path = choose_path(N, F, es, ptrs, lds, bwd ? 3 : 2);
+    const GeluKnobs& kn = knobs();
+    const int with_dbias = bwd && dbias != NULL;
+    const int mode = !bwd ? (bias ? M_FWD_BIAS : M_FWD) : !bias ? M_BWD : dbias ? M_BWD_DBIAS : M_BWD_BIAS;
+    const int vec = path == FL__GELU_SCALAR ? 1 : (int)(16 / es);
+    const int unroll = vec == 1 ? 4
+                       : !with_dbias ? kn.unroll
+                       : kn.dbias_rows ? kn.dbias_rows : (dt == FL_DTYPE_F32 ? 4 : 2);
+    const int fast = dt != FL_DTYPE_F32 && !kn.exact16;
+    KSel k;
+    switch (dt) {
+        case FL_DTYPE_F32: k = ksel_t<float>(vec, mode, approx, 0, unroll); break;
+        case FL_DTYPE_F16: k = ksel_t<__half>(vec, mode, approx, fast, unroll); break;
+        default: k = ksel_t<__nv_bfloat16>(vec, mode, approx, fast, unroll); break;
+    }
+    int64_t target = kn.dbias_ctas;  // dbias: device-independent (the summation order follows the plan)
+    if (!with_dbias) {
+        // no reduction: size the grid to whole waves of this device
+        int dev = 0, sms = 0;
+        FL_CUDA_TRY(cudaGetDevice(&dev));
+        FL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        if (*k.occ == 0) {
+            int occ = 0;
+            FL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k.fn, 256, 0));
+            *k.occ = occ > 0 ? occ : 1;
+        }
+        target = (int64_t)(kn.waves * (double)sms * (double)*k.occ + 0.5);
+        if (target < 1) target = 1;
+    }
     fl__gelu_plan p;
-    fl__gelu_make_plan(&p, path, N, F, es, bwd && dbias != NULL);
+    fl__gelu_make_plan_ex(&p, path, N, F, es, with_dbias, unroll, with_dbias ? kn.tx_dbias : kn.tx_plain, target);
     if (p.slabs > 0x7fffffff || p.nb > 65535)
         return fl__fail(FL_ERR_UNSUPPORTED, "%s: F (%lld) too large for the CUDA grid", fn, (long long)F);
 
@@ -404,15 +700,12 @@ static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, cons
     a.counters = (unsigned*)workspace;
     a.part = workspace ? (float*)((char*)workspace + FL__GELU_COUNTER_BYTES) : nullptr;
     a.finish = p.finish;
+    // ld.global.nc needs inputs that nothing writes during the kernel: not in place
+    a.hint = (out == x || (bwd && out == dy)) ? 0 : kn.ldhint;
 
     const dim3 grid((unsigned)p.slabs, (unsigned)p.nb), block((unsigned)p.tx, (unsigned)p.ty);
-    const int mode = !bwd ? (bias ? M_FWD_BIAS : M_FWD) : !bias ? M_BWD : dbias ? M_BWD_DBIAS : M_BWD_BIAS;
-    switch (dt) {
-        case FL_DTYPE_F32: launch_t<float>(a, p.vec, mode, approx, grid, block, stream); break;
-        case FL_DTYPE_F16: launch_t<__half>(a, p.vec, mode, approx, grid, block, stream); break;
-        case FL_DTYPE_BF16: launch_t<__nv_bfloat16>(a, p.vec, mode, approx, grid, block, stream); break;
-    }
-    FL_CUDA_TRY(cudaGetLastError());
+    void* args[1] = {(void*)&a};
+    FL_CUDA_TRY(cudaLaunchKernel(k.fn, grid, block, args, 0, stream));
     if (p.finish == 2) {
         gelu_dbias_finish_kernel<<<dim3((unsigned)((F + 31) / 32)), dim3(32, 8), 0, stream>>>(
             a.part, dbias, (int)bdt, F, p.width, p.nb, p.group);
