@@ -241,18 +241,22 @@ def test_cuda_vs_torch_same_dtype(dtype, approximate):
     # F.gelu(x + b) + dy.sum(0), eager, in the same dtype; fp32 without bias: PyTorch's own kernel
     # with the same functions and operation order -> expected bitwise on the same toolkit (not asserted)
     x, b, g = make((1024, 3072), dtype, "cuda", dtype, seed=3)
-    xr, br = x.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    # The documented semantics form u = x + b in fp32 (not rounded to the 16-bit dtype, as
+    # torch.compile's fused kernel does). Eager rounds x + b to fp16/bf16 first, which moves
+    # gelu'(u) by ~|gelu''(u)| ulp(u)/2 |dy|: 4385 of 3.1M fp16 dx elements differed from eager by
+    # up to 3.9e-3 on the H200 (2026-12-01), a property of eager, not an error. So the reference
+    # is PyTorch's own computation on fp32-upcast inputs, rounded once to the dtype.
+    xr, br = x.float().clone().requires_grad_(True), b.float().clone().requires_grad_(True)
     ref = F.gelu(xr + br, approximate=approximate)
-    ref.backward(g)
+    ref.backward(g.float())
     x.requires_grad_(True)
     b.requires_grad_(True)
     y = fusedloss.gelu(x, b, approximate)
     y.backward(g)
-    # eager rounds x + b to the 16-bit dtype first (we do not): a couple of ulps
     tol = {torch.float32: (1e-6, 1e-5), torch.float16: (1e-4, 2e-3), torch.bfloat16: (1e-3, 1.6e-2)}[dtype]
-    assert_close(y, ref, tol, "y vs eager")
-    assert_close(x.grad, xr.grad, tol, "dx vs eager")
-    assert_close(b.grad.float(), br.grad.float(), (tol[0] * 30, tol[1]), "dbias vs eager")
+    assert_close(y, ref.to(dtype), tol, "y vs torch (fp32 upcast)")
+    assert_close(x.grad, xr.grad.to(dtype), tol, "dx vs torch (fp32 upcast)")
+    assert_close(b.grad.float(), br.grad.to(dtype).float(), (tol[0] * 30, tol[1]), "dbias vs torch (fp32 upcast)")
     if dtype == torch.float32:
         y0 = fusedloss.gelu(x.detach(), None, approximate)
         same = (y0 == F.gelu(x.detach(), approximate=approximate)).float().mean().item()

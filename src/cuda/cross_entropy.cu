@@ -779,18 +779,6 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
     // wait just before the remote store in step 3, so the barrier's latency hides behind the rows
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 
-    // 0. this warp's first row: its target, then (unless ignored) its logits are loaded before
-    //    the denominators, so the row's load latency overlaps step 1's target loads instead of
-    //    following them (one dependent global round trip fewer on the critical path)
-    const int gw = rank * SMALL_WARPS + warp, nw = C * SMALL_WARPS;
-    Pack<T> x[SMALL_KW];
-    float xs = 0.0f;
-    int64_t t_first = a.ignore_index;
-    if (gw < a.N) {
-        t_first = load_target(a, gw);
-        if (t_first != a.ignore_index) small_load_row<T>(a, gw, lane, x, xs);
-    }
-
     // 1. denominators, computed redundantly by every CTA (N <= SMALL_MAX_ROWS targets from L2):
     //    no cluster barrier needed before the rows. Fixed striding + fixed-order sums: every CTA
     //    gets the same bits.
@@ -820,10 +808,11 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
 
     // 2. rows: warp gw handles rows gw, gw + C*WARPS, ...; its lane 0 sums their losses in row order
     double acc_a = 0.0, acc_b = 0.0;
+    const int gw = rank * SMALL_WARPS + warp, nw = C * SMALL_WARPS;
     for (int64_t i = gw; i < a.N; i += nw) {
         const T* row = (const T*)a.logits + i * a.ld;
         T* drow = (T*)a.dlogits + i * a.ld;
-        const int64_t t64 = i == gw ? t_first : load_target(a, i);
+        const int64_t t64 = load_target(a, i);
         const bool ignored = t64 == a.ignore_index;
         const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
         const int t = bad ? -1 : (int)t64;
@@ -844,7 +833,12 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
             continue;
         }
         if (bad && lane == 0 && a.error_flag) *a.error_flag = 1;
-        if (i != gw) small_load_row<T>(a, i, lane, x, xs);  // the first row was loaded in step 0
+        // (loading each warp's first row before step 1, to overlap its latency with the target
+        // loads there, measured 6.54 us instead of 6.25 for 128x1000 f32 (H200 2026-12-01 run 4,
+        // a run where unrelated small launches were also slower): not kept)
+        Pack<T> x[SMALL_KW];
+        float xs;
+        small_load_row<T>(a, i, lane, x, xs);
         // target logit read before the warp's shuffles below, which order it before any
         // (in-place) gradient store of this warp
         const float zt = (lane == 0 && !bad) ? zval<F>(a, to_float(row[t])) : 0.0f;
@@ -1747,12 +1741,21 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
     }
     if (N > 0) {
         Config c = choose_config(V, (int)fl__dtype_size(dt), pass);
+        const int64_t nvr = V / vec + 1;
+        // Fused, rows that fit one 512-thread CTA's registers (<= 4096 vectors: V <= 32K at 16
+        // bits) and too few rows to give each staged cluster many: one pass of the row kernel,
+        // a CTA per row (H200 2026-12-01 run 4: 2048x32000 f16 1.36x vs 1.56x staged, whose
+        // one-CTA clusters get 5.2 rows of work in 6 rounds). The bound N < 32 per SM is between
+        // that point and 16384x32000 bf16 (staged 1.28x), not measured in between.
+        const int one_cta = pass == PASS_FUSED && nvr > 512 && nvr <= 8 * 512 && N < 32 * (int64_t)d.sms &&
+                            !knobs()->chunk_threads;
         TmaPlan tp;
-        if (tma_plan(pass, d.cc_major, N, V, (int)fl__dtype_size(dt), d.sms, &tp)) {
+        if (one_cta) {
+            c.T = 512; c.K = 8; c.C = 1;
+        } else if (tma_plan(pass, d.cc_major, N, V, (int)fl__dtype_size(dt), d.sms, &tp)) {
             c.tma = 1; c.sms = d.sms; c.tcs = tp.cs; c.tper = tp.per; c.tns = tp.ns; c.tT = tp.T; c.tsmem = tp.smem;
         }
         c.sms = d.sms;
-        const int64_t nvr = V / vec + 1;
         // the streaming kernel for the forward; the backward stays on the chunk kernels (64-thread
         // CTAs, 8 vectors each), which measured faster for a read+write stream (H200, 2026-12-01:
         // 8192x128256 bf16 backward 1.04x vs 1.30x; FUSEDLOSS_CE_STREAM=2 takes it for both)
