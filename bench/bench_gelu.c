@@ -36,25 +36,9 @@
 #include <time.h>
 
 #include "fusedloss.h"
+#include "bench_util.h"
 
-#define CK(x)                                                                                        \
-    do {                                                                                             \
-        cudaError_t e_ = (x);                                                                        \
-        if (e_ != cudaSuccess) {                                                                     \
-            fprintf(stderr, "CUDA error: %s: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__, __LINE__); \
-            exit(1);                                                                                 \
-        }                                                                                            \
-    } while (0)
 
-#define FLK(x)                                                                                       \
-    do {                                                                                             \
-        fl_status s_ = (x);                                                                          \
-        if (s_ != FL_OK) {                                                                           \
-            fprintf(stderr, "fusedloss error: %s: %s: %s (%s:%d)\n", #x, fl_status_string(s_),       \
-                    fl_last_error(), __FILE__, __LINE__);                                            \
-            exit(1);                                                                                 \
-        }                                                                                            \
-    } while (0)
 
 #define ROTATE_BYTES ((size_t)512 << 20)
 #define MAX_SETS 8
@@ -66,36 +50,8 @@ static const char* pass_name[NPASS] = {"forward", "bwd_dbias", "bwd"};
 static int g_reps = 50, g_warmup = 10;
 static cudaStream_t g_stream;
 
-static size_t dt_size(fl_dtype d) { return d == FL_DTYPE_F32 ? 4 : 2; }
-static const char* dt_name(fl_dtype d) { return d == FL_DTYPE_F32 ? "f32" : d == FL_DTYPE_F16 ? "f16" : "bf16"; }
-static int parse_dt(const char* s, fl_dtype* d) {
-    if (!strcmp(s, "f32") || !strcmp(s, "fp32") || !strcmp(s, "float32")) { *d = FL_DTYPE_F32; return 1; }
-    if (!strcmp(s, "f16") || !strcmp(s, "fp16") || !strcmp(s, "float16")) { *d = FL_DTYPE_F16; return 1; }
-    if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) { *d = FL_DTYPE_BF16; return 1; }
-    return 0;
-}
 
-static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static uint16_t f32_to_bf16(float f) {
-    uint32_t u = f32_bits(f);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static uint16_t f32_to_f16(float f) { /* |f| < 65504; values here are >= 2^-5 in magnitude: normal */
-    uint32_t a = f32_bits(f) & 0x7fffffffu;
-    uint16_t sign = (uint16_t)((f32_bits(f) >> 16) & 0x8000u);
-    uint32_t h = (((a >> 23) - 112u) << 10) | ((a & 0x7fffffu) >> 13);
-    uint32_t r = a & 0x1fffu;
-    if (r > 0x1000u || (r == 0x1000u && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-}
 
-static uint64_t mix64(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
 /* ~scale * N(0, 1) (Irwin-Hall of four 16-bit uniforms), |x| >= 2^-5 * scale: never zero */
 static float rnd(uint64_t i, float scale) {
     uint64_t h = mix64(i * 0x2545f4914f6cdd1dULL + 777);
@@ -118,42 +74,7 @@ static void fill(void* h, int64_t n, fl_dtype dt, uint64_t salt, float scale) {
     }
 }
 
-static int cmp_float(const void* a, const void* b) {
-    float x = *(const float*)a, y = *(const float*)b;
-    return x < y ? -1 : x > y;
-}
-static float median(float* v, int n) {
-    qsort(v, (size_t)n, sizeof(float), cmp_float);
-    return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
-}
 
-static double copy_bandwidth_gbps(void) {
-    const size_t bytes = (size_t)2 << 30;
-    void *a = NULL, *b = NULL;
-    CK(cudaMalloc(&a, bytes));
-    CK(cudaMalloc(&b, bytes));
-    CK(cudaMemsetAsync(a, 0x3c, bytes, g_stream));
-    enum { REPS = 30 };
-    cudaEvent_t e0[REPS], e1[REPS];
-    for (int k = 0; k < REPS; k++) { CK(cudaEventCreate(&e0[k])); CK(cudaEventCreate(&e1[k])); }
-    for (int k = 0; k < 3; k++) CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_stream));
-    for (int k = 0; k < REPS; k++) {
-        CK(cudaEventRecord(e0[k], g_stream));
-        CK(cudaMemcpyAsync(k & 1 ? a : b, k & 1 ? b : a, bytes, cudaMemcpyDeviceToDevice, g_stream));
-        CK(cudaEventRecord(e1[k], g_stream));
-    }
-    CK(cudaStreamSynchronize(g_stream));
-    float ms[REPS];
-    for (int k = 0; k < REPS; k++) {
-        CK(cudaEventElapsedTime(&ms[k], e0[k], e1[k]));
-        CK(cudaEventDestroy(e0[k]));
-        CK(cudaEventDestroy(e1[k]));
-    }
-    float med = median(ms, REPS);
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-    return 2.0 * (double)bytes / ((double)med * 1e6);
-}
 
 typedef struct { float ms, mn; double floor_ms, ratio, gbps; } result_t;
 
@@ -283,7 +204,7 @@ int main(int argc, char** argv) {
     char date[32];
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    const double copy_gbps = copy_bandwidth_gbps();
+    const double copy_gbps = copy_bandwidth_gbps(g_stream);
     printf("fusedloss %s | %s (%d SMs, L2 %d MB) | commit %s | %s\n", fl_version_string(), prop.name,
            prop.multiProcessorCount, prop.l2CacheSize >> 20, commit, date);
     printf("copy BW (D2D cudaMemcpyAsync 2 GiB, read+write, median of 30): %.0f GB/s\n", copy_gbps);

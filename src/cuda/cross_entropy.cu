@@ -42,6 +42,7 @@
 #include <stdlib.h>
 
 #include "../internal.h"
+#include "dtype.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -83,15 +84,6 @@ struct CeArgs {
     int C;                // chunks per row (fl__ce_chunks)
 };
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x);
-}
 
 // A 16-byte vector of logits; VEC = 4 (fp32) or 8 (fp16/bf16) elements.
 template <typename T>
@@ -539,16 +531,17 @@ __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a) {
     if (ignored) {  // not read; dlogits zero-filled; loss/lse 0
         if (PASS == PASS_STATS) return;
         if (PASS != PASS_BACKWARD && rank == 0 && tid == 0) ignored_row_outputs(a, i, PASS);
-        if (PASS == PASS_FORWARD) return;
-        Pack<T> zero;
+        if (PASS == PASS_BACKWARD || PASS == PASS_FUSED) {  // their gradient rows are zero
+            Pack<T> zero;
 #pragma unroll
-        for (int v = 0; v < Pack<T>::VEC; v++) zero.v[v] = from_float<T>(0.0f);
+            for (int v = 0; v < Pack<T>::VEC; v++) zero.v[v] = from_float<T>(0.0f);
 #pragma unroll
-        for (int k = 0; k < K; k++) {
-            int q = q0 + k * T_;
-            if (q < g.nfull) store_vec(zero, drow, g.vec_elem(q));
+            for (int k = 0; k < K; k++) {
+                int q = q0 + k * T_;
+                if (q < g.nfull) store_vec(zero, drow, g.vec_elem(q));
+            }
+            if (has_x) drow[ex] = from_float<T>(0.0f);
         }
-        if (has_x) drow[ex] = from_float<T>(0.0f);
         return;
     }
     if (PASS != PASS_STATS && bad && rank == 0 && tid == 0 && a.error_flag) *a.error_flag = 1;

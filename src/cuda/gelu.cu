@@ -45,6 +45,7 @@
 #include <stdlib.h>
 
 #include "../internal.h"
+#include "dtype.cuh"
 
 // src/common/gelu_validate.c (belongs in src/internal.h, which this change may not edit)
 extern "C" void fl__gelu_make_plan_ex(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
@@ -91,15 +92,6 @@ struct GeluArgs {
     int hint;              // load cache hint (load_full)
 };
 
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x);
-}
 
 // V elements of T: one 16-byte access when sizeof(T) * V == 16, else V == 1 (scalar path)
 template <typename T, int V>
@@ -137,7 +129,7 @@ template <typename T, int V>
 __device__ __forceinline__ Vec<T, V> load_part(const T* p, int n) {
     Vec<T, V> r;
 #pragma unroll
-    for (int v = 0; v < V; v++) r.v[v] = v < n ? p[v] : from_f<T>(0.0f);
+    for (int v = 0; v < V; v++) r.v[v] = v < n ? p[v] : from_float<T>(0.0f);
     return r;
 }
 
@@ -289,16 +281,16 @@ __device__ __forceinline__ Vec<T, V> compute_vec(const Vec<T, V>& xv, const Vec<
 #pragma unroll
     for (int v = 0; v < V; v++) {
         // no "+ 0" without a bias: it would turn gelu(-0) = -0 into +0
-        const float u = BIAS ? __fadd_rn(to_f(xv.v[v]), b[v]) : to_f(xv.v[v]);
+        const float u = BIAS ? __fadd_rn(to_float(xv.v[v]), b[v]) : to_float(xv.v[v]);
         float r;
         if (BWD) {
-            r = FAST ? gelu_df_fast<A>(u, to_f(gv.v[v])) : gelu_df<A>(u, to_f(gv.v[v]));
+            r = FAST ? gelu_df_fast<A>(u, to_float(gv.v[v])) : gelu_df<A>(u, to_float(gv.v[v]));
             // masked elements (zero-filled) are left out: with an inf/NaN bias 0 * gelu'(b) is NaN
             if (SUM && (FULL || v < n)) acc[v] += r;
         } else {
             r = FAST ? gelu_f_fast<A>(u) : gelu_f<A>(u);
         }
-        o.v[v] = from_f<T>(r);
+        o.v[v] = from_float<T>(r);
     }
     return o;
 }
@@ -334,7 +326,7 @@ __device__ __forceinline__ void gelu_body(const GeluArgs& a) {
 #pragma unroll
         for (int v = 0; v < V; v++) {
             if (p0 + v < a.width)
-                b[v] = a.bias_f32 ? __ldg((const float*)a.bias + c) : to_f(((const T*)a.bias)[c]);
+                b[v] = a.bias_f32 ? __ldg((const float*)a.bias + c) : to_float(((const T*)a.bias)[c]);
             if (++c == a.F) c = 0;
         }
     }

@@ -1,0 +1,118 @@
+/* bench_util.h — helpers shared by the C benchmarks (bench_cross_entropy.c, bench_gelu.c):
+ * error-checking macros, dtype names and host conversions, a counter-based hash for random
+ * inputs, the median, and the device-to-device copy bandwidth that every floor is measured
+ * against. Header-only (static functions): each benchmark is one translation unit.
+ * SPDX-License-Identifier: MIT
+ */
+#ifndef FL_BENCH_UTIL_H
+#define FL_BENCH_UTIL_H
+
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fusedloss.h"
+
+#define CK(x)                                                                                        \
+    do {                                                                                             \
+        cudaError_t e_ = (x);                                                                        \
+        if (e_ != cudaSuccess) {                                                                     \
+            fprintf(stderr, "CUDA error: %s: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__, __LINE__); \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+
+#define FLK(x)                                                                                       \
+    do {                                                                                             \
+        fl_status s_ = (x);                                                                          \
+        if (s_ != FL_OK) {                                                                           \
+            fprintf(stderr, "fusedloss error: %s: %s: %s (%s:%d)\n", #x, fl_status_string(s_),       \
+                    fl_last_error(), __FILE__, __LINE__);                                            \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+
+static size_t dt_size(fl_dtype d) { return d == FL_DTYPE_F32 ? 4 : 2; }
+static const char* dt_name(fl_dtype d) { return d == FL_DTYPE_F32 ? "f32" : d == FL_DTYPE_F16 ? "f16" : "bf16"; }
+static int parse_dt(const char* s, fl_dtype* d) {
+    if (!strcmp(s, "f32") || !strcmp(s, "fp32") || !strcmp(s, "float32")) { *d = FL_DTYPE_F32; return 1; }
+    if (!strcmp(s, "f16") || !strcmp(s, "fp16") || !strcmp(s, "float16")) { *d = FL_DTYPE_F16; return 1; }
+    if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) { *d = FL_DTYPE_BF16; return 1; }
+    return 0;
+}
+
+/* host conversions, round to nearest even */
+static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static uint16_t f32_to_bf16(float f) {
+    uint32_t u = f32_bits(f);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static uint16_t f32_to_f16(float f) { /* |f| < 65504, normal or subnormal range */
+    uint32_t u = f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a < 0x38800000u) {
+        float v;
+        memcpy(&v, &a, 4);
+        return (uint16_t)(sign | (uint16_t)nearbyintf(v * 16777216.0f));
+    }
+    uint32_t h = (((a >> 23) - 112u) << 10) | ((a & 0x7fffffu) >> 13);
+    uint32_t r = a & 0x1fffu;
+    if (r > 0x1000u || (r == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static uint64_t mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static int cmp_float(const void* a, const void* b) {
+    float x = *(const float*)a, y = *(const float*)b;
+    return x < y ? -1 : x > y;
+}
+static float median(float* v, int n) {
+    qsort(v, (size_t)n, sizeof(float), cmp_float);
+    return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* device-to-device copy bandwidth (bytes read + written), median of 30 copies of 2 GiB */
+static double copy_bandwidth_gbps(cudaStream_t stream) {
+    const size_t bytes = (size_t)2 << 30;
+    void *a = NULL, *b = NULL;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        fprintf(stderr, "copy bandwidth: cannot allocate 2 x 2 GiB\n");
+        exit(1);
+    }
+    CK(cudaMemsetAsync(a, 0x3c, bytes, stream)); /* non-zero content */
+    enum { REPS = 30 };
+    cudaEvent_t e0[REPS], e1[REPS];
+    for (int k = 0; k < REPS; k++) { CK(cudaEventCreate(&e0[k])); CK(cudaEventCreate(&e1[k])); }
+    for (int k = 0; k < 3; k++) CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
+    for (int k = 0; k < REPS; k++) {
+        CK(cudaEventRecord(e0[k], stream));
+        CK(cudaMemcpyAsync(k & 1 ? a : b, k & 1 ? b : a, bytes, cudaMemcpyDeviceToDevice, stream));
+        CK(cudaEventRecord(e1[k], stream));
+    }
+    CK(cudaStreamSynchronize(stream));
+    float ms[REPS];
+    for (int k = 0; k < REPS; k++) {
+        CK(cudaEventElapsedTime(&ms[k], e0[k], e1[k]));
+        CK(cudaEventDestroy(e0[k]));
+        CK(cudaEventDestroy(e1[k]));
+    }
+    float med = median(ms, REPS);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    return 2.0 * (double)bytes / ((double)med * 1e6);
+}
+
+#endif /* FL_BENCH_UTIL_H */
