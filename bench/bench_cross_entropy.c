@@ -315,28 +315,11 @@ int main(int argc, char** argv) {
         for (int i = 0; i < ncases; i++) { cases[i].ignore = ignore; cases[i].eps = eps; }
     }
 
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        printf("SKIP: no CUDA device\n");
-        return 0;
-    }
-    if (!fl_cuda_built()) {
-        printf("this libfusedloss has no CUDA backend (fl_cuda_built() == 0)\n");
-        return 1;
-    }
     struct cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
-    const char* commit = getenv("FL_COMMIT");
-    if (!commit || !commit[0]) commit = "unknown";
-    char date[32];
-    time_t now = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-
-    const double copy_gbps = copy_bandwidth_gbps(g_stream);
-    printf("fusedloss %s | %s (%d SMs, L2 %d MB) | commit %s | %s\n", fl_version_string(), prop.name,
-           prop.multiProcessorCount, prop.l2CacheSize >> 20, commit, date);
-    printf("copy BW (D2D cudaMemcpyAsync 2 GiB, read+write, median of 30): %.0f GB/s\n", copy_gbps);
+    char commit[64], date[32];
+    double copy_gbps = 0.0;
+    const int rc = bench_begin(&g_stream, &prop, &copy_gbps, commit, sizeof commit, date, sizeof date);
+    if (rc >= 0) return rc;
     printf("reps %d (median), warm-up %d; floor = bytes / copy BW; graph = GPU time of one call in a graph of %d\n\n",
            g_reps, g_warmup, GRAPH_CALLS);
     printf("%-34s %-9s %9s %9s %9s %7s %8s %9s %10s\n", "case", "pass", "ms(med)", "ms(min)", "floor ms", "ratio",

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fusedloss.h"
 
@@ -113,6 +114,33 @@ static double copy_bandwidth_gbps(cudaStream_t stream) {
     CK(cudaFree(a));
     CK(cudaFree(b));
     return 2.0 * (double)bytes / ((double)med * 1e6);
+}
+
+/* The start every benchmark makes: a CUDA device and backend (else "SKIP" and return 0, or
+ * return 1 without a CUDA backend), a non-blocking stream, the commit (FL_COMMIT) and UTC date,
+ * the device's properties, the copy bandwidth, and the header lines with them. Returns -1 when the benchmark should run. */
+static int bench_begin(cudaStream_t* stream, struct cudaDeviceProp* prop, double* copy_gbps, char* commit,
+                       size_t ncommit, char* date, size_t ndate) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("SKIP: no CUDA device\n");
+        return 0;
+    }
+    if (!fl_cuda_built()) {
+        printf("this libfusedloss has no CUDA backend (fl_cuda_built() == 0)\n");
+        return 1;
+    }
+    CK(cudaGetDeviceProperties(prop, 0));
+    CK(cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking));
+    const char* c = getenv("FL_COMMIT");
+    snprintf(commit, ncommit, "%s", (c && c[0]) ? c : "unknown");
+    time_t now = time(NULL);
+    strftime(date, ndate, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    *copy_gbps = copy_bandwidth_gbps(*stream);
+    printf("fusedloss %s | %s (%d SMs, L2 %d MB) | commit %s | %s\n", fl_version_string(), prop->name,
+           prop->multiProcessorCount, prop->l2CacheSize >> 20, commit, date);
+    printf("copy BW (D2D cudaMemcpyAsync 2 GiB, read+write, median of 30): %.0f GB/s\n", *copy_gbps);
+    return -1;
 }
 
 #endif /* FL_BENCH_UTIL_H */

@@ -107,6 +107,11 @@ typedef struct {
 
 void fl__gelu_make_plan(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
                         int with_dbias);
+/* The same with the launch knobs of src/cuda/gelu.cu (unroll = rows in flight per thread, tx =
+ * threads along a row, target_ctas; with dbias target_ctas <= FL__GELU_DBIAS_CTAS_MAX). */
+#define FL__GELU_DBIAS_CTAS_MAX 2048
+void fl__gelu_make_plan_ex(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
+                           int with_dbias, int unroll, int tx, int64_t target_ctas);
 /* Row blocks of the CPU backend's dbias (fixed: thread-count independent) and its bytes. */
 int64_t fl__gelu_cpu_blocks(int64_t N);
 size_t fl__gelu_workspace_bytes(int64_t N, int64_t F, fl_dtype dtype);

@@ -24,10 +24,6 @@ static int64_t gcd64(int64_t a, int64_t b) {
  * every GPU; the launcher sizes target_ctas from the device only without dbias). */
 #define GELU_DBIAS_NB_CAP 64                 /* row blocks with dbias */
 #define GELU_PART_BUDGET ((size_t)2 << 20)   /* bytes of fp32 dbias partials (nb * width * 4) */
-#define GELU_DBIAS_CTAS_MAX 2048             /* = FL__GELU_DBIAS_CTAS_MAX in src/cuda/gelu.cu */
-
-void fl__gelu_make_plan_ex(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
-                           int with_dbias, int unroll, int tx, int64_t target_ctas);
 
 void fl__gelu_make_plan_ex(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
                            int with_dbias, int unroll, int tx, int64_t target_ctas) {
@@ -61,7 +57,7 @@ void fl__gelu_make_plan_ex(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int6
      * waves). With dbias each row block writes one fp32 partial per position, so their number
      * is capped (64, and 2 MiB of partials: ~1% of the N x F traffic at N = 8192). */
     if (target_ctas < 1) target_ctas = 1;
-    if (with_dbias && target_ctas > GELU_DBIAS_CTAS_MAX) target_ctas = GELU_DBIAS_CTAS_MAX;
+    if (with_dbias && target_ctas > FL__GELU_DBIAS_CTAS_MAX) target_ctas = FL__GELU_DBIAS_CTAS_MAX;
     int64_t nb = target_ctas / p->slabs;
     if (with_dbias) {
         const int64_t budget = (int64_t)(GELU_PART_BUDGET / ((size_t)p->width * 4u));
@@ -106,7 +102,7 @@ size_t fl__gelu_workspace_bytes(int64_t N, int64_t F, fl_dtype dtype) {
         for (int u = 2; u <= 8; u *= 2)
             for (int t = 0; t < 4; t++) {
                 fl__gelu_plan p;
-                fl__gelu_make_plan_ex(&p, (fl__gelu_path)path, N, F, es, 1, u, TX[t], GELU_DBIAS_CTAS_MAX);
+                fl__gelu_make_plan_ex(&p, (fl__gelu_path)path, N, F, es, 1, u, TX[t], FL__GELU_DBIAS_CTAS_MAX);
                 if (p.ws_bytes > need) need = p.ws_bytes;
             }
     return need;

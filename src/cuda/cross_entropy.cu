@@ -42,19 +42,10 @@
 #include <stdlib.h>
 
 #include "../internal.h"
-#include "dtype.cuh"
+#include "common.cuh"
 
 namespace cg = cooperative_groups;
 
-#define FL_CUDA_TRY(expr)                                                                   \
-    do {                                                                                    \
-        cudaError_t fl__e_ = (expr);                                                        \
-        if (fl__e_ != cudaSuccess) {                                                        \
-            (void)cudaGetLastError(); /* clear a sticky launch error, as NCCL CUDACHECK */  \
-            return fl__fail(FL_ERR_CUDA, "%s: %s (%s:%d)", fn, cudaGetErrorString(fl__e_),  \
-                            __FILE__, __LINE__);                                            \
-        }                                                                                   \
-    } while (0)
 
 // ---------------------------------------------------------------------------------------------
 // device helpers

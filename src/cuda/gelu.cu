@@ -45,22 +45,9 @@
 #include <stdlib.h>
 
 #include "../internal.h"
-#include "dtype.cuh"
+#include "common.cuh"
 
-// src/common/gelu_validate.c (belongs in src/internal.h, which this change may not edit)
-extern "C" void fl__gelu_make_plan_ex(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
-                                      int with_dbias, int unroll, int tx, int64_t target_ctas);
-#define FL__GELU_DBIAS_CTAS_MAX 2048
 
-#define FL_CUDA_TRY(expr)                                                                   \
-    do {                                                                                    \
-        cudaError_t fl__e_ = (expr);                                                        \
-        if (fl__e_ != cudaSuccess) {                                                        \
-            (void)cudaGetLastError(); /* clear a sticky launch error, as NCCL CUDACHECK */  \
-            return fl__fail(FL_ERR_CUDA, "%s: %s (%s:%d)", fn, cudaGetErrorString(fl__e_),  \
-                            __FILE__, __LINE__);                                            \
-        }                                                                                   \
-    } while (0)
 
 // ---------------------------------------------------------------------------------------------
 // device helpers

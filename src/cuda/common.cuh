@@ -1,0 +1,36 @@
+/* common.cuh — what every fusedloss CUDA source shares: the element conversions (fp32 arithmetic
+ * on fp32 / fp16 / bf16 storage; round to nearest even on the way back) and FL_CUDA_TRY, which
+ * turns a CUDA error into FL_ERR_CUDA with fl_last_error() naming `fn` (a local of the caller).
+ * Internal, not installed.
+ * SPDX-License-Identifier: MIT
+ */
+#ifndef FL_CUDA_COMMON_CUH
+#define FL_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "../internal.h"
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+#define FL_CUDA_TRY(expr)                                                                   \
+    do {                                                                                    \
+        cudaError_t fl__e_ = (expr);                                                        \
+        if (fl__e_ != cudaSuccess) {                                                        \
+            (void)cudaGetLastError(); /* clear a sticky launch error, as NCCL CUDACHECK */  \
+            return fl__fail(FL_ERR_CUDA, "%s: %s (%s:%d)", fn, cudaGetErrorString(fl__e_),  \
+                            __FILE__, __LINE__);                                            \
+        }                                                                                   \
+    } while (0)
+
+#endif /* FL_CUDA_COMMON_CUH */
