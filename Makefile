@@ -1,7 +1,7 @@
 # fusedloss — top-level GNU Makefile (llm.c style).
 #   make                 library (static + shared), tests, benchmark/demo; CUDA objects when nvcc exists
 #   make test            CPU tests (what CI runs)
-#   make test-cuda       GPU tests (needs a GPU)            make bench   GPU benchmark (bench-gelu: GeLU)
+#   make test-cuda       GPU tests (needs a GPU)            make bench   GPU benchmark (bench-gelu: GeLU, bench-lce: linear CE)
 #   make demo            fused cross-entropy on a real-sized problem (GPU if present, else CPU)
 #   make install PREFIX=/usr/local
 #   make NO_CUDA=1       force a CPU-only build;  make GPU_ARCH=80  change the primary sm target
@@ -41,7 +41,7 @@ ifneq ($(NVCC),)
   CFLAGS += -DFL_WITH_CUDA
   CUDA_INC := -I$(CUDA_HOME)/include
   CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib))
-  CUDA_LIBS := -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lstdc++
+  CUDA_LIBS := -L$(CUDA_LIBDIR) -lcublasLt -Wl,-rpath,$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lstdc++
   CU_SRC  := $(wildcard src/cuda/*.cu)
   CU_OBJ  := $(patsubst src/%.cu,$(BUILD)/obj/%.o,$(CU_SRC))
   STUB_OBJ :=
@@ -63,9 +63,9 @@ LIB_SO := $(BUILD)/libfusedloss.so
 
 CPU_TESTS  := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out %_cuda.c,$(wildcard tests/test_*.c tests/fuzz_*.c)))
 CUDA_TESTS := $(patsubst tests/%.c,$(BUILD)/%,$(wildcard tests/*_cuda.c))
-TOOLS      := $(BUILD)/fl_demo $(if $(NVCC),$(BUILD)/bench_cross_entropy $(BUILD)/bench_gelu)
+TOOLS      := $(BUILD)/fl_demo $(if $(NVCC),$(BUILD)/bench_cross_entropy $(BUILD)/bench_gelu $(BUILD)/bench_linear_ce)
 
-.PHONY: all lib test test-cuda bench bench-gelu demo install example clean
+.PHONY: all lib test test-cuda bench bench-gelu bench-lce demo install example clean
 all: lib $(CPU_TESTS) $(TOOLS) $(if $(NVCC),$(CUDA_TESTS))
 lib: $(LIB_A) $(LIB_SO)
 
@@ -97,6 +97,9 @@ $(BUILD)/bench_cross_entropy: bench/bench_cross_entropy.c $(LIB_A)
 $(BUILD)/bench_gelu: bench/bench_gelu.c $(LIB_A)
 	$(CC) $(CFLAGS) $(CUDA_INC) $< -o $@ $(LIB_A) $(CUDA_LIBS) $(LDLIBS)
 
+$(BUILD)/bench_linear_ce: bench/bench_linear_ce.c $(LIB_A)
+	$(CC) $(CFLAGS) $(CUDA_INC) $< -o $@ $(LIB_A) $(CUDA_LIBS) $(LDLIBS)
+
 # CPU tests: each prints "N passed, M failed"; any failure fails make
 test: lib $(CPU_TESTS)
 	@set -e; for t in $(CPU_TESTS); do echo "== $$t"; ./$$t; done; echo "overall okay: 1"
@@ -109,6 +112,9 @@ bench: $(BUILD)/bench_cross_entropy
 
 bench-gelu: $(BUILD)/bench_gelu
 	./$(BUILD)/bench_gelu
+
+bench-lce: $(BUILD)/bench_linear_ce
+	./$(BUILD)/bench_linear_ce
 
 demo: $(BUILD)/fl_demo
 	./$(BUILD)/fl_demo

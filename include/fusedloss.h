@@ -270,6 +270,143 @@ FL_API fl_status fl_scale_rows_cuda(void* x, int64_t N, int64_t V, int64_t ld, f
                                     const float* g, int per_row, fl_stream stream);
 
 /*-****************************************************************************
+ *  6. Linear + cross-entropy (the lm_head and its loss without the logits)
+ *
+ *  logits = hidden · weightᵀ (+ bias), then the cross-entropy of section 5 on them, without
+ *  ever holding the [N, V] logits: the rows are cut into chunks of `chunk_rows`; for each chunk
+ *  the GEMM (cuBLASLt on CUDA) writes that chunk's logits into the workspace, the fused
+ *  cross-entropy kernel turns them into dlogits in place, and two more GEMMs add the chunk's
+ *  share of dhidden and dweight. Sizes: hidden [N, H] (row stride ld_hidden >= H), weight
+ *  [V, H] (row stride ld_weight >= H), bias [V] or NULL, targets [N]; dhidden [N, H]
+ *  contiguous, dweight [V, H] contiguous, dbias [V]. N >= 0, H >= 1, V >= 1, int64 sizes,
+ *  64-bit offsets (N·V, V·H may exceed 2^31).
+ *
+ *  Semantics: exactly F.cross_entropy(F.linear(hidden, weight, bias), targets, ...) in the
+ *  precision PyTorch runs it: the logits are accumulated in fp32 (double on the CPU) and rounded
+ *  ONCE to `dtype` (the tensor F.linear returns), then section 5 applies to them (every
+ *  fl_ce_options option; fp32 loss/lse; dlogits rounded to dtype); dhidden = dlogits · weight
+ *  and dweight = dlogitsᵀ · hidden accumulate in fp32 (double on the CPU) and are rounded once
+ *  to their dtype, except in the lean accumulation mode below.
+ *
+ *  Dtypes: hidden, weight, bias, dhidden: `dtype` (fp32 / fp16 / bf16). dweight and dbias:
+ *  `wgrad_dtype`, either dtype or FL_DTYPE_F32 (fp32 parameters under autocast: their gradient
+ *  is accumulated straight into the fp32 dweight, exactly). fp32 GEMMs use TF32 tensor cores
+ *  only when lce_opts->allow_tf32 (PyTorch's matmul precision "high"/"medium").
+ *
+ *  Two modes (the costs, in GEMM FLOP, with one GEMM = 2·N·H·V):
+ *   (1) gradients in the forward: fl_linear_cross_entropy_forward_*() with dhidden (and
+ *       dweight, dbias) non-NULL computes the loss and the gradients for an upstream gradient
+ *       given up front (grad_loss / grad_scale as in section 5; for a scalar loss pass NULL and
+ *       scale the kept gradients by the real upstream gradient later with fl_scale_rows_*(),
+ *       which costs nothing when it is 1). 3 GEMMs = 6·N·H·V FLOP; dweight must be held from the
+ *       forward to the backward.
+ *   (2) recompute: fl_linear_cross_entropy_forward_*() with all gradient pointers NULL (1 GEMM;
+ *       loss and lse), then fl_linear_cross_entropy_backward_*() from the saved lse with any
+ *       upstream gradient, e.g. per row for reduction NONE (3 GEMMs: the logits again, then
+ *       dhidden and dweight). 4 GEMMs in all = 8·N·H·V FLOP.
+ *
+ *  dweight accumulation over the chunks (lce_opts->wgrad_accum), when wgrad_dtype is 16-bit:
+ *    FL_LCE_ACCUM_FP32 : an fp32 [V, H] accumulator in the workspace (+4·V·H bytes), rounded
+ *                        once at the end: the same rounding as one unchunked GEMM.
+ *    FL_LCE_ACCUM_LEAN : the GEMM adds each chunk into dweight itself (fp32 arithmetic, the sum
+ *                        rounded to 16 bits after every chunk): no extra memory; the error grows
+ *                        with the number of chunks (about sqrt(chunks) half-ulps).
+ *    FL_LCE_ACCUM_AUTO : FP32 when 4·V·H <= byte_budget / 2, else LEAN (default).
+ *  With wgrad_dtype fp32 the accumulation is always exact and free. The CPU backend always
+ *  accumulates in double (the reference).
+ *  The CPU backend allocates its double dweight accumulator (8·V·H bytes) itself, per call (malloc;
+ *  FL_ERR_OUT_OF_MEMORY before anything is written if that fails).
+ *
+ *  Workspace: fl_linear_cross_entropy_workspace_size() bytes (CUDA: device memory, 256-byte
+ *  aligned), content ignored and clobbered; its size is about chunk_rows·Vpad·esize (the logits
+ *  chunk; Vpad = V rounded up to 64) + the accumulator (FP32 mode) + the cuBLASLt workspace
+ *  (8 MiB) + 16·N bytes. chunk_rows is lce_opts->chunk_rows when > 0, else the most rows (a
+ *  multiple of 64 unless N is smaller) whose workspace fits byte_budget (default 512 MiB; at
+ *  least one 64-row chunk whatever the budget).
+ ******************************************************************************/
+typedef struct fl_lce_context_s fl_lce_context;
+
+/*! fl_lce_context_create() / fl_lce_context_destroy() :
+ *  The CUDA state of linear cross-entropy on the current device: a cuBLASLt handle and the
+ *  device's properties. Create once (it allocates host memory and may take milliseconds),
+ *  use from one host thread at a time, with any streams; destroy after the work using it is
+ *  done. In a build without CUDA, create returns FL_ERR_NOT_BUILT. destroy(NULL) is a no-op.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_lce_context_create(fl_lce_context** ctx);
+FL_API void fl_lce_context_destroy(fl_lce_context* ctx);
+
+typedef enum { FL_LCE_ACCUM_AUTO = 0, FL_LCE_ACCUM_FP32 = 1, FL_LCE_ACCUM_LEAN = 2 } fl_lce_accum;
+
+typedef struct fl_lce_options {
+    size_t       struct_size;  /* = sizeof(fl_lce_options); set by FL_LCE_OPTIONS_INIT */
+    int64_t      chunk_rows;   /* rows per chunk; 0 = from byte_budget (default 0) */
+    size_t       byte_budget;  /* workspace bound used when chunk_rows == 0; default 512 MiB */
+    fl_lce_accum wgrad_accum;  /* 16-bit dweight: see above; default FL_LCE_ACCUM_AUTO */
+    int32_t      allow_tf32;   /* fp32 GEMMs on TF32 tensor cores; default 0 */
+} fl_lce_options;
+
+#define FL_LCE_OPTIONS_INIT { sizeof(fl_lce_options), 0, (size_t)512 << 20, FL_LCE_ACCUM_AUTO, 0 }
+
+/*! fl_linear_cross_entropy_workspace_size() :
+ *  Bytes of workspace every linear cross-entropy entry point (both backends, both modes) needs
+ *  for these arguments; never 0. ce_opts / lce_opts may be NULL (defaults).
+ * @return : FL_OK or FL_ERR_INVALID_ARGUMENT. */
+FL_API fl_status fl_linear_cross_entropy_workspace_size(size_t* bytes, int64_t N, int64_t H, int64_t V,
+                                                        fl_dtype dtype, fl_dtype wgrad_dtype,
+                                                        const fl_ce_options* ce_opts,
+                                                        const fl_lce_options* lce_opts);
+
+/*! fl_linear_cross_entropy_forward_{cpu,cuda}() :
+ *  loss : fp32, [N] for reduction NONE, [1] otherwise; overwritten; required.
+ *  lse  : fp32 [N] (0 for ignored rows) or NULL; keep it for the backward of mode (2).
+ *  dhidden, dweight, dbias : the gradients (mode 1) for the upstream gradient grad_loss /
+ *         grad_scale (as in section 5), overwritten; all NULL for a loss-only forward (mode 2,
+ *         grad_loss and grad_scale then ignored). dweight and dbias may be NULL independently
+ *         (a frozen weight or bias); dbias requires bias; dhidden is required when dweight or
+ *         dbias is given.
+ *  ctx : CUDA only, from fl_lce_context_create() on the device that owns the pointers.
+ *  In place / aliasing: no output may overlap another output or any input.
+ *  CUDA: hidden, weight, bias, dhidden, dweight, dbias 16-byte aligned, and rows of hidden and
+ *  weight 16-byte aligned (ld_hidden, ld_weight a multiple of 16 bytes: 8 elements at 16 bits,
+ *  4 at fp32) — what cuBLASLt's fast kernels need; else FL_ERR_UNSUPPORTED.
+ * @return : FL_OK or an error status (fl_last_error() has the detail). */
+FL_API fl_status fl_linear_cross_entropy_forward_cpu(
+    float* loss, float* lse, void* dhidden, void* dweight, void* dbias,
+    const void* hidden, int64_t ld_hidden, const void* weight, int64_t ld_weight, const void* bias,
+    const void* targets, const float* grad_loss, float grad_scale, int64_t N, int64_t H, int64_t V,
+    fl_dtype dtype, fl_dtype wgrad_dtype, fl_index_dtype index_dtype,
+    const fl_ce_options* ce_opts, const fl_lce_options* lce_opts, void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_linear_cross_entropy_forward_cuda(
+    fl_lce_context* ctx,
+    float* loss, float* lse, void* dhidden, void* dweight, void* dbias,
+    const void* hidden, int64_t ld_hidden, const void* weight, int64_t ld_weight, const void* bias,
+    const void* targets, const float* grad_loss, float grad_scale, int64_t N, int64_t H, int64_t V,
+    fl_dtype dtype, fl_dtype wgrad_dtype, fl_index_dtype index_dtype,
+    const fl_ce_options* ce_opts, const fl_lce_options* lce_opts, void* workspace, size_t workspace_bytes,
+    fl_stream stream);
+
+/*! fl_linear_cross_entropy_backward_{cpu,cuda}() :
+ *  Mode (2): dhidden (required), dweight, dbias (each optional; dbias requires bias) from the
+ *  forward's inputs, the lse it saved (same options!) and the upstream gradient grad_loss
+ *  (fp32, [N] for NONE, [1] otherwise, or NULL meaning 1) times grad_scale. Recomputes the
+ *  logits chunk by chunk. Outputs overwritten; no overlap with anything.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_linear_cross_entropy_backward_cpu(
+    void* dhidden, void* dweight, void* dbias,
+    const void* hidden, int64_t ld_hidden, const void* weight, int64_t ld_weight, const void* bias,
+    const void* targets, const float* lse, const float* grad_loss, float grad_scale,
+    int64_t N, int64_t H, int64_t V, fl_dtype dtype, fl_dtype wgrad_dtype, fl_index_dtype index_dtype,
+    const fl_ce_options* ce_opts, const fl_lce_options* lce_opts, void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_linear_cross_entropy_backward_cuda(
+    fl_lce_context* ctx,
+    void* dhidden, void* dweight, void* dbias,
+    const void* hidden, int64_t ld_hidden, const void* weight, int64_t ld_weight, const void* bias,
+    const void* targets, const float* lse, const float* grad_loss, float grad_scale,
+    int64_t N, int64_t H, int64_t V, fl_dtype dtype, fl_dtype wgrad_dtype, fl_index_dtype index_dtype,
+    const fl_ce_options* ce_opts, const fl_lce_options* lce_opts, void* workspace, size_t workspace_bytes,
+    fl_stream stream);
+
+/*-****************************************************************************
  *  7. GeLU (tanh approximation or exact erf), with an optional fused bias
  *
  *  The activation of the transformer MLP, the bias of the preceding Linear folded in, and the

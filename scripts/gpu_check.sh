@@ -21,6 +21,9 @@
 #              memcheck on its small grid, build/bench_gelu (defaults, then each GELU_AB variant),
 #              python3 bench/bench_gelu_torch.py (eager, torch.compile, MLP level), the Python
 #              GeLU tests on the GPU; all output in $OUT/gelu.log
+#   lce        linear cross-entropy (issue 5): build/test_linear_cross_entropy_cuda, compute-sanitizer
+#              memcheck on its --small grid, build/bench_linear_ce, python3 bench/bench_lce_torch.py
+#              (eager, torch.compile, Liger, fusedloss through Python); all output in $OUT/lce.log
 #   pytest     the Python package's CUDA tests (PYTHONPATH=python, build/libfusedloss.so)
 # Every step's output goes to $OUT/<step>.log (OUT defaults to /tmp/out); stdout gets one line
 # per step, the tail of any failing log, the benchmark summaries, and last a summary table.
@@ -62,7 +65,14 @@ export CUDA_HOME CUDA_LIBDIR SANITIZER OUT DATE GPU_ARCH
 CC="${CC:-cc}"
 # the Makefile's conventions for tests and tools (see its $(BUILD)/% rule)
 export FL_CFLAGS="-std=c11 -O2 -Wall -Wextra -fopenmp -Iinclude -I$CUDA_HOME/include"
-export FL_LIBS="build/libfusedloss.a -L$CUDA_LIBDIR -lcudart_static -ldl -lrt -lstdc++ -lm -lpthread -fopenmp"
+# cuBLASLt (linear cross-entropy): the toolkit's, else the one PyTorch's wheels ship
+BLAS_LIB="-L$CUDA_LIBDIR -lcublasLt -Wl,-rpath,$CUDA_LIBDIR"
+if [ ! -e "$CUDA_LIBDIR/libcublasLt.so" ]; then
+    d=$(python3 -c 'import nvidia.cu13, os; print(os.path.join(nvidia.cu13.__path__[0], "lib"))' 2>/dev/null ||
+        python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null)
+    [ -n "$d" ] && BLAS_LIB="-L$d -l:libcublasLt.so.13 -Wl,-rpath,$d" && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+export FL_LIBS="build/libfusedloss.a $BLAS_LIB -L$CUDA_LIBDIR -lcudart_static -ldl -lrt -lstdc++ -lm -lpthread -fopenmp"
 export CC
 
 declare -A STATUS TIME KEY
@@ -98,7 +108,7 @@ run_step() {
 
 # ---- environment -------------------------------------------------------------------------------
 : > "$OUT/build.log"
-for f in test-cpu test-cuda test-knobs sanitize bench bench-ab gelu pytest peers; do want "$f" && : > "$OUT/$f.log"; done
+for f in test-cpu test-cuda test-knobs sanitize bench bench-ab gelu lce pytest peers; do want "$f" && : > "$OUT/$f.log"; done
 {
     echo "# gpu_check.sh $(date -u +%FT%TZ) commit $FL_COMMIT steps:$STEPS"
     nvidia-smi 2>&1 || echo "nvidia-smi not available"
@@ -293,6 +303,41 @@ if want gelu && have build/test_gelu_cuda gelu; then
     KEY[gelu]=$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$OUT/gelu.log" | head -1)
 fi
 
+# ---- linear cross-entropy ------------------------------------------------------------------------
+if want lce && have build/test_linear_cross_entropy_cuda lce; then
+    run_step lce "${LCE_CAP:-360}" '
+        rc=0
+        echo "### test_linear_cross_entropy_cuda"
+        timeout 150 build/test_linear_cross_entropy_cuda || rc=1
+        if [ -n "$SANITIZER" ]; then
+            echo "### memcheck --small"
+            timeout 90 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 \
+                build/test_linear_cross_entropy_cuda --small || rc=1
+        fi
+        echo "### bench_linear_ce"
+        timeout 120 build/bench_linear_ce ${LCE_BENCH_ARGS:-} || rc=1
+        for v in ${LCE_AB:-}; do
+            echo "### bench_linear_ce variant $v"
+            env $v timeout 60 build/bench_linear_ce ${LCE_AB_ARGS:-} || rc=1
+        done
+        if [ "${LCE_TORCH:-1}" = 1 ]; then
+            echo "### bench_lce_torch.py"
+            PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so timeout ${LCE_TORCH_CAP:-200} \
+                python3 bench/bench_lce_torch.py --out "$OUT/lce-peers-$DATE.json" ${LCE_TORCH_ARGS:-} || rc=1
+        fi
+        if [ -n "${LCE_PROF:-}" ]; then
+            NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+            echo "### nsys: ${NSYS:-none}"
+            if [ -n "$NSYS" ]; then
+                "$NSYS" profile -o /tmp/lce_prof -f true --stats=false build/bench_linear_ce $LCE_PROF --reps 3 --warmup 1 >/dev/null 2>&1
+                "$NSYS" stats --report cuda_gpu_kern_sum --format csv /tmp/lce_prof.nsys-rep 2>/dev/null | cut -c1-260 | head -40
+            fi
+        fi
+        exit $rc
+    '
+    KEY[lce]="$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$OUT/lce.log" | head -1); memcheck: $(grep -m1 "ERROR SUMMARY" "$OUT/lce.log" | sed "s/.*ERROR SUMMARY: //")"
+fi
+
 # ---- Python package on the GPU -------------------------------------------------------------------
 if want pytest && have build/libfusedloss.so pytest; then
     run_step pytest 200 'PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so python3 -m pytest -q -x -k cuda python/tests ${PYTEST_ARGS:-} 2>&1 | tail -15'
@@ -331,6 +376,9 @@ if [ -f "$OUT/bench.log" ] && grep -q '^SUMMARY' "$OUT/bench.log"; then
 fi
 if [ -f "$OUT/bench-ab.log" ] && grep -q '^SUMMARY' "$OUT/bench-ab.log"; then
     echo; echo "---- bench A/B ----"; grep -E '^### variant|^SUMMARY [0-9]' "$OUT/bench-ab.log" | sed 's/^SUMMARY //'
+fi
+if [ -f "$OUT/lce.log" ] && grep -qE '^SUMMARY|^LCE' "$OUT/lce.log"; then
+    echo; echo "---- linear CE ----"; grep -E '^SUMMARY|^LCE' "$OUT/lce.log" | sed 's/^SUMMARY //'
 fi
 if [ -f "$OUT/peers.log" ] && grep -q '^PEERS' "$OUT/peers.log"; then
     echo; echo "---- peers (fwd+bwd, ratio to the floor) ----"; grep '^PEERS' "$OUT/peers.log" | sed 's/^PEERS //'

@@ -72,6 +72,50 @@ fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
                           fl_index_dtype index_dtype, const fl_ce_options* opts,
                           const void* workspace, size_t workspace_bytes, fl__ce_params* p);
 
+/* The options part of fl__ce_validate, shared with fl__lce_validate: checks every field of
+ * *opts (NULL = FL_CE_OPTIONS_INIT) and fills *p. `name` is the argument's name in messages
+ * ("opts" for cross-entropy, "ce_opts" for linear cross-entropy). */
+fl_status fl__ce_resolve_options(const char* fn, const char* name, const fl_ce_options* opts,
+                                 fl__ce_params* p);
+/* Class weights finite and >= 0 (CPU only: is_cuda = 1 or weight NULL checks nothing).
+ * `name` is how messages call the array ("weight", "ce_opts->weight"). */
+fl_status fl__ce_check_weights(const char* fn, const char* name, const float* weight, int64_t V,
+                               int is_cuda);
+
+/* ---- cross-entropy CPU backend pieces shared with linear cross-entropy (src/cpu/cross_entropy.c) */
+
+/* Batch-wide quantities the per-row work needs: D_w = sum of w_t over non-ignored rows, D_n =
+ * their count (the MEAN denominators), W = sum_j w_j (V without class weights). */
+typedef struct {
+    double D_w, D_n, W;
+} fl__ce_denoms;
+
+/* Checks the targets of rows [0, N) (the first one not in [0, V) and not ignore_index is
+ * FL_ERR_TARGET_OUT_OF_RANGE, naming fn and the row) and computes *d. Writes nothing else. */
+fl_status fl__ce_cpu_denoms(const char* fn, const void* targets, fl_index_dtype index_dtype, int64_t N,
+                            int64_t V, const fl__ce_params* p, fl__ce_denoms* d);
+
+/* The per-row work of fl_cross_entropy_{forward,backward,fused}_cpu for rows [r0, r0 + C) of a
+ * batch whose denominators *d were computed over the whole batch (fl__ce_cpu_denoms).
+ * logits / dlogits point at row r0 (row r0 + k at + k*ld elements; dlogits may equal logits);
+ * targets, loss (NONE only), lse_out, lse_in, grad_loss (NONE only) and part are indexed by the
+ * absolute row. part[2i], part[2i+1]: row i's CE and z-loss terms (forward/fused; 0 for ignored
+ * rows), for fl__ce_cpu_reduce. Targets must have been checked. OpenMP over the rows. */
+void fl__ce_cpu_rows(fl__pass pass, const fl__ce_params* p, const fl__ce_denoms* d, float* loss,
+                     float* lse_out, void* dlogits, const void* logits, int64_t ld, const void* targets,
+                     fl_index_dtype index_dtype, const float* lse_in, const float* grad_loss,
+                     float grad_scale, int64_t r0, int64_t C, int64_t V, fl_dtype dtype, double* part);
+
+/* loss[0] from the N rows' part[] in row order (thread-count and chunk independent); nothing
+ * for reduction NONE. */
+void fl__ce_cpu_reduce(float* loss, const double* part, int64_t N, const fl__ce_params* p,
+                       const fl__ce_denoms* d);
+
+/* Element conversion of the CPU backend: dst[k] = element off + k of base (dtype), exactly;
+ * and the store, double -> fp32 (RN) -> dtype (RN), the rounding every CPU output uses. */
+void fl__cpu_load_row(double* dst, const void* base, fl_dtype dtype, int64_t off, int64_t n);
+void fl__cpu_store_row(void* base, fl_dtype dtype, int64_t off, const double* src, int64_t n);
+
 /* ---- GeLU: shared validation and the CUDA work plan (src/common/gelu_validate.c) --------- */
 
 /* How the CUDA backend cuts a GeLU call (pure integer arithmetic, so that the workspace size
@@ -125,6 +169,72 @@ fl_status fl__gelu_validate(const char* fn, int backward, int is_cuda, const voi
                             int64_t N, int64_t F, int64_t ld_out, int64_t ld_dy, int64_t ld_x,
                             fl_dtype dtype, fl_dtype bias_dtype, fl_gelu_approx approx,
                             const void* workspace, size_t workspace_bytes);
+
+
+/* ---- linear cross-entropy: the chunk plan and shared validation (src/common/lce_validate.c) -- */
+
+#define FL__LCE_BLAS_BYTES ((size_t)8 << 20)  /* cuBLASLt workspace inside ours */
+#define FL__LCE_ROW_ALIGN 64                  /* chunk_rows multiple (unless N is smaller)   */
+#define FL__LCE_V_ALIGN 64                    /* logits chunk row stride: V rounded up to this */
+
+/* How a linear-CE call is cut (pure integer arithmetic: the size query, the CPU backend and the
+ * CUDA backend agree). Byte offsets into the workspace, each 256-aligned; a region a backend
+ * does not use may still be reserved. */
+typedef struct {
+    int64_t chunk_rows;   /* rows per chunk (>= 1; == N when N <= chunk_rows) */
+    int64_t chunks;       /* ceil(N / chunk_rows) (0 when N == 0) */
+    int64_t ldl;          /* row stride (elements) of the logits chunk: V rounded up to 64 */
+    int     accum_fp32;   /* 1: an fp32 [V, H] dweight accumulator (16-bit wgrad_dtype, FP32/AUTO) */
+    size_t  off_ce;       /* CE workspace for all N rows: fl__ce_workspace_bytes(N, V, dtype) */
+    size_t  off_logits;   /* chunk_rows * ldl * esize(dtype): logits, then dlogits in place */
+    size_t  off_acc;      /* accum_fp32: 4 * V * H bytes, else 0 bytes */
+    size_t  off_bacc;     /* fp32 [V] dbias accumulator (+ spare) */
+    size_t  off_ones;     /* chunk_rows elements of dtype, all 1 (dbias as a GEMV) */
+    size_t  off_dh32;     /* odd V (V % 64 != 0) with 16-bit dtype: fp32 [chunk_rows, H] for dhidden,
+                             whose GEMM is split at V rounded down to 64 (else 0 bytes) */
+    size_t  off_blas;     /* FL__LCE_BLAS_BYTES for cuBLASLt */
+    size_t  total;        /* workspace bytes the entry points require */
+} fl__lce_plan;
+
+/* The plan for these arguments (lce_opts resolved: NULL = defaults). Fails with
+ * FL_ERR_INVALID_ARGUMENT on bad sizes/dtypes/options or a size_t overflow. */
+fl_status fl__lce_make_plan(const char* fn, int64_t N, int64_t H, int64_t V, fl_dtype dtype,
+                            fl_dtype wgrad_dtype, const fl_ce_options* ce_opts,
+                            const fl_lce_options* lce_opts, fl__lce_plan* plan);
+
+/* Validate every argument of a linear-CE entry point (either backend), resolve the CE options
+ * into *p (as fl__ce_validate does), and the plan into *plan. backward = 0: the forward (lse
+ * optional output, gradients optional outputs); backward = 1: lse is an input, loss unused
+ * (pass NULL). is_cuda: the 16-byte alignment rules of the header (hidden, weight, bias and the
+ * gradients 16-byte aligned, ld_hidden * esize and ld_weight * esize multiples of 16 bytes:
+ * FL_ERR_UNSUPPORTED), the workspace's 256-byte alignment, and class weights not read (device
+ * memory). Both backends: every pointer aligned to its element size. */
+fl_status fl__lce_validate(const char* fn, int backward, int is_cuda,
+                           const float* loss, const float* lse, const void* dhidden,
+                           const void* dweight, const void* dbias, const void* hidden,
+                           int64_t ld_hidden, const void* weight, int64_t ld_weight,
+                           const void* bias, const void* targets, const float* grad_loss,
+                           float grad_scale, int64_t N, int64_t H, int64_t V, fl_dtype dtype,
+                           fl_dtype wgrad_dtype, fl_index_dtype index_dtype,
+                           const fl_ce_options* ce_opts, const fl_lce_options* lce_opts,
+                           const void* workspace, size_t workspace_bytes,
+                           fl__ce_params* p, fl__lce_plan* plan);
+
+
+/* The CUDA cross-entropy kernels on chunks of rows of one batch (src/cuda/cross_entropy.cu), for the
+ * linear cross-entropy. ce_ws is a CE workspace for all N rows (fl__ce_workspace_bytes(N, V, dt)).
+ * begin: the MEAN denominators / class-weight sum over all N targets (one small launch, if needed);
+ * rows: the main kernel of `pass` (fl__pass) over rows [r0, r0 + C) of the batch: logits/dlogits
+ *       point at the chunk (row stride ld), loss/lse_out/lse_in/targets/grad_loss at the batch;
+ * end: the reduced loss[0] from every row's partials (SUM / MEAN; nothing for NONE). */
+fl_status fl__ce_cuda_chunk_begin(const fl__ce_params* p, const void* targets, int64_t N, int64_t V,
+                                  fl_index_dtype it, void* ce_ws, fl_stream stream);
+fl_status fl__ce_cuda_chunk_rows(int pass, const fl__ce_params* p, int64_t r0, int64_t C, int64_t N, int64_t V,
+                                 float* loss, float* lse_out, void* dlogits, const void* logits, int64_t ld,
+                                 const void* targets, const float* lse_in, const float* grad_loss, float grad_scale,
+                                 fl_dtype dt, fl_index_dtype it, void* ce_ws, fl_stream stream);
+fl_status fl__ce_cuda_chunk_end(const fl__ce_params* p, float* loss, const void* targets, int64_t N, int64_t V,
+                                fl_index_dtype it, void* ce_ws, fl_stream stream);
 
 #ifdef __cplusplus
 }

@@ -78,6 +78,14 @@ static void test_options_init(void) {
     CHECK(FL_REDUCTION_NONE == 0 && FL_REDUCTION_MEAN == 1 && FL_REDUCTION_SUM == 2, "reduction numbering");
     CHECK(FL_DTYPE_F32 == 0 && FL_DTYPE_F16 == 1 && FL_DTYPE_BF16 == 2, "dtype numbering");
     CHECK(FL_INDEX_I32 == 0 && FL_INDEX_I64 == 1, "index dtype numbering");
+    /* linear cross-entropy options */
+    fl_lce_options l = FL_LCE_OPTIONS_INIT;
+    CHECK(l.struct_size == sizeof(fl_lce_options), "lce struct_size %zu", l.struct_size);
+    CHECK(l.chunk_rows == 0, "lce chunk_rows %lld", (long long)l.chunk_rows);
+    CHECK(l.byte_budget == (size_t)512 << 20, "lce byte_budget %zu", l.byte_budget);
+    CHECK(l.wgrad_accum == FL_LCE_ACCUM_AUTO, "lce wgrad_accum %d", (int)l.wgrad_accum);
+    CHECK(l.allow_tf32 == 0, "lce allow_tf32 %d", (int)l.allow_tf32);
+    CHECK(FL_LCE_ACCUM_AUTO == 0 && FL_LCE_ACCUM_FP32 == 1 && FL_LCE_ACCUM_LEAN == 2, "wgrad_accum numbering");
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -201,6 +209,32 @@ static void test_cuda_not_built(void) {
     st = fl_cross_entropy_fused_cuda(loss, NULL, dl, g_logits, g_targets, NULL, 1.0f, N_, V_, V_,
                                      FL_DTYPE_F32, FL_INDEX_I64, NULL, g_ws, g_wsb, NULL);
     CHECK_STATUS(st, FL_ERR_NOT_BUILT, "fl_cross_entropy_fused_cuda (opts NULL)");
+
+    /* linear cross-entropy: the context and both passes */
+    fl_lce_context* ctx = (fl_lce_context*)&o;   /* not NULL: create must reset it */
+    st = fl_lce_context_create(&ctx);
+    CHECK_STATUS(st, FL_ERR_NOT_BUILT, "fl_lce_context_create");
+    CHECK(ctx == NULL, "fl_lce_context_create left *ctx = %p, expected NULL", (void*)ctx);
+    CHECK(contains(fl_last_error(), "fl_lce_context_create"), "message: \"%s\"", fl_last_error());
+    CHECK_STATUS(fl_lce_context_create(NULL), FL_ERR_NOT_BUILT, "fl_lce_context_create(NULL)");
+    fl_lce_context_destroy(NULL);                 /* a no-op */
+    enum { H_ = 8 };
+    static float hid[N_ * H_], w[V_ * H_], dh[N_ * H_], dw[V_ * H_];
+    size_t lwsb = 0;
+    CHECK_STATUS(fl_linear_cross_entropy_workspace_size(&lwsb, N_, H_, V_, FL_DTYPE_F32, FL_DTYPE_F32, NULL, NULL),
+                 FL_OK, "fl_linear_cross_entropy_workspace_size");
+    void* lws = tu_xmalloc(lwsb);
+    st = fl_linear_cross_entropy_forward_cuda(NULL, loss, lse, dh, dw, NULL, hid, H_, w, H_, NULL, g_targets, NULL,
+                                              1.0f, N_, H_, V_, FL_DTYPE_F32, FL_DTYPE_F32, FL_INDEX_I64, NULL, NULL,
+                                              lws, lwsb, NULL);
+    CHECK_STATUS(st, FL_ERR_NOT_BUILT, "fl_linear_cross_entropy_forward_cuda");
+    CHECK(contains(fl_last_error(), "fl_linear_cross_entropy_forward_cuda"), "message: \"%s\"", fl_last_error());
+    st = fl_linear_cross_entropy_backward_cuda(NULL, dh, dw, NULL, hid, H_, w, H_, NULL, g_targets, lse, NULL, 1.0f,
+                                               N_, H_, V_, FL_DTYPE_F32, FL_DTYPE_F32, FL_INDEX_I64, NULL, NULL, lws,
+                                               lwsb, NULL);
+    CHECK_STATUS(st, FL_ERR_NOT_BUILT, "fl_linear_cross_entropy_backward_cuda");
+    CHECK(contains(fl_last_error(), "fl_linear_cross_entropy_backward_cuda"), "message: \"%s\"", fl_last_error());
+    free(lws);
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -5,10 +5,14 @@
     criterion = fusedloss.nn.CrossEntropyLoss()             # like torch.nn.CrossEntropyLoss
     h = fusedloss.gelu(x, bias, approximate="tanh")         # like F.gelu(x + bias), dbias fused
     act = fusedloss.nn.BiasGELU(3072)                       # after nn.Linear(768, 3072, bias=False)
+    loss = fusedloss.linear_cross_entropy(hidden, lm_head.weight, target)  # lm head + loss, no logits
+    fusedloss.patch.apply(model)                            # HF GPT-2 / Llama: fused training loss
 
 Layers (STYLE.md section 7): _lib (ctypes, no torch) -> ops (torch.library custom ops) ->
-autograd -> functional -> nn. The library libfusedloss.so is found through FUSEDLOSS_LIBRARY,
-the package directory (pip install .), or <repo>/build (make lib; PYTHONPATH=python).
+autograd -> functional -> nn -> patch (Hugging Face transformers models; transformers is
+imported only when a patch is applied). The library libfusedloss.so is found through
+FUSEDLOSS_LIBRARY, the package directory (pip install .), or <repo>/build (make lib;
+PYTHONPATH=python).
 """
 __version__ = "0.1.0"
 
@@ -16,8 +20,10 @@ from ._lib import FusedLossError, TargetOutOfRangeError, cuda_built  # noqa: E40
 from . import ops  # noqa: E402,F401  (registers torch.ops.fusedloss.*)
 from . import autograd  # noqa: E402,F401
 from .ops import check_errors, set_debug, is_debug  # noqa: E402
-from .functional import cross_entropy, gelu  # noqa: E402
-from . import functional, nn  # noqa: E402,F401
+from .functional import cross_entropy, gelu, linear_cross_entropy  # noqa: E402
+from . import functional, nn, patch  # noqa: E402,F401
 
-__all__ = ["cross_entropy", "gelu", "nn", "functional", "check_errors", "set_debug", "is_debug",
-           "FusedLossError", "TargetOutOfRangeError", "cuda_built", "__version__"]
+__all__ = ["cross_entropy", "gelu", "linear_cross_entropy", "nn", "patch", "functional",
+           "check_errors", "set_debug", "is_debug", "FusedLossError", "TargetOutOfRangeError",
+           "cuda_built", "__version__"]
+

@@ -20,7 +20,8 @@ import os
 __all__ = [
     "FusedLossError", "TargetOutOfRangeError", "lib", "library_path", "version_number",
     "version_string", "cuda_built", "status_string", "last_error", "CEOptions",
-    "ce_options", "workspace_size", "gelu_workspace_size", "GELU_APPROX",
+    "ce_options", "workspace_size", "gelu_workspace_size", "GELU_APPROX", "LCEOptions",
+    "lce_options", "lce_workspace_size", "lce_context_create", "lce_context_destroy", "LCE_ACCUM",
 ]
 
 EXPECTED_VERSION_NUMBER = 100  # FL_VERSION_NUMBER of 0.1.0 (MAJOR*10000 + MINOR*100 + PATCH)
@@ -42,6 +43,9 @@ FL_REDUCTION_NONE, FL_REDUCTION_MEAN, FL_REDUCTION_SUM = 0, 1, 2
 REDUCTIONS = {"none": FL_REDUCTION_NONE, "mean": FL_REDUCTION_MEAN, "sum": FL_REDUCTION_SUM}
 FL_GELU_NONE, FL_GELU_TANH = 0, 1
 GELU_APPROX = {"none": FL_GELU_NONE, "tanh": FL_GELU_TANH}  # PyTorch's approximate= strings
+FL_LCE_ACCUM_AUTO, FL_LCE_ACCUM_FP32, FL_LCE_ACCUM_LEAN = 0, 1, 2
+LCE_ACCUM = {"auto": FL_LCE_ACCUM_AUTO, "fp32": FL_LCE_ACCUM_FP32, "lean": FL_LCE_ACCUM_LEAN}
+FL_LCE_DEFAULT_BYTE_BUDGET = 512 << 20  # FL_LCE_OPTIONS_INIT's byte_budget
 
 
 class FusedLossError(RuntimeError):
@@ -72,6 +76,18 @@ class CEOptions(ctypes.Structure):
     ]
 
 
+class LCEOptions(ctypes.Structure):
+    """fl_lce_options; build it with lce_options() (the FL_LCE_OPTIONS_INIT defaults)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("chunk_rows", ctypes.c_int64),       # 0 = from byte_budget
+        ("byte_budget", ctypes.c_size_t),
+        ("wgrad_accum", ctypes.c_int),        # fl_lce_accum (a C enum: int-sized)
+        ("allow_tf32", ctypes.c_int32),
+    ]
+
+
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
@@ -89,6 +105,16 @@ _CE_FUSED = [_P, _P, _P, _P, _P, _P, _F32, _I64, _I64, _I64, _INT, _INT, _OPTS, 
 _GELU_FWD = [_P, _P, _P, _I64, _I64, _I64, _I64, _INT, _INT, _INT]
 # dx, dbias, dy, x, bias, N, F, ld_dx, ld_dy, ld_x, dtype, bias_dtype, approx, workspace, bytes
 _GELU_BWD = [_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT, _INT, _INT, _P, _SZ]
+# linear cross-entropy (section 6). forward: [ctx,] loss, lse, dhidden, dweight, dbias, hidden,
+# ld_hidden, weight, ld_weight, bias, targets, grad_loss, grad_scale, N, H, V, dtype, wgrad_dtype,
+# index_dtype, ce_opts, lce_opts, workspace, bytes[, stream]
+_LCE_FWD = [_P, _P, _P, _P, _P, _P, _I64, _P, _I64, _P, _P, _P, _F32, _I64, _I64, _I64,
+            _INT, _INT, _INT, _OPTS, _OPTS, _P, _SZ]
+# backward: [ctx,] dhidden, dweight, dbias, hidden, ld_hidden, weight, ld_weight, bias, targets,
+# lse, grad_loss, grad_scale, N, H, V, dtype, wgrad_dtype, index_dtype, ce_opts, lce_opts,
+# workspace, bytes[, stream]
+_LCE_BWD = [_P, _P, _P, _P, _I64, _P, _I64, _P, _P, _P, _P, _F32, _I64, _I64, _I64,
+            _INT, _INT, _INT, _OPTS, _OPTS, _P, _SZ]
 _SIGNATURES = {
     "fl_version_number": (ctypes.c_uint, []),
     "fl_version_string": (ctypes.c_char_p, []),
@@ -109,6 +135,14 @@ _SIGNATURES = {
     "fl_gelu_forward_cuda": (_INT, _GELU_FWD + [_P]),
     "fl_gelu_backward_cpu": (_INT, _GELU_BWD),
     "fl_gelu_backward_cuda": (_INT, _GELU_BWD + [_P]),
+    "fl_lce_context_create": (_INT, [ctypes.POINTER(ctypes.c_void_p)]),
+    "fl_lce_context_destroy": (None, [_P]),
+    "fl_linear_cross_entropy_workspace_size": (
+        _INT, [ctypes.POINTER(_SZ), _I64, _I64, _I64, _INT, _INT, _OPTS, _OPTS]),
+    "fl_linear_cross_entropy_forward_cpu": (_INT, _LCE_FWD),
+    "fl_linear_cross_entropy_forward_cuda": (_INT, [_P] + _LCE_FWD + [_P]),
+    "fl_linear_cross_entropy_backward_cpu": (_INT, _LCE_BWD),
+    "fl_linear_cross_entropy_backward_cuda": (_INT, [_P] + _LCE_BWD + [_P]),
 }
 
 
@@ -210,3 +244,37 @@ def gelu_workspace_size(N, F, dtype):
     _check(lib.fl_gelu_workspace_size(ctypes.byref(out), int(N), int(F), int(dtype)),
            "fl_gelu_workspace_size")
     return out.value
+
+
+def lce_options(chunk_rows=0, byte_budget=FL_LCE_DEFAULT_BYTE_BUDGET,
+                wgrad_accum=FL_LCE_ACCUM_AUTO, allow_tf32=False):
+    """An fl_lce_options (FL_LCE_OPTIONS_INIT defaults): chunk_rows 0 = from byte_budget."""
+    return LCEOptions(ctypes.sizeof(LCEOptions), int(chunk_rows), int(byte_budget),
+                      int(wgrad_accum), 1 if allow_tf32 else 0)
+
+
+def lce_workspace_size(N, H, V, dtype, wgrad_dtype, ce_opts=None, lce_opts=None):
+    """fl_linear_cross_entropy_workspace_size(): bytes of workspace every linear cross-entropy
+    call needs. ce_opts / lce_opts: CEOptions / LCEOptions, their addresses (ints), or None."""
+    out = ctypes.c_size_t(0)
+
+    def ref(o):
+        return o if o is None or isinstance(o, int) else ctypes.byref(o)
+    _check(lib.fl_linear_cross_entropy_workspace_size(ctypes.byref(out), int(N), int(H), int(V),
+                                                      int(dtype), int(wgrad_dtype), ref(ce_opts),
+                                                      ref(lce_opts)),
+           "fl_linear_cross_entropy_workspace_size")
+    return out.value
+
+
+def lce_context_create():
+    """fl_lce_context_create(): a new fl_lce_context* (an int address) on the current CUDA
+    device; FusedLossError (FL_ERR_NOT_BUILT) in a build without CUDA."""
+    ctx = ctypes.c_void_p(None)
+    _check(lib.fl_lce_context_create(ctypes.byref(ctx)), "fl_lce_context_create")
+    return ctx.value
+
+
+def lce_context_destroy(ctx):
+    """fl_lce_context_destroy() (None / 0 is a no-op)."""
+    lib.fl_lce_context_destroy(ctx or None)

@@ -49,7 +49,7 @@ from . import ops
 from ._lib import FL_REDUCTION_NONE
 
 __all__ = ["CrossEntropyFunction", "EagerInplaceFunction", "CrossEntropyInplaceFunction",
-           "GeluFunction", "eager_ok"]
+           "GeluFunction", "LinearCrossEntropyFunction", "eager_ok"]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -294,3 +294,131 @@ class GeluFunction(torch.autograd.Function):
                 grad = grad.to(x.dtype)
             dx, dbias = ops.run_gelu_backward(grad, x, bias, ctx.approximate, need_b)
         return (dx if need_x else None), (dbias if need_b else None), None
+
+
+# ---- linear + cross-entropy ----------------------------------------------------------------------
+# One torch.autograd.Function for eager mode and torch.compile alike (Dynamo traces it; the C calls
+# are the custom ops fusedloss::linear_cross_entropy_* when traced, their bodies ops.lce_*_impl
+# directly in eager mode). It is a Function rather than register_autograd on the raw ops because
+# it takes the parameters in their own dtype: under autocast it casts them itself (as F.linear
+# does) and returns the weight gradient in the weight's dtype, accumulated in fp32 by the C call
+# for fp32 parameters, instead of a 16-bit gradient that autograd would cast up afterwards.
+#
+# Mode 1 (scalar reductions, the default when a gradient is needed): the forward makes the one C
+# call that writes the loss AND dhidden, dweight, dbias for an upstream gradient of 1 (3 GEMMs);
+# the gradients are held until backward, which scales them by the real upstream gradient, a
+# device scalar: in eager mode in place with fl_scale_rows, which reads the factor on the device
+# and touches nothing when it is exactly 1 (the usual loss.backward()): no host sync, no extra
+# pass, capturable in a CUDA graph; the tensors handed to autograd are aliases of the held ones,
+# so AccumulateGrad can adopt them without a copy. Traced (torch.compile), backward multiplies
+# out of place (a torch op the tracer sees). Extra memory: dweight (V x H) and dhidden from the
+# forward to the backward. Backward may run only once (the gradients are scaled in place).
+# Mode 2 (recompute; reduction "none", or recompute=True): the forward computes the loss and the
+# per-row lse only (1 GEMM) and saves the (cast) inputs; backward recomputes the logits chunk by
+# chunk from the lse with any upstream gradient (3 GEMMs; 8·N·H·V FLOP in all).
+# Only the gradients of inputs that require grad are computed, except dhidden, which the C API
+# always forms when any gradient is asked for. Double backward raises RuntimeError (also
+# backward(create_graph=True) itself, in eager mode: the gradients are not differentiable).
+_LCE_DOUBLE_BACKWARD_MSG = (
+    "fusedloss.linear_cross_entropy: double backward (backward with create_graph=True) is not "
+    "supported; use torch.nn.functional.linear + cross_entropy for higher-order gradients")
+
+
+def _lce_raw_backward(ctx, *grads):
+    raise RuntimeError("fusedloss::linear_cross_entropy_* are raw ops with no autograd (their "
+                       "gradients are outputs); use fusedloss.linear_cross_entropy")
+
+
+# The raw ops return gradients (or the lse) themselves: all outputs non-differentiable, so calling
+# them on tensors that require grad is allowed; fusedloss.linear_cross_entropy is the autograd path.
+for _op in (ops.linear_cross_entropy_fused, ops.linear_cross_entropy_forward,
+            ops.linear_cross_entropy_backward):
+    _op.register_autograd(_lce_raw_backward, setup_context=_fused_setup_context)
+del _op
+
+
+def _lce_cast(t, dtype):
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
+class LinearCrossEntropyFunction(torch.autograd.Function):
+    """apply(hidden [N, H], weight [V, H], bias [V] or None, target [N], class_weight fp32 [V] or
+    None, dtype, ce_args, lce_args, needs, recompute, eager) -> loss (fp32, (N,) or 0-d).
+
+    dtype: the compute dtype (hidden, weight, bias are cast to it: the autocast dtype, else their
+    common dtype); ce_args: (ignore_index, fl reduction, label_smoothing, z_loss, softcap (0 =
+    off), logit_scale); lce_args: (chunk_rows (0 = auto), byte_budget, fl_lce_accum); needs:
+    (hidden, weight, bias) require grad; recompute: mode 2 instead of mode 1; eager: make the C
+    calls directly (not traced). Inputs are checked by functional.linear_cross_entropy."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, target, class_weight, dtype, ce_args, lce_args, needs,
+                recompute, eager):
+        need_h, need_w, need_b = needs
+        h, w, b = _lce_cast(hidden, dtype), _lce_cast(weight, dtype), _lce_cast(bias, dtype)
+        # gradient dtype of the C call: the parameter's own when the C API can write it (its
+        # compute dtype, or fp32: fp32 parameters under autocast get an exact fp32 gradient)
+        pdt = weight.dtype if need_w else (bias.dtype if need_b else dtype)
+        wgrad_dtype = pdt if pdt in (dtype, _F32) else _F32
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        ctx.needs = needs
+        ctx.recompute = recompute
+        ctx.used = False
+        if not recompute:
+            args = (h, w, b, target, class_weight) + ce_args + lce_args + (
+                wgrad_dtype, need_w, need_b, None, 1.0)
+            if eager:
+                loss, _, dh, dw, db = ops.lce_fused_impl(*args)
+            else:
+                loss, _, dh, dw, db = torch.ops.fusedloss.linear_cross_entropy_fused(*args)
+            ctx.save_for_backward(dh if need_h else None, dw if need_w else None,
+                                  db if need_b else None)
+            return loss
+        args = (h, w, b, target, class_weight) + ce_args + lce_args
+        if eager:
+            loss, lse = ops.lce_forward_impl(*args)
+        else:
+            loss, lse = torch.ops.fusedloss.linear_cross_entropy_forward(*args)
+        ctx.save_for_backward(h, w, b, target, class_weight, lse)
+        ctx.args = (ce_args, lce_args, wgrad_dtype)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        nones = (None,) * 8
+        need_h, need_w, need_b = ctx.needs
+        if grad is None:
+            return (None, None, None) + nones
+        eager = eager_ok(grad)
+        if eager and torch.is_grad_enabled():
+            raise RuntimeError(_LCE_DOUBLE_BACKWARD_MSG)
+        if not ctx.recompute:
+            if eager and ctx.used:
+                raise RuntimeError("fusedloss.linear_cross_entropy: backward can run only once "
+                                   "(the gradients formed in the forward are scaled in place); "
+                                   "use recompute=True to backward through the graph again")
+            dh, dw, db = ctx.saved_tensors
+            if eager:
+                ctx.used = True
+                g = grad if grad.dtype is _F32 else grad.float()
+                # in place, on the device, nothing moved when g == 1; then fresh aliases so that
+                # AccumulateGrad may adopt them as .grad without a copy
+                dh, dw, db = [None if x is None else ops.run_scale_rows(x, g, False).detach()
+                              for x in (dh, dw, db)]
+            else:
+                g = grad.reshape(())
+                dh, dw, db = [None if x is None else x * g for x in (dh, dw, db)]
+        else:
+            h, w, b, target, class_weight, lse = ctx.saved_tensors
+            ce_args, lce_args, wgrad_dtype = ctx.args
+            args = (_grad_loss(grad, ce_args[1]), h, w, b, target, lse, class_weight) + ce_args + \
+                lce_args + (wgrad_dtype, need_w, need_b, 1.0)
+            if eager:
+                dh, dw, db = ops.lce_backward_impl(*args)
+            else:
+                dh, dw, db = torch.ops.fusedloss.linear_cross_entropy_backward(*args)
+        hdt, wdt, bdt = ctx.dtypes
+        dh = _lce_cast(dh, hdt) if need_h else None
+        dw = _lce_cast(dw, wdt) if need_w else None
+        db = _lce_cast(db, bdt) if need_b else None
+        return (dh, dw, db) + nones

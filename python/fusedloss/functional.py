@@ -3,6 +3,7 @@
     import fusedloss
     loss = fusedloss.cross_entropy(logits.view(-1, V), targets.view(-1))
     h = fusedloss.gelu(x, bias, approximate="tanh")          # F.gelu(x + bias), bias grad fused
+    loss = fusedloss.linear_cross_entropy(hidden, lm_head.weight, targets)   # no [N, V] logits
 
 Shapes, options and results follow F.cross_entropy; the fast path is 2-D (N, C) logits whose
 rows are contiguous (any row stride >= C). See cross_entropy's docstring for the differences.
@@ -22,7 +23,7 @@ def _finite(v):
     return -math.inf < v < math.inf
 
 
-__all__ = ["cross_entropy", "gelu"]
+__all__ = ["cross_entropy", "gelu", "linear_cross_entropy"]
 
 # Tests set this to run the eager calls through the custom ops too (the path torch.compile takes).
 _FORCE_OPS = False
@@ -117,6 +118,30 @@ def _eager(x, t, weight, cfg, inplace, return_lse):
     return (loss, lse) if return_lse else loss
 
 
+def _ce_options(fn, reduction, ignore_index, label_smoothing, z_loss, softcap, logit_scale):
+    """Check the cross-entropy options (errors name fn and the argument); returns (fl reduction,
+    ignore_index, label_smoothing, z_loss, softcap (0.0 = off), logit_scale) as int/floats."""
+    red = REDUCTIONS.get(reduction) if isinstance(reduction, str) else None
+    if red is None:
+        raise ValueError(f"{fn}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"{fn}: ignore_index must be an int, got {ignore_index!r}")
+    ignore_index = int(ignore_index)
+    label_smoothing = float(label_smoothing)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"{fn}: label_smoothing must be in [0, 1], got {label_smoothing}")
+    z_loss = float(z_loss)
+    if not (z_loss >= 0.0 and _finite(z_loss)):
+        raise ValueError(f"{fn}: z_loss must be finite and >= 0, got {z_loss}")
+    cap = 0.0 if softcap is None else float(softcap)
+    if not (cap >= 0.0 and _finite(cap)):
+        raise ValueError(f"{fn}: softcap must be None or finite and > 0, got {softcap}")
+    logit_scale = float(logit_scale)
+    if not (_finite(logit_scale) and logit_scale != 0.0):
+        raise ValueError(f"{fn}: logit_scale must be finite and nonzero, got {logit_scale}")
+    return red, ignore_index, label_smoothing, z_loss, cap, logit_scale
+
+
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean",
                   label_smoothing=0.0, *, z_loss=0.0, softcap=None, logit_scale=1.0,
                   inplace_backward=False, return_lse=False):
@@ -187,24 +212,8 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     if input.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"cross_entropy: input dtype {input.dtype} is not supported "
                         "(float32, float16, bfloat16)")
-    red = REDUCTIONS.get(reduction) if isinstance(reduction, str) else None
-    if red is None:
-        raise ValueError(f"cross_entropy: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
-        raise TypeError(f"cross_entropy: ignore_index must be an int, got {ignore_index!r}")
-    ignore_index = int(ignore_index)
-    label_smoothing = float(label_smoothing)
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
-    z_loss = float(z_loss)
-    if not (z_loss >= 0.0 and _finite(z_loss)):
-        raise ValueError(f"cross_entropy: z_loss must be finite and >= 0, got {z_loss}")
-    cap = 0.0 if softcap is None else float(softcap)
-    if not (cap >= 0.0 and _finite(cap)):
-        raise ValueError(f"cross_entropy: softcap must be None or finite and > 0, got {softcap}")
-    logit_scale = float(logit_scale)
-    if not (_finite(logit_scale) and logit_scale != 0.0):
-        raise ValueError(f"cross_entropy: logit_scale must be finite and nonzero, got {logit_scale}")
+    red, ignore_index, label_smoothing, z_loss, cap, logit_scale = _ce_options(
+        "cross_entropy", reduction, ignore_index, label_smoothing, z_loss, softcap, logit_scale)
 
     ndim = input.dim()
     if ndim == 0:
@@ -356,3 +365,179 @@ def gelu(input, bias=None, approximate="tanh"):
             return _autograd.GeluFunction.apply(input, bias, code)
         return ops.run_gelu_forward(input, bias, code)
     return torch.ops.fusedloss.gelu_forward(input, bias, code)
+
+
+# ---- linear + cross-entropy ---------------------------------------------------------------------
+from ._lib import LCE_ACCUM as _LCE_ACCUM, FL_LCE_DEFAULT_BYTE_BUDGET as _LCE_BUDGET  # noqa: E402
+
+
+def _autocast_dtype(device_type):
+    """torch.autocast's dtype for tensors on this device type, or None where autocast is off."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
+def _positive_int_or_none(fn, name, v):
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        raise ValueError(f"{fn}: {name} must be None or an int >= 1, got {v!r}")
+    return int(v)
+
+
+def linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
+                         label_smoothing=0.0, *, class_weight=None, z_loss=0.0, softcap=None,
+                         logit_scale=1.0, chunk_rows=None, byte_budget=None, wgrad_accum="auto",
+                         recompute=None):
+    r"""``F.cross_entropy(F.linear(hidden, weight, bias), target, ...)`` without the logits.
+
+    The language-model head and its loss in one op: the [N, V] logits are never held (the C
+    library computes them a chunk of rows at a time into its workspace, turns each chunk into its
+    gradient in place, and accumulates dhidden / dweight / dbias from it; include/fusedloss.h
+    section 6).
+
+    - ``hidden``: (..., H), float32 / float16 / bfloat16; flattened to (N, H) rows.
+    - ``weight``: (V, H), the lm-head weight (``lm_head.weight``); ``bias``: (V,) or None.
+    - ``target``: class indices (int64, or int32) of shape ``hidden.shape[:-1]``.
+    - ``ignore_index``, ``reduction`` ('none' | 'mean' | 'sum'), ``label_smoothing``, and the
+      keyword-only ``class_weight`` ((V,), F.cross_entropy's ``weight``), ``z_loss``,
+      ``softcap``, ``logit_scale``: exactly as :func:`fusedloss.cross_entropy`.
+
+    Results match the unfused ops in the precision PyTorch runs them: the logits are accumulated
+    in fp32 (double on the CPU backend) and rounded once to the input dtype, as F.linear returns
+    them; the cross-entropy is then computed from those in fp32 (the loss is float32); the
+    gradients have their inputs' dtypes. ``reduction='none'`` returns the per-row loss in
+    ``target``'s shape. Under ``torch.autocast`` hidden, weight and bias are cast to the autocast
+    dtype as F.linear is, and the weight (and bias) gradient is formed in the parameter's own
+    dtype: an fp32 weight gets an fp32 gradient accumulated exactly (not a bf16 one cast up).
+
+    Gradient modes (``recompute``):
+
+    - ``None`` (default): for 'mean' / 'sum', the gradients are computed in the forward for an
+      upstream gradient of 1 and scaled by the real one in backward (in place, on the device,
+      free when it is 1): 3 GEMMs; dweight and dhidden are held from forward to backward.
+      For 'none' (a per-row upstream gradient) the recompute mode.
+    - ``True``: recompute: the forward keeps only the per-row lse (1 GEMM); backward recomputes
+      the logits (3 GEMMs). Less memory between forward and backward, about 1/3 more FLOP.
+    - ``False``: the first mode; an error with reduction='none'.
+
+    Without a gradient to compute (no input requires grad, or under ``torch.no_grad()``) only the
+    loss is computed (1 GEMM). Gradients are computed only for the inputs that require grad,
+    except dhidden, which the C library always forms. Backward runs once (use recompute=True to
+    backward twice through the same graph); double backward raises RuntimeError.
+
+    Tuning (keyword-only): ``chunk_rows`` rows per chunk (None: the most that fit
+    ``byte_budget`` bytes of workspace, default 512 MiB); ``wgrad_accum`` for a 16-bit weight
+    gradient: 'fp32' (an fp32 accumulator in the workspace, one rounding), 'lean' (no extra
+    memory, rounded after each chunk) or 'auto' (fp32 when the accumulator fits half the budget).
+    fp32 inputs use TF32 on CUDA unless ``torch.get_float32_matmul_precision() == 'highest'``.
+
+    Works under torch.compile(fullgraph=True) and in CUDA graphs (no host synchronisation; make
+    the first call on a device outside the capture: it creates that device's library context).
+    Out-of-range targets: as :func:`fusedloss.cross_entropy` (an IndexError on the CPU, NaN rows
+    and fusedloss.check_errors() on CUDA).
+    """
+    fn = "linear_cross_entropy"
+    for name, t in (("hidden", hidden), ("weight", weight), ("target", target)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{fn}: {name} must be a Tensor, got {type(t).__name__}")
+    if bias is not None and not isinstance(bias, Tensor):
+        raise TypeError(f"{fn}: bias must be a Tensor or None, got {type(bias).__name__}")
+    red, ignore_index, label_smoothing, z_loss, cap, logit_scale = _ce_options(
+        fn, reduction, ignore_index, label_smoothing, z_loss, softcap, logit_scale)
+    chunk_rows = _positive_int_or_none(fn, "chunk_rows", chunk_rows)
+    byte_budget = _positive_int_or_none(fn, "byte_budget", byte_budget)
+    accum = _LCE_ACCUM.get(wgrad_accum) if isinstance(wgrad_accum, str) else None
+    if accum is None:
+        raise ValueError(f"{fn}: wgrad_accum must be 'auto', 'fp32' or 'lean', got {wgrad_accum!r}")
+    if recompute is not None and not isinstance(recompute, bool):
+        raise TypeError(f"{fn}: recompute must be None, True or False, got {recompute!r}")
+    if recompute is False and red == REDUCTIONS["none"]:
+        raise ValueError(f"{fn}: reduction='none' needs recompute=True or None (a per-row upstream "
+                         "gradient is known only in backward)")
+
+    dev = hidden.device
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{fn}: hidden is on {dev}; only cpu and cuda tensors are supported")
+    for name, t in (("weight", weight), ("target", target), ("bias", bias),
+                    ("class_weight", class_weight)):
+        if t is not None and isinstance(t, Tensor) and t.device != dev:
+            raise ValueError(f"{fn}: {name} is on {t.device} but hidden is on {dev}")
+    for name, t in (("hidden", hidden), ("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{fn}: {name} dtype {t.dtype} is not supported (float32, float16, bfloat16)")
+    if hidden.dim() < 1:
+        raise ValueError(f"{fn}: hidden must have at least 1 dimension (..., H), got a 0-d tensor")
+    H = hidden.shape[-1]
+    if weight.dim() != 2 or weight.shape[1] != H:
+        raise ValueError(f"{fn}: weight must have shape (V, {H}) for hidden of shape "
+                         f"{tuple(hidden.shape)}, got {tuple(weight.shape)}")
+    V = weight.shape[0]
+    if V < 1 or H < 1:
+        raise ValueError(f"{fn}: need V >= 1 classes and H >= 1 features, got weight of shape "
+                         f"{tuple(weight.shape)}")
+    if bias is not None and bias.shape != (V,):
+        raise ValueError(f"{fn}: bias must have shape ({V},), got {tuple(bias.shape)}")
+    if target.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{fn}: target dtype {target.dtype} is not supported (int64 or int32 class "
+                        "indices)")
+    if target.shape != hidden.shape[:-1]:
+        raise ValueError(f"{fn}: target must have shape {tuple(hidden.shape[:-1])} for hidden of shape "
+                         f"{tuple(hidden.shape)}, got {tuple(target.shape)}")
+    if class_weight is not None:
+        if not isinstance(class_weight, Tensor):
+            raise TypeError(f"{fn}: class_weight must be a Tensor or None, got {type(class_weight).__name__}")
+        if not class_weight.is_floating_point() or class_weight.shape != (V,):
+            raise ValueError(f"{fn}: class_weight must be a floating tensor of shape ({V},), got "
+                             f"{class_weight.dtype} {tuple(class_weight.shape)}")
+        class_weight = class_weight.detach().to(_F32).contiguous()
+
+    dtype = _autocast_dtype(dev.type)
+    if dtype is None:  # as F.linear: one dtype for all three
+        dtype = hidden.dtype
+        for name, t in (("weight", weight), ("bias", bias)):
+            if t is not None and t.dtype != dtype:
+                raise TypeError(f"{fn}: {name} dtype {t.dtype} differs from hidden's ({dtype}); cast "
+                                "them to one dtype or run under torch.autocast")
+    elif dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{fn}: autocast dtype {dtype} is not supported (float16, bfloat16)")
+
+    # ---- to rows: hidden (N, H) with unit column stride, target (N,) contiguous ----
+    h = hidden.reshape(-1, H)
+    N = h.shape[0]
+    if (H > 1 and h.stride(1) != 1) or (N > 1 and h.stride(0) < H):
+        h = h.contiguous()
+    w = weight
+    if (H > 1 and w.stride(1) != 1) or (V > 1 and w.stride(0) < H):
+        w = w.contiguous()
+    b = bias
+    if b is not None and V > 1 and b.stride(0) != 1:
+        b = b.contiguous()
+    t = target.reshape(-1)
+    if N > 1 and t.stride(0) != 1:
+        t = t.contiguous()
+
+    ce_args = (ignore_index, red, label_smoothing, z_loss, cap, logit_scale)
+    lce_args = (chunk_rows or 0, byte_budget or _LCE_BUDGET, accum)
+    eager = (not _FORCE_OPS and _autograd.eager_ok(hidden) and _autograd.eager_ok(weight)
+             and (bias is None or _autograd.eager_ok(bias)))
+    grad = _grad_enabled()
+    needs = (grad and hidden.requires_grad, grad and weight.requires_grad,
+             grad and bias is not None and bias.requires_grad)
+    if needs[0] or needs[1] or needs[2]:
+        rc = recompute if recompute is not None else red == REDUCTIONS["none"]
+        loss = _autograd.LinearCrossEntropyFunction.apply(h, w, b, t, class_weight, dtype, ce_args,
+                                                          lce_args, needs, rc, eager)
+    else:  # nothing to differentiate: the loss only (1 GEMM)
+        h, w = h.to(dtype), w.to(dtype)
+        b = b.to(dtype) if b is not None else None
+        if eager:
+            loss, _ = ops.lce_forward_impl(h, w, b, t, class_weight, *ce_args, *lce_args,
+                                           want_lse=False)
+        else:
+            loss, _ = torch.ops.fusedloss.linear_cross_entropy_forward(h, w, b, t, class_weight,
+                                                                       *ce_args, *lce_args)
+    if red == REDUCTIONS["none"]:
+        loss = loss.reshape(target.shape)
+    return loss

@@ -4,6 +4,8 @@ Swapping ``torch.nn.CrossEntropyLoss`` for ``fusedloss.nn.CrossEntropyLoss`` (or
 for ``fusedloss.nn.GELU``) is the whole migration; ``print(model)`` shows ``...(fused, ...)``.
 ``BiasGELU`` takes over the bias of the Linear before a GeLU: ``Linear(bias=False) -> BiasGELU``
 computes the same as ``Linear -> GELU`` with the bias add and its gradient fused into the GeLU.
+``LinearCrossEntropyLoss`` is the lm head and its loss in one: ``loss(hidden, lm_head.weight,
+target)`` equals ``CrossEntropyLoss()(lm_head(hidden), target)`` without the [N, V] logits.
 """
 import math
 import numbers
@@ -11,14 +13,15 @@ import numbers
 import torch
 from torch import Tensor
 
-from .functional import cross_entropy, gelu
+from .functional import cross_entropy, gelu, linear_cross_entropy
+from .functional import _ce_options, _positive_int_or_none
 
 def _finite(v):
     # comparisons, not math.isfinite: they also work on the SymFloats of torch.compile(dynamic=True)
     return -math.inf < v < math.inf
 
 
-__all__ = ["CrossEntropyLoss", "GELU", "BiasGELU"]
+__all__ = ["CrossEntropyLoss", "LinearCrossEntropyLoss", "GELU", "BiasGELU"]
 
 
 class CrossEntropyLoss(torch.nn.Module):
@@ -97,6 +100,83 @@ class CrossEntropyLoss(torch.nn.Module):
             s += f", logit_scale={self.logit_scale}"
         if self.inplace_backward:
             s += ", inplace_backward=True"
+        return s
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    r"""Fused ``F.cross_entropy(F.linear(hidden, weight, bias), target)``: the lm head and its loss
+    without the [N, V] logits (see :func:`fusedloss.linear_cross_entropy`).
+
+    The module holds the loss options only; the head's parameters are passed to forward, so a
+    model keeps its own ``lm_head`` (and weight tying)::
+
+        criterion = fusedloss.nn.LinearCrossEntropyLoss(ignore_index=-100)
+        loss = criterion(hidden, model.lm_head.weight, labels)      # hidden (..., H), labels (...)
+
+    Constructor: ``ignore_index``, ``reduction``, ``label_smoothing`` (as torch's
+    CrossEntropyLoss), keyword-only ``class_weight`` ((V,), a buffer: it follows ``.to()``),
+    ``z_loss``, ``softcap``, ``logit_scale``, ``chunk_rows``, ``byte_budget``, ``wgrad_accum``,
+    ``recompute``. Bad values raise ValueError / TypeError here, naming the argument.
+    forward(hidden, weight, target, bias=None) -> float32 loss.
+    """
+
+    __constants__ = ["ignore_index", "reduction", "label_smoothing"]
+
+    def __init__(self, ignore_index=-100, reduction="mean", label_smoothing=0.0, *,
+                 class_weight=None, z_loss=0.0, softcap=None, logit_scale=1.0, chunk_rows=None,
+                 byte_budget=None, wgrad_accum="auto", recompute=None):
+        super().__init__()
+        name = "LinearCrossEntropyLoss"
+        _ce_options(name, reduction, ignore_index, label_smoothing, z_loss, softcap, logit_scale)
+        if class_weight is not None:
+            if not isinstance(class_weight, Tensor):
+                raise TypeError(f"{name}: class_weight must be a Tensor or None, got "
+                                f"{type(class_weight).__name__}")
+            if class_weight.dim() != 1 or not class_weight.is_floating_point():
+                raise ValueError(f"{name}: class_weight must be a 1-D floating tensor (V,), got "
+                                 f"{class_weight.dtype} of shape {tuple(class_weight.shape)}")
+        self.chunk_rows = _positive_int_or_none(name, "chunk_rows", chunk_rows)
+        self.byte_budget = _positive_int_or_none(name, "byte_budget", byte_budget)
+        if wgrad_accum not in ("auto", "fp32", "lean"):
+            raise ValueError(f"{name}: wgrad_accum must be 'auto', 'fp32' or 'lean', got {wgrad_accum!r}")
+        if recompute is not None and not isinstance(recompute, bool):
+            raise TypeError(f"{name}: recompute must be None, True or False, got {recompute!r}")
+        if recompute is False and reduction == "none":
+            raise ValueError(f"{name}: reduction='none' needs recompute=True or None")
+        self.register_buffer("class_weight", class_weight)
+        self.ignore_index = int(ignore_index)
+        self.reduction = reduction
+        self.label_smoothing = float(label_smoothing)
+        self.z_loss = float(z_loss)
+        self.softcap = None if softcap is None else float(softcap)
+        self.logit_scale = float(logit_scale)
+        self.wgrad_accum = wgrad_accum
+        self.recompute = recompute
+
+    def forward(self, hidden: Tensor, weight: Tensor, target: Tensor, bias=None) -> Tensor:
+        return linear_cross_entropy(hidden, weight, target, bias, ignore_index=self.ignore_index,
+                                    reduction=self.reduction, label_smoothing=self.label_smoothing,
+                                    class_weight=self.class_weight, z_loss=self.z_loss,
+                                    softcap=self.softcap, logit_scale=self.logit_scale,
+                                    chunk_rows=self.chunk_rows, byte_budget=self.byte_budget,
+                                    wgrad_accum=self.wgrad_accum, recompute=self.recompute)
+
+    def extra_repr(self):
+        s = f"fused linear+CE, reduction={self.reduction!r}, ignore_index={self.ignore_index}"
+        if self.class_weight is not None:
+            s += f", class_weight=({self.class_weight.shape[0]},)"
+        for k in ("label_smoothing", "z_loss"):
+            if getattr(self, k):
+                s += f", {k}={getattr(self, k)}"
+        if self.softcap is not None:
+            s += f", softcap={self.softcap}"
+        if self.logit_scale != 1.0:
+            s += f", logit_scale={self.logit_scale}"
+        for k in ("chunk_rows", "byte_budget", "recompute"):
+            if getattr(self, k) is not None:
+                s += f", {k}={getattr(self, k)}"
+        if self.wgrad_accum != "auto":
+            s += f", wgrad_accum={self.wgrad_accum!r}"
         return s
 
 

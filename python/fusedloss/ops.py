@@ -13,6 +13,17 @@ fl_*_cuda on torch's current stream, and a fake kernel for torch.compile / meta 
   gelu_backward(grad, x, bias?, approximate, compute_dbias) -> (dx, dbias)   (fl_gelu_backward_*)
       dbias is a (0,) tensor when not computed; x is any shape (..., F), bias (F,) of x's
       dtype or float32; approximate is the fl_gelu_approx number (0 none/erf, 1 tanh).
+  linear_cross_entropy_fused(hidden, weight, bias?, target, class_weight?, <CE options>,
+                             chunk_rows, byte_budget, wgrad_accum, wgrad_dtype, compute_dweight,
+                             compute_dbias, grad_loss?, grad_scale)
+      -> (loss, lse, dhidden, dweight, dbias)         mode 1: gradients in the forward
+  linear_cross_entropy_forward(hidden, weight, bias?, target, class_weight?, <CE options>,
+                               chunk_rows, byte_budget, wgrad_accum) -> (loss, lse)
+  linear_cross_entropy_backward(grad_loss, hidden, weight, bias?, target, lse, class_weight?,
+                                <CE options>, chunk_rows, byte_budget, wgrad_accum, wgrad_dtype,
+                                compute_dweight, compute_dbias, grad_scale)
+      -> (dhidden, dweight, dbias)                    mode 2: recompute from the saved lse
+      (fl_linear_cross_entropy_*; see the notes at the linear cross-entropy section below)
 
 The ops are deliberately raw: logits are 2-D (N, V) with unit column stride and a row stride
 ld = stride(0) >= V (the C API's layout); target is 1-D (N,) int32/int64; weight is fp32 (V,);
@@ -49,8 +60,9 @@ from . import _lib
 from ._lib import TargetOutOfRangeError, _check
 
 __all__ = ["cross_entropy_forward", "cross_entropy_backward", "cross_entropy_fused",
-           "cross_entropy_fused_inplace", "gelu_forward", "gelu_backward", "check_errors",
-           "set_debug", "is_debug"]
+           "cross_entropy_fused_inplace", "gelu_forward", "gelu_backward",
+           "linear_cross_entropy_fused", "linear_cross_entropy_forward",
+           "linear_cross_entropy_backward", "check_errors", "set_debug", "is_debug"]
 
 _fl = _lib.lib
 _DTYPES = {torch.float32: _lib.FL_DTYPE_F32, torch.float16: _lib.FL_DTYPE_F16,
@@ -782,3 +794,423 @@ def _(grad, x, bias, approximate, compute_dbias):
     if compute_dbias and bias is not None:
         return dx, torch.empty_like(bias, memory_format=torch.contiguous_format)
     return dx, x.new_empty((0,))
+
+
+# ---- linear + cross-entropy (fl_linear_cross_entropy_*) -------------------------------------------
+# logits = hidden . weight^T (+ bias), then the cross-entropy above, never holding the [N, V]
+# logits (include/fusedloss.h section 6). Three raw ops:
+#   linear_cross_entropy_fused     mode 1: loss, lse and the gradients for an upstream gradient
+#                                  given up front (grad_loss / grad_scale; None = 1), one call
+#   linear_cross_entropy_forward   mode 2, step 1: loss and lse only (1 GEMM)
+#   linear_cross_entropy_backward  mode 2, step 2: the gradients from the saved lse (recomputes)
+# Raw layout: hidden [N, H] and weight [V, H] with unit column stride and any row stride >= H,
+# bias [V] (or None), all of ONE dtype (fp32 / fp16 / bf16: the caller casts, e.g. for autocast);
+# target [N] int64/int32; class_weight fp32 [V] or None; reduction, as above, the fl_reduction
+# number; softcap 0 = off; chunk_rows 0 = from byte_budget; wgrad_accum the fl_lce_accum number.
+# wgrad_dtype (the dtype of dweight and dbias) is the inputs' dtype or torch.float32 (fp32
+# parameters under autocast: their gradient accumulated in fp32). Gradients that are not
+# computed (compute_dweight / compute_dbias False, or no bias) come back as (0,) tensors of
+# wgrad_dtype; dhidden is always computed (the C API needs it whenever dweight or dbias is).
+# Outputs: loss fp32 (N,) for reduction none else 0-d; lse fp32 (N,); dhidden contiguous [N, H]
+# of the inputs' dtype; dweight [V, H], dbias [V] of wgrad_dtype.
+# fp32 inputs use TF32 tensor cores on CUDA when torch.get_float32_matmul_precision() is not
+# "highest" (read at each call, as torch's own matmuls do).
+#
+# CUDA: one fl_lce_context per device, created on first use (keep the first call out of a CUDA
+# graph capture, as for any warm-up), used under a lock (one host thread at a time, as the C API
+# asks: the forward's thread and autograd's backward thread may differ) and destroyed at
+# interpreter exit; the workspace is a fresh torch.empty(uint8) per call from torch's caching
+# allocator (stream-ordered reuse, the graph's private pool under capture), on torch's current
+# stream. The CUDA backend needs 16-byte aligned
+# matrices whose row strides are multiples of 16 bytes: misaligned inputs are copied, and an H
+# whose rows are not a multiple of 16 bytes (H % 8 for fp16/bf16, H % 4 for fp32) is zero-padded
+# to one (hidden and weight copied; the zero columns change no logit; the gradients are cut back
+# to H), so any shape works, the odd ones at the cost of a copy.
+import atexit as _atexit  # noqa: E402
+
+_lce_contexts = {}      # device index -> (fl_lce_context* (int), threading.Lock)
+_lce_structs = {}       # (chunk_rows, byte_budget, wgrad_accum, allow_tf32) -> (LCEOptions, address, key)
+_lce_ws_sizes = {}
+_lce_create_lock = threading.Lock()
+
+
+def _lce_context(idx):
+    """(fl_lce_context*, lock) of cuda:idx (the current device), created on first use. The C
+    API allows one host thread at a time per context: calls hold the lock (they only enqueue
+    work, so it is held for microseconds); autograd runs backward on its own thread per device."""
+    c = _lce_contexts.get(idx)
+    if c is None:
+        with _lce_create_lock:
+            c = _lce_contexts.get(idx)
+            if c is None:
+                c = _lce_contexts[idx] = (_lib.lce_context_create(), threading.Lock())
+    return c
+
+
+@_atexit.register
+def _destroy_lce_contexts():
+    while _lce_contexts:
+        idx, (c, _) = _lce_contexts.popitem()
+        try:  # the work using the context must be done before it is destroyed
+            torch.cuda.synchronize(idx)
+        except Exception:  # pragma: no cover - a broken CUDA context at exit
+            pass
+        _lib.lce_context_destroy(c)
+
+
+def _lce_struct(chunk_rows, byte_budget, wgrad_accum, allow_tf32):
+    key = (chunk_rows, byte_budget, wgrad_accum, allow_tf32)
+    s = _lce_structs.get(key)
+    if s is None:
+        if len(_lce_structs) >= 64:
+            _lce_structs.clear()
+        st = _lib.lce_options(chunk_rows, byte_budget, wgrad_accum, allow_tf32)
+        s = _lce_structs[key] = (st, ctypes.addressof(st), key)
+    return s
+
+
+def _lce_ws_bytes(N, H, V, dt, wdt, cfg, ce_addr, has_weight, lce):
+    """fl_linear_cross_entropy_workspace_size, cached per distinct arguments."""
+    key = (N, H, V, dt, wdt, cfg.args, has_weight, lce[2])
+    n = _lce_ws_sizes.get(key)
+    if n is None:
+        n = _lib.lce_workspace_size(N, H, V, dt, wdt, ce_addr, lce[1])
+        if len(_lce_ws_sizes) >= 4096:
+            _lce_ws_sizes.clear()
+        _lce_ws_sizes[key] = n
+    return n
+
+
+def _lce_rows_ok(op, name, t, cols):
+    """(ld) of a 2-D [rows, cols] matrix with unit column stride and row stride >= cols."""
+    if t.dim() != 2 or t.shape[1] != cols:
+        raise ValueError(f"fusedloss::{op}: {name} must be 2-D (*, {cols}), got shape {tuple(t.shape)}")
+    rows = t.shape[0]
+    if cols > 1 and t.stride(1) != 1:
+        raise ValueError(f"fusedloss::{op}: {name} must have unit column stride, got strides {t.stride()}")
+    ld = t.stride(0) if rows > 1 else cols
+    if ld < cols:
+        raise ValueError(f"fusedloss::{op}: {name} row stride {ld} < H ({cols})")
+    return ld
+
+
+def lce_check_args(op, hidden, weight, bias, target, class_weight, wgrad_dtype, lse=None):
+    """Validate the raw linear-CE op's inputs; returns (N, H, V, fl dtype, fl wgrad dtype, fl
+    index dtype)."""
+    if hidden.dim() != 2:
+        raise ValueError(f"fusedloss::{op}: hidden must be 2-D (N, H), got shape {tuple(hidden.shape)}")
+    if weight.dim() != 2:
+        raise ValueError(f"fusedloss::{op}: weight must be 2-D (V, H), got shape {tuple(weight.shape)}")
+    dt = _DTYPES.get(hidden.dtype)
+    if dt is None:
+        raise TypeError(f"fusedloss::{op}: hidden dtype {hidden.dtype} not supported "
+                        "(float32, float16, bfloat16)")
+    N, H = hidden.shape
+    V = weight.shape[0]
+    if H < 1 or V < 1:
+        raise ValueError(f"fusedloss::{op}: need H >= 1 and V >= 1, got hidden {tuple(hidden.shape)}, "
+                         f"weight {tuple(weight.shape)}")
+    dev = hidden.device
+    if weight.dtype != hidden.dtype or weight.device != dev:
+        raise ValueError(f"fusedloss::{op}: weight must be {hidden.dtype} on {dev} like hidden, got "
+                         f"{weight.dtype} on {weight.device}")
+    _lce_rows_ok(op, "hidden", hidden, H)
+    _lce_rows_ok(op, "weight", weight, H)
+    if bias is not None:
+        if bias.dtype != hidden.dtype or bias.shape != (V,) or bias.device != dev:
+            raise ValueError(f"fusedloss::{op}: bias must be {hidden.dtype} of shape ({V},) on {dev}, "
+                             f"got {bias.dtype} {tuple(bias.shape)} on {bias.device}")
+        if V > 1 and bias.stride(0) != 1:
+            raise ValueError(f"fusedloss::{op}: bias must be contiguous")
+    it = _INDEX_DTYPES.get(target.dtype)
+    if it is None:
+        raise TypeError(f"fusedloss::{op}: target dtype {target.dtype} not supported (int64, int32)")
+    if target.dim() != 1 or target.shape[0] != N:
+        raise ValueError(f"fusedloss::{op}: target must have shape ({N},), got {tuple(target.shape)}")
+    if target.device != dev:
+        raise ValueError(f"fusedloss::{op}: target is on {target.device}, hidden on {dev}")
+    if N > 1 and target.stride(0) != 1:
+        raise ValueError(f"fusedloss::{op}: target must be contiguous")
+    if class_weight is not None:
+        if (class_weight.dtype != torch.float32 or class_weight.shape != (V,)
+                or class_weight.device != dev):
+            raise ValueError(f"fusedloss::{op}: class_weight must be float32 of shape ({V},) on {dev}, "
+                             f"got {class_weight.dtype} {tuple(class_weight.shape)} on {class_weight.device}")
+        if V > 1 and class_weight.stride(0) != 1:
+            raise ValueError(f"fusedloss::{op}: class_weight must be contiguous")
+    if wgrad_dtype != hidden.dtype and wgrad_dtype != torch.float32:
+        raise TypeError(f"fusedloss::{op}: wgrad_dtype must be hidden's dtype ({hidden.dtype}) or "
+                        f"torch.float32, got {wgrad_dtype}")
+    if lse is not None:
+        if lse.dtype != torch.float32 or lse.shape != (N,) or lse.device != dev:
+            raise ValueError(f"fusedloss::{op}: lse must be float32 of shape ({N},) on {dev}")
+        if N > 1 and lse.stride(0) != 1:
+            raise ValueError(f"fusedloss::{op}: lse must be contiguous")
+    return N, H, V, dt, _DTYPES[wgrad_dtype], it
+
+
+def _aligned(t):
+    return (t.data_ptr() & 15) == 0
+
+
+def _lce_cuda_layout(hidden, weight, bias, H):
+    """(hidden, weight, bias, Hp) meeting the CUDA backend's layout rules (see the notes above):
+    16-byte aligned matrices whose row strides are multiples of 16 bytes."""
+    q = 16 // hidden.element_size()  # elements per 16 bytes
+    Hp = -(-H // q) * q
+    if Hp != H:
+        hidden = torch.nn.functional.pad(hidden, (0, Hp - H))
+        weight = torch.nn.functional.pad(weight, (0, Hp - H))
+    else:
+        if not _aligned(hidden) or (hidden.shape[0] > 1 and hidden.stride(0) % q):
+            hidden = hidden.clone(memory_format=_CONTIGUOUS)
+        if not _aligned(weight) or (weight.shape[0] > 1 and weight.stride(0) % q):
+            weight = weight.clone(memory_format=_CONTIGUOUS)
+    if bias is not None and not _aligned(bias):
+        bias = bias.clone(memory_format=_CONTIGUOUS)
+    return hidden, weight, bias, Hp
+
+
+def _lce_empty_results(hidden, weight, bias, reduction, wgrad_dtype, grads):
+    """N == 0 without a C call: loss as torch (sum 0, mean NaN, none empty), zero gradients."""
+    dev = hidden.device
+    loss = _empty_loss(torch.empty(_loss_shape(0, reduction), dtype=_F32, device=dev), reduction)
+    lse = torch.empty((0,), dtype=_F32, device=dev)
+    if grads is None:
+        return loss, lse, None, None, None
+    need_w, need_b = grads
+    dh = torch.empty((0, hidden.shape[1]), dtype=hidden.dtype, device=dev)
+    dw = torch.zeros(weight.shape, dtype=wgrad_dtype, device=dev) if need_w else None
+    db = torch.zeros(bias.shape, dtype=wgrad_dtype, device=dev) if need_b else None
+    return loss, lse, dh, dw, db
+
+
+def run_lce(hidden, weight, bias, target, class_weight, cfg, lce_args, wgrad_dtype, *,
+            grads=None, want_lse=True, lse=None, grad_loss=None, grad_scale=1.0):
+    """The C calls of linear cross-entropy (inputs already validated by lce_check_args).
+
+    Forward (lse is None): grads None -> loss-only (mode 2 step 1); grads (need_dweight,
+    need_dbias) -> loss and gradients (mode 1) for grad_loss (None = 1) * grad_scale.
+    Backward (lse given, grads given): the gradients from the saved lse (mode 2 step 2).
+    lce_args: (chunk_rows, byte_budget, wgrad_accum). Returns (loss, lse, dhidden, dweight,
+    dbias) with None for what was not computed (loss/lse None in backward)."""
+    backward = lse is not None
+    N, H = hidden.shape
+    V = weight.shape[0]
+    need_w, need_b = grads if grads is not None else (False, False)
+    need_b = need_b and bias is not None
+    if N == 0:
+        loss, lse0, dh, dw, db = _lce_empty_results(hidden, weight, bias, cfg.reduction,
+                                                    wgrad_dtype, None if grads is None else (need_w, need_b))
+        return (None, None, dh, dw, db) if backward else (loss, lse0 if want_lse else None, dh, dw, db)
+    dt = _DTYPES[hidden.dtype]
+    it = _INDEX_DTYPES[target.dtype]
+    dev = hidden.device
+    if dev.type == "cpu":
+        idx = -1
+    else:
+        idx = dev.index if dev.index is not None else _current_device()
+        if _current_device() != idx:
+            with torch.cuda.device(idx):
+                return run_lce(hidden, weight, bias, target, class_weight, cfg, lce_args,
+                               wgrad_dtype, grads=grads, want_lse=want_lse, lse=lse,
+                               grad_loss=grad_loss, grad_scale=grad_scale)
+    # a loss-only forward has no weight gradient: with wgrad_dtype fp32 the plan reserves no
+    # fp32 accumulator, so its workspace (and with a byte budget, its chunking) is the leanest
+    wdt = _DTYPES[wgrad_dtype] if grads is not None else _lib.FL_DTYPE_F32
+    Hp = H
+    h, w, b = hidden, weight, bias
+    if idx >= 0:
+        h, w, b, Hp = _lce_cuda_layout(hidden, weight, bias, H)
+    ldh = h.stride(0) if N > 1 else Hp
+    ldw = w.stride(0) if V > 1 else Hp
+    allow_tf32 = idx >= 0 and dt == _lib.FL_DTYPE_F32 and \
+        torch.get_float32_matmul_precision() != "highest"
+    lce = _lce_struct(lce_args[0], lce_args[1], lce_args[2], allow_tf32)
+    wptr = class_weight.data_ptr() if class_weight is not None else 0
+    ce = cfg.options(wptr, flag_ptr(idx) if idx >= 0 else 0)
+    nbytes = _lce_ws_bytes(N, Hp, V, dt, wdt, cfg, ce[1], wptr != 0, lce)
+    ws = torch.empty(nbytes, dtype=_U8, device=dev)
+    wdtype = _F32 if wdt == _lib.FL_DTYPE_F32 else hidden.dtype
+    loss = None if backward else torch.empty(_loss_shape(N, cfg.reduction), dtype=_F32, device=dev)
+    lse_out = None if backward or not want_lse else torch.empty(N, dtype=_F32, device=dev)
+    dh = torch.empty((N, Hp), dtype=hidden.dtype, device=dev) if grads is not None else None
+    dw = torch.empty((V, Hp), dtype=wdtype, device=dev) if need_w else None
+    db = torch.empty((V,), dtype=wdtype, device=dev) if need_b else None
+    ptr = _ptr
+    gptr = ptr(grad_loss)
+    if backward:
+        args = (ptr(dh), ptr(dw), ptr(db), h.data_ptr(), ldh, w.data_ptr(), ldw, ptr(b),
+                target.data_ptr(), lse.data_ptr(), gptr, grad_scale, N, Hp, V, dt, wdt, it,
+                ce[1], lce[1], ws.data_ptr(), nbytes)
+        name = "fl_linear_cross_entropy_backward_"
+    else:
+        args = (loss.data_ptr(), ptr(lse_out), ptr(dh), ptr(dw), ptr(db), h.data_ptr(), ldh,
+                w.data_ptr(), ldw, ptr(b), target.data_ptr(), gptr, grad_scale, N, Hp, V, dt, wdt,
+                it, ce[1], lce[1], ws.data_ptr(), nbytes)
+        name = "fl_linear_cross_entropy_forward_"
+    if idx < 0:
+        fn = name + "cpu"
+        st = getattr(_fl, fn)(*args)
+    else:
+        fn = name + "cuda"
+        ctx, lock = _lce_context(idx)
+        with lock:
+            st = getattr(_fl, fn)(ctx, *args, _raw_stream(idx))
+    if st:
+        _check(st, fn)
+    if idx >= 0 and _debug:
+        _debug_check(dev)
+    del ws  # back to the caching allocator, reused in this stream's order
+    if Hp != H:
+        dh = dh[:, :H].contiguous() if dh is not None else None
+        dw = dw[:, :H].contiguous() if dw is not None else None
+    return loss, lse_out, dh, dw, db
+
+
+def _ptr(t):
+    return t.data_ptr() if t is not None else None
+
+
+def _or_empty(t, like, dtype):
+    # a gradient not computed: a (0,) tensor (a fresh one each: op outputs may not alias)
+    return t if t is not None else like.new_empty((0,), dtype=dtype)
+
+
+def _lce_cfg(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale):
+    if reduction not in (_lib.FL_REDUCTION_NONE, _lib.FL_REDUCTION_MEAN, _lib.FL_REDUCTION_SUM):
+        raise ValueError(f"fusedloss: reduction must be 0 (none), 1 (mean) or 2 (sum), got {reduction!r}")
+    return config(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
+
+
+def lce_fused_impl(hidden, weight, bias, target, class_weight, ignore_index, reduction,
+                   label_smoothing, z_loss, softcap, logit_scale, chunk_rows, byte_budget,
+                   wgrad_accum, wgrad_dtype, compute_dweight, compute_dbias, grad_loss, grad_scale):
+    """Mode 1: (loss, lse, dhidden, dweight, dbias) with (0,) tensors for gradients not computed."""
+    op = "linear_cross_entropy_fused"
+    N = lce_check_args(op, hidden, weight, bias, target, class_weight, wgrad_dtype)[0]
+    cfg = _lce_cfg(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
+    if grad_loss is not None:
+        _check_grad_loss(op, grad_loss, N, reduction, hidden.device)
+    loss, lse, dh, dw, db = run_lce(hidden, weight, bias, target, class_weight, cfg,
+                                    (chunk_rows, byte_budget, wgrad_accum), wgrad_dtype,
+                                    grads=(compute_dweight, compute_dbias), grad_loss=grad_loss,
+                                    grad_scale=grad_scale)
+    return loss, lse, dh, _or_empty(dw, hidden, wgrad_dtype), _or_empty(db, hidden, wgrad_dtype)
+
+
+def lce_forward_impl(hidden, weight, bias, target, class_weight, ignore_index, reduction,
+                     label_smoothing, z_loss, softcap, logit_scale, chunk_rows, byte_budget,
+                     wgrad_accum, want_lse=True):
+    """Mode 2, step 1: (loss, lse) (lse None when want_lse is False)."""
+    lce_check_args("linear_cross_entropy_forward", hidden, weight, bias, target, class_weight,
+                   hidden.dtype)
+    cfg = _lce_cfg(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
+    loss, lse, _, _, _ = run_lce(hidden, weight, bias, target, class_weight, cfg,
+                                 (chunk_rows, byte_budget, wgrad_accum), hidden.dtype,
+                                 want_lse=want_lse)
+    return loss, lse
+
+
+def lce_backward_impl(grad_loss, hidden, weight, bias, target, lse, class_weight, ignore_index,
+                      reduction, label_smoothing, z_loss, softcap, logit_scale, chunk_rows,
+                      byte_budget, wgrad_accum, wgrad_dtype, compute_dweight, compute_dbias,
+                      grad_scale):
+    """Mode 2, step 2: (dhidden, dweight, dbias) with (0,) tensors for gradients not computed."""
+    op = "linear_cross_entropy_backward"
+    N = lce_check_args(op, hidden, weight, bias, target, class_weight, wgrad_dtype, lse)[0]
+    cfg = _lce_cfg(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
+    _check_grad_loss(op, grad_loss, N, reduction, hidden.device)
+    _, _, dh, dw, db = run_lce(hidden, weight, bias, target, class_weight, cfg,
+                               (chunk_rows, byte_budget, wgrad_accum), wgrad_dtype,
+                               grads=(compute_dweight, compute_dbias), lse=lse,
+                               grad_loss=grad_loss, grad_scale=grad_scale)
+    return dh, _or_empty(dw, hidden, wgrad_dtype), _or_empty(db, hidden, wgrad_dtype)
+
+
+@torch.library.custom_op("fusedloss::linear_cross_entropy_fused", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def linear_cross_entropy_fused(hidden: Tensor, weight: Tensor, bias: Optional[Tensor],
+                               target: Tensor, class_weight: Optional[Tensor], ignore_index: int,
+                               reduction: int, label_smoothing: float, z_loss: float,
+                               softcap: float, logit_scale: float, chunk_rows: int,
+                               byte_budget: int, wgrad_accum: int, wgrad_dtype: torch.dtype,
+                               compute_dweight: bool, compute_dbias: bool,
+                               grad_loss: Optional[Tensor], grad_scale: float
+                               ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Mode 1 (fl_linear_cross_entropy_forward_* with gradients): (loss, lse, dhidden, dweight,
+    dbias); see the linear cross-entropy notes above."""
+    return lce_fused_impl(hidden, weight, bias, target, class_weight, ignore_index, reduction,
+                          label_smoothing, z_loss, softcap, logit_scale, chunk_rows, byte_budget,
+                          wgrad_accum, wgrad_dtype, compute_dweight, compute_dbias, grad_loss,
+                          grad_scale)
+
+
+def _fake_lce_grads(hidden, weight, bias, wgrad_dtype, compute_dweight, compute_dbias):
+    torch._check(hidden.dim() == 2 and weight.dim() == 2,
+                 lambda: "fusedloss: hidden and weight must be 2-D")
+    dh = hidden.new_empty(hidden.shape)
+    dw = hidden.new_empty(weight.shape, dtype=wgrad_dtype) if compute_dweight else \
+        hidden.new_empty((0,), dtype=wgrad_dtype)
+    db = hidden.new_empty((weight.shape[0],), dtype=wgrad_dtype) \
+        if (compute_dbias and bias is not None) else hidden.new_empty((0,), dtype=wgrad_dtype)
+    return dh, dw, db
+
+
+@linear_cross_entropy_fused.register_fake
+def _(hidden, weight, bias, target, class_weight, ignore_index, reduction, label_smoothing,
+      z_loss, softcap, logit_scale, chunk_rows, byte_budget, wgrad_accum, wgrad_dtype,
+      compute_dweight, compute_dbias, grad_loss, grad_scale):
+    N = hidden.shape[0]
+    loss = hidden.new_empty(_loss_shape(N, reduction), dtype=torch.float32)
+    lse = hidden.new_empty((N,), dtype=torch.float32)
+    return (loss, lse) + _fake_lce_grads(hidden, weight, bias, wgrad_dtype, compute_dweight,
+                                         compute_dbias)
+
+
+@torch.library.custom_op("fusedloss::linear_cross_entropy_forward", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def linear_cross_entropy_forward(hidden: Tensor, weight: Tensor, bias: Optional[Tensor],
+                                 target: Tensor, class_weight: Optional[Tensor],
+                                 ignore_index: int, reduction: int, label_smoothing: float,
+                                 z_loss: float, softcap: float, logit_scale: float,
+                                 chunk_rows: int, byte_budget: int, wgrad_accum: int
+                                 ) -> Tuple[Tensor, Tensor]:
+    """Mode 2, step 1 (fl_linear_cross_entropy_forward_* without gradients): (loss, lse)."""
+    return lce_forward_impl(hidden, weight, bias, target, class_weight, ignore_index, reduction,
+                            label_smoothing, z_loss, softcap, logit_scale, chunk_rows,
+                            byte_budget, wgrad_accum)
+
+
+@linear_cross_entropy_forward.register_fake
+def _(hidden, weight, bias, target, class_weight, ignore_index, reduction, label_smoothing,
+      z_loss, softcap, logit_scale, chunk_rows, byte_budget, wgrad_accum):
+    torch._check(hidden.dim() == 2, lambda: "fusedloss: hidden must be 2-D")
+    N = hidden.shape[0]
+    return (hidden.new_empty(_loss_shape(N, reduction), dtype=torch.float32),
+            hidden.new_empty((N,), dtype=torch.float32))
+
+
+@torch.library.custom_op("fusedloss::linear_cross_entropy_backward", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def linear_cross_entropy_backward(grad_loss: Tensor, hidden: Tensor, weight: Tensor,
+                                  bias: Optional[Tensor], target: Tensor, lse: Tensor,
+                                  class_weight: Optional[Tensor], ignore_index: int,
+                                  reduction: int, label_smoothing: float, z_loss: float,
+                                  softcap: float, logit_scale: float, chunk_rows: int,
+                                  byte_budget: int, wgrad_accum: int, wgrad_dtype: torch.dtype,
+                                  compute_dweight: bool, compute_dbias: bool, grad_scale: float
+                                  ) -> Tuple[Tensor, Tensor, Tensor]:
+    """Mode 2, step 2 (fl_linear_cross_entropy_backward_*): (dhidden, dweight, dbias) from the
+    lse of linear_cross_entropy_forward; grad_loss fp32, (N,) for reduction none else 1 element."""
+    return lce_backward_impl(grad_loss, hidden, weight, bias, target, lse, class_weight,
+                             ignore_index, reduction, label_smoothing, z_loss, softcap,
+                             logit_scale, chunk_rows, byte_budget, wgrad_accum, wgrad_dtype,
+                             compute_dweight, compute_dbias, grad_scale)
+
+
+@linear_cross_entropy_backward.register_fake
+def _(grad_loss, hidden, weight, bias, target, lse, class_weight, ignore_index, reduction,
+      label_smoothing, z_loss, softcap, logit_scale, chunk_rows, byte_budget, wgrad_accum,
+      wgrad_dtype, compute_dweight, compute_dbias, grad_scale):
+    return _fake_lce_grads(hidden, weight, bias, wgrad_dtype, compute_dweight, compute_dbias)

@@ -71,14 +71,58 @@ static int overlap(range a, range b) {
     return a.lo < b.hi && b.lo < a.hi;
 }
 
+/* The options part of every cross-entropy validation (fl__ce_validate and the linear
+ * cross-entropy's fl__lce_validate): field checks, then *p filled. `name` is how the caller's
+ * argument is called in messages ("opts", "ce_opts"). opts NULL = FL_CE_OPTIONS_INIT. */
+fl_status fl__ce_resolve_options(const char* fn, const char* name, const fl_ce_options* opts,
+                                 fl__ce_params* p) {
+    static const fl_ce_options defaults = FL_CE_OPTIONS_INIT;
+    const fl_ce_options* o = opts ? opts : &defaults;
+    if (o->struct_size != sizeof(fl_ce_options))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT,
+                        "%s: %s->struct_size (%zu) != sizeof(fl_ce_options) (%zu); initialise with FL_CE_OPTIONS_INIT",
+                        fn, name, o->struct_size, sizeof(fl_ce_options));
+    if (o->reduction != FL_REDUCTION_NONE && o->reduction != FL_REDUCTION_MEAN && o->reduction != FL_REDUCTION_SUM)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown reduction (%d)", fn, (int)o->reduction);
+    if (!(o->label_smoothing >= 0.0f && o->label_smoothing <= 1.0f))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: label_smoothing (%g) not in [0, 1]", fn,
+                        (double)o->label_smoothing);
+    if (!(o->z_loss >= 0.0f) || isinf(o->z_loss))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: z_loss (%g) must be finite and >= 0", fn, (double)o->z_loss);
+    if (!(o->softcap >= 0.0f) || isinf(o->softcap))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: softcap (%g) must be finite and >= 0 (0 = off)", fn,
+                        (double)o->softcap);
+    if (!isfinite(o->logit_scale) || o->logit_scale == 0.0f)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: logit_scale (%g) must be finite and nonzero", fn,
+                        (double)o->logit_scale);
+    p->ignore_index = o->ignore_index;
+    p->reduction = o->reduction;
+    p->label_smoothing = o->label_smoothing;
+    p->weight = o->weight;
+    p->z_loss = o->z_loss;
+    p->softcap = o->softcap;
+    p->logit_scale = o->logit_scale;
+    p->error_flag = o->error_flag;
+    return FL_OK;
+}
+
+fl_status fl__ce_check_weights(const char* fn, const char* name, const float* weight, int64_t V, int is_cuda) {
+    if (!weight || is_cuda) return FL_OK;   /* device memory: not readable here */
+    for (int64_t j = 0; j < V; j++) {
+        float w = weight[j];
+        if (!(w >= 0.0f) || isinf(w))
+            return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: %s[%lld] (%g) must be finite and >= 0", fn,
+                            name, (long long)j, (double)w);
+    }
+    return FL_OK;
+}
+
 fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
                           const float* loss, const float* lse, const void* dlogits,
                           const void* logits, const void* targets, const float* grad_loss,
                           int64_t N, int64_t V, int64_t ld, fl_dtype dtype,
                           fl_index_dtype index_dtype, const fl_ce_options* opts,
                           const void* workspace, size_t workspace_bytes, fl__ce_params* p) {
-    static const fl_ce_options defaults = FL_CE_OPTIONS_INIT;
-    const fl_ce_options* o = opts ? opts : &defaults;
     const int has_loss = pass != FL__PASS_BACKWARD;
     const int has_grad = pass != FL__PASS_FORWARD;
 
@@ -98,23 +142,7 @@ fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
                         (long long)ld);
 
     /* options */
-    if (o->struct_size != sizeof(fl_ce_options))
-        return fl__fail(FL_ERR_INVALID_ARGUMENT,
-                        "%s: opts->struct_size (%zu) != sizeof(fl_ce_options) (%zu); initialise with FL_CE_OPTIONS_INIT",
-                        fn, o->struct_size, sizeof(fl_ce_options));
-    if (o->reduction != FL_REDUCTION_NONE && o->reduction != FL_REDUCTION_MEAN && o->reduction != FL_REDUCTION_SUM)
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown reduction (%d)", fn, (int)o->reduction);
-    if (!(o->label_smoothing >= 0.0f && o->label_smoothing <= 1.0f))
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: label_smoothing (%g) not in [0, 1]", fn,
-                        (double)o->label_smoothing);
-    if (!(o->z_loss >= 0.0f) || isinf(o->z_loss))
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: z_loss (%g) must be finite and >= 0", fn, (double)o->z_loss);
-    if (!(o->softcap >= 0.0f) || isinf(o->softcap))
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: softcap (%g) must be finite and >= 0 (0 = off)", fn,
-                        (double)o->softcap);
-    if (!isfinite(o->logit_scale) || o->logit_scale == 0.0f)
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: logit_scale (%g) must be finite and nonzero", fn,
-                        (double)o->logit_scale);
+    FL_CHECK(fl__ce_resolve_options(fn, "opts", opts, p));
 
     /* required pointers */
     if (N > 0 && !logits) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: logits is NULL", fn);
@@ -125,14 +153,7 @@ fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
         return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: lse is NULL (backward needs the lse saved by forward)", fn);
 
     /* class weights: values checkable only where they are host memory */
-    if (o->weight && !is_cuda) {
-        for (int64_t j = 0; j < V; j++) {
-            float w = o->weight[j];
-            if (!(w >= 0.0f) || isinf(w))
-                return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: weight[%lld] (%g) must be finite and >= 0", fn,
-                                (long long)j, (double)w);
-        }
-    }
+    FL_CHECK(fl__ce_check_weights(fn, "weight", p->weight, V, is_cuda));
 
     /* workspace */
     const size_t need = fl__ce_workspace_bytes(N, V, dtype);
@@ -144,9 +165,9 @@ fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
         return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace (%p) is not 256-byte aligned", fn, workspace);
 
     /* aliasing */
-    const size_t nloss = (o->reduction == FL_REDUCTION_NONE) ? (size_t)N : 1u;
+    const size_t nloss = (p->reduction == FL_REDUCTION_NONE) ? (size_t)N : 1u;
     const size_t mat_bytes = N > 0 ? ((size_t)(N - 1) * (size_t)ld + (size_t)V) * esize : 0;
-    const size_t ngrad = (o->reduction == FL_REDUCTION_NONE) ? (size_t)N : 1u;
+    const size_t ngrad = (p->reduction == FL_REDUCTION_NONE) ? (size_t)N : 1u;
     range r_logits = mkrange(logits, mat_bytes);
     range r_targets = mkrange(targets, (size_t)N * isize);
     range r_loss = mkrange(has_loss ? loss : NULL, nloss * sizeof(float));
@@ -154,7 +175,7 @@ fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
     range r_dl = mkrange(has_grad ? dlogits : NULL, mat_bytes);
     range r_gl = mkrange(has_grad ? grad_loss : NULL, ngrad * sizeof(float));
     range r_ws = mkrange(workspace, need);
-    range r_w = mkrange(o->weight, (size_t)V * sizeof(float));
+    range r_w = mkrange(p->weight, (size_t)V * sizeof(float));
 
     if (overlap(r_loss, r_logits) || overlap(r_loss, r_targets) || overlap(r_loss, r_lse) ||
         overlap(r_loss, r_dl) || overlap(r_loss, r_gl) || overlap(r_loss, r_w) || overlap(r_loss, r_ws))
@@ -177,14 +198,6 @@ fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
         overlap(r_ws, r_w))
         return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace (%p) overlaps another argument", fn, workspace);
 
-    p->ignore_index = o->ignore_index;
-    p->reduction = o->reduction;
-    p->label_smoothing = o->label_smoothing;
-    p->weight = o->weight;
-    p->z_loss = o->z_loss;
-    p->softcap = o->softcap;
-    p->logit_scale = o->logit_scale;
-    p->error_flag = o->error_flag;
     return FL_OK;
 }
 

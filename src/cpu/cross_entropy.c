@@ -6,7 +6,9 @@
  *   pass 2 (gradient passes only): p_j = exp(z_j - lse) and the gradient below.
  * Rows are spread over threads with OpenMP when it is available; sums over rows are done
  * afterwards in a fixed order from per-row values kept in the workspace, so the result is
- * bitwise independent of the thread count.
+ * bitwise independent of the thread count. The same pieces (fl__ce_cpu_denoms, fl__ce_cpu_rows
+ * on a range of rows, fl__ce_cpu_reduce; src/internal.h) run linear cross-entropy's chunks
+ * (src/cpu/linear_cross_entropy.c), so both ops share one implementation of the row math.
  *
  * ---- Formulas (row i, target t, upstream gradient g_a for the CE part, g_b for z-loss) ----
  *   z_j  = s x_j                       (softcap c == 0)      dz_j/dx_j = s
@@ -99,6 +101,14 @@ static int64_t load_target(const void* t, fl_index_dtype it, int64_t i) {
     return it == FL_INDEX_I32 ? (int64_t)((const int32_t*)t)[i] : ((const int64_t*)t)[i];
 }
 
+void fl__cpu_load_row(double* dst, const void* base, fl_dtype dt, int64_t off, int64_t n) {
+    for (int64_t k = 0; k < n; k++) dst[k] = load_logit(base, dt, off + k);
+}
+
+void fl__cpu_store_row(void* base, fl_dtype dt, int64_t off, const double* src, int64_t n) {
+    for (int64_t k = 0; k < n; k++) store_grad(base, dt, off + k, src[k]);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* per-row math                                                                               */
 
@@ -157,47 +167,50 @@ static void row_grad(void* dlogits, const void* logits, fl_dtype dt, int64_t off
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* the three passes share one driver                                                         */
+/* the three passes share one driver, and linear cross-entropy (src/cpu/linear_cross_entropy.c)
+ * the same pieces: denominators over the batch, the per-row work on a range of rows, the fixed-
+ * order reduction                                                                             */
 
-static fl_status ce_cpu(const char* fn, fl__pass pass, float* loss, float* lse_out, void* dlogits,
-                        const void* logits, const void* targets, const float* lse_in,
-                        const float* grad_loss, float grad_scale, int64_t N, int64_t V, int64_t ld,
-                        fl_dtype dt, fl_index_dtype it, const fl_ce_options* opts,
-                        void* workspace, size_t workspace_bytes) {
-    fl__clear_error();
-    fl__ce_params p;
-    FL_CHECK(fl__ce_validate(fn, pass, 0, loss, pass == FL__PASS_BACKWARD ? lse_in : lse_out, dlogits,
-                             logits, targets, grad_loss, N, V, ld, dt, it, opts, workspace, workspace_bytes, &p));
-    if (pass != FL__PASS_FORWARD && !isfinite(grad_scale))
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: grad_scale (%g) is not finite", fn, (double)grad_scale);
-
+fl_status fl__ce_cpu_denoms(const char* fn, const void* targets, fl_index_dtype it, int64_t N, int64_t V,
+                            const fl__ce_params* p, fl__ce_denoms* d) {
     /* targets are checked before anything is written: the first bad row is reported */
     double D_w = 0.0, D_n = 0.0;
     for (int64_t i = 0; i < N; i++) {
         int64_t t = load_target(targets, it, i);
-        if (t == p.ignore_index) continue;
+        if (t == p->ignore_index) continue;
         if (t < 0 || t >= V)
             return fl__fail(FL_ERR_TARGET_OUT_OF_RANGE, "%s: targets[%lld] = %lld (row %lld) not in [0, %lld) and not ignore_index (%lld)",
-                            fn, (long long)i, (long long)t, (long long)i, (long long)V, (long long)p.ignore_index);
+                            fn, (long long)i, (long long)t, (long long)i, (long long)V, (long long)p->ignore_index);
         D_n += 1.0;
-        D_w += p.weight ? (double)p.weight[t] : 1.0;
+        D_w += p->weight ? (double)p->weight[t] : 1.0;
     }
     double W = (double)V;
-    if (p.weight) {
+    if (p->weight) {
         W = 0.0;
-        for (int64_t j = 0; j < V; j++) W += (double)p.weight[j];
+        for (int64_t j = 0; j < V; j++) W += (double)p->weight[j];
     }
-    const int none = p.reduction == FL_REDUCTION_NONE, mean = p.reduction == FL_REDUCTION_MEAN;
-    const double eps = (double)p.label_smoothing;
-    double* part = (double*)((char*)workspace + 256);   /* [N][2]: a_i, b_i */
+    d->D_w = D_w;
+    d->D_n = D_n;
+    d->W = W;
+    return FL_OK;
+}
+
+void fl__ce_cpu_rows(fl__pass pass, const fl__ce_params* p, const fl__ce_denoms* d, float* loss,
+                     float* lse_out, void* dlogits, const void* logits, int64_t ld, const void* targets,
+                     fl_index_dtype it, const float* lse_in, const float* grad_loss, float grad_scale,
+                     int64_t r0, int64_t C, int64_t V, fl_dtype dt, double* part) {
+    const int none = p->reduction == FL_REDUCTION_NONE, mean = p->reduction == FL_REDUCTION_MEAN;
+    const double eps = (double)p->label_smoothing;
+    const double D_w = d->D_w, D_n = d->D_n, W = d->W;
 
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (N * V > 65536)
+#pragma omp parallel for schedule(static) if (C * V > 65536)
 #endif
-    for (int64_t i = 0; i < N; i++) {
-        const int64_t off = i * ld;                      /* 64-bit: N*ld may exceed 2^31 */
+    for (int64_t k = 0; k < C; k++) {
+        const int64_t i = r0 + k;                        /* absolute row: targets, loss, lse, part */
+        const int64_t off = k * ld;                      /* 64-bit: C*ld may exceed 2^31 */
         const int64_t t = load_target(targets, it, i);
-        if (t == p.ignore_index) {
+        if (t == p->ignore_index) {
             part[2 * i] = part[2 * i + 1] = 0.0;
             if (pass != FL__PASS_BACKWARD) {
                 if (none) loss[i] = 0.0f;
@@ -211,10 +224,10 @@ static fl_status ce_cpu(const char* fn, fl__pass pass, float* loss, float* lse_o
         if (pass == FL__PASS_BACKWARD) {
             lse = (double)lse_in[i];
         } else {
-            row_stats(logits, dt, off, V, t, &p, &lse, &z_t, &wz);
-            const double w_t = p.weight ? (double)p.weight[t] : 1.0;
+            row_stats(logits, dt, off, V, t, p, &lse, &z_t, &wz);
+            const double w_t = p->weight ? (double)p->weight[t] : 1.0;
             const double a = (1.0 - eps) * w_t * (lse - z_t) + (eps / (double)V) * (W * lse - wz);
-            const double b = (double)p.z_loss * lse * lse;
+            const double b = (double)p->z_loss * lse * lse;
             part[2 * i] = a;
             part[2 * i + 1] = b;
             if (none) loss[i] = (float)(a + b);
@@ -223,16 +236,39 @@ static fl_status ce_cpu(const char* fn, fl__pass pass, float* loss, float* lse_o
         if (pass != FL__PASS_FORWARD) {
             double G = (double)grad_scale * (grad_loss ? (double)grad_loss[none ? i : 0] : 1.0);
             double g_a = mean ? G / D_w : G, g_b = mean ? G / D_n : G;
-            row_grad(dlogits, logits, dt, off, V, t, lse, W, g_a, g_b, &p);
+            row_grad(dlogits, logits, dt, off, V, t, lse, W, g_a, g_b, p);
         }
     }
+}
 
-    if (pass != FL__PASS_BACKWARD && !none) {
-        double sa = 0.0, sb = 0.0;                       /* fixed order: thread-count independent */
-        for (int64_t i = 0; i < N; i++) { sa += part[2 * i]; sb += part[2 * i + 1]; }
-        double total = mean ? sa / D_w + (p.z_loss > 0.0f ? sb / D_n : 0.0) : sa + sb;
-        loss[0] = (float)total;
-    }
+void fl__ce_cpu_reduce(float* loss, const double* part, int64_t N, const fl__ce_params* p,
+                       const fl__ce_denoms* d) {
+    if (p->reduction == FL_REDUCTION_NONE) return;
+    const int mean = p->reduction == FL_REDUCTION_MEAN;
+    double sa = 0.0, sb = 0.0;                           /* fixed order: thread-count independent */
+    for (int64_t i = 0; i < N; i++) { sa += part[2 * i]; sb += part[2 * i + 1]; }
+    double total = mean ? sa / d->D_w + (p->z_loss > 0.0f ? sb / d->D_n : 0.0) : sa + sb;
+    loss[0] = (float)total;
+}
+
+static fl_status ce_cpu(const char* fn, fl__pass pass, float* loss, float* lse_out, void* dlogits,
+                        const void* logits, const void* targets, const float* lse_in,
+                        const float* grad_loss, float grad_scale, int64_t N, int64_t V, int64_t ld,
+                        fl_dtype dt, fl_index_dtype it, const fl_ce_options* opts,
+                        void* workspace, size_t workspace_bytes) {
+    fl__clear_error();
+    fl__ce_params p;
+    FL_CHECK(fl__ce_validate(fn, pass, 0, loss, pass == FL__PASS_BACKWARD ? lse_in : lse_out, dlogits,
+                             logits, targets, grad_loss, N, V, ld, dt, it, opts, workspace, workspace_bytes, &p));
+    if (pass != FL__PASS_FORWARD && !isfinite(grad_scale))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: grad_scale (%g) is not finite", fn, (double)grad_scale);
+
+    fl__ce_denoms d;
+    FL_CHECK(fl__ce_cpu_denoms(fn, targets, it, N, V, &p, &d));
+    double* part = (double*)((char*)workspace + 256);   /* [N][2]: a_i, b_i */
+    fl__ce_cpu_rows(pass, &p, &d, loss, lse_out, dlogits, logits, ld, targets, it, lse_in, grad_loss, grad_scale,
+                    0, N, V, dt, part);
+    if (pass != FL__PASS_BACKWARD) fl__ce_cpu_reduce(loss, part, N, &p, &d);
     return FL_OK;
 }
 

@@ -1654,6 +1654,29 @@ static cudaError_t launch_pass(int pass, fl_dtype dt, int flags, int kind, const
     return launch_dtype<PASS_FUSED>(dt, flags, kind, a, c, C, s);
 }
 
+// Kernel arguments of a call over N rows whose workspace was laid out for Nws >= N rows (the stats
+// region's offset depends on it).
+static CeArgs make_args(const fl__ce_params& p, float* loss, float* lse_out, void* dlogits, const void* logits,
+                        const void* targets, const float* lse_in, const float* grad_loss, float grad_scale,
+                        int64_t N, int64_t V, int64_t ld, fl_index_dtype it, void* workspace, int64_t Nws) {
+    CeArgs a;
+    a.loss = loss; a.lse_out = lse_out; a.dlogits = dlogits; a.logits = logits; a.targets = targets;
+    a.lse_in = lse_in; a.grad_loss = grad_loss; a.grad_scale = grad_scale;
+    a.N = N; a.V = V; a.ld = ld; a.idx64 = it == FL_INDEX_I64;
+    a.ignore_index = p.ignore_index; a.reduction = (int)p.reduction;
+    a.eps = p.label_smoothing; a.zeta = p.z_loss; a.softcap = p.softcap; a.scale = p.logit_scale;
+    a.weight = p.weight; a.error_flag = p.error_flag;
+    a.inv_softcap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
+    a.hdr = (double*)workspace;
+    a.part = (float*)((char*)workspace + 256);
+    a.stats = (float4*)((char*)workspace + 256 + (((size_t)Nws * 16u + 255u) & ~(size_t)255u));
+    a.C = 1;
+    return a;
+}
+
+static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_params& p, fl_dtype dt, int chunk,
+                           cudaStream_t stream);
+
 static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, void* dlogits,
                          const void* logits, const void* targets, const float* lse_in,
                          const float* grad_loss, float grad_scale, int64_t N, int64_t V, int64_t ld,
@@ -1676,27 +1699,26 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
     if (V > INT32_MAX - 64)  // positions inside a row are 32-bit in the kernels
         return fl__fail(FL_ERR_UNSUPPORTED, "%s: V (%lld) above 2^31 - 64 is not supported on CUDA", fn, (long long)V);
 
-    CeArgs a;
-    a.loss = loss; a.lse_out = lse_out; a.dlogits = dlogits; a.logits = logits; a.targets = targets;
-    a.lse_in = lse_in; a.grad_loss = grad_loss; a.grad_scale = grad_scale;
-    a.N = N; a.V = V; a.ld = ld; a.idx64 = it == FL_INDEX_I64;
-    a.ignore_index = p.ignore_index; a.reduction = (int)p.reduction;
-    a.eps = p.label_smoothing; a.zeta = p.z_loss; a.softcap = p.softcap; a.scale = p.logit_scale;
-    a.weight = p.weight; a.error_flag = p.error_flag;
-    a.inv_softcap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
-    a.hdr = (double*)workspace;
-    a.part = (float*)((char*)workspace + 256);
-    a.stats = (float4*)((char*)workspace + 256 + (((size_t)N * 16u + 255u) & ~(size_t)255u));
-    a.C = 1;
+    CeArgs a = make_args(p, loss, lse_out, dlogits, logits, targets, lse_in, grad_loss, grad_scale, N, V, ld, it,
+                         workspace, N);
+    return ce_launch(fn, pass, a, p, dt, 0, stream);
+}
 
+// The launches of one call (chunk = 0), or, for the linear cross-entropy (chunk = 1), only the
+// main kernel over the rows in `a` (a slice of a bigger batch): the denominators in a.hdr come
+// from fl__ce_cuda_chunk_begin over the whole batch, the per-row partials go to a.part (already
+// offset to the slice) and fl__ce_cuda_chunk_end reduces them.
+static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_params& p, fl_dtype dt, int chunk,
+                           cudaStream_t stream) {
+    const int64_t N = a.N, V = a.V;
     const int reduced = p.reduction != FL_REDUCTION_NONE;
     const int mean = p.reduction == FL_REDUCTION_MEAN;
     // the forward's row kernels need only W (weighted smoothing); its MEAN denominators are summed
     // by the reduce kernel itself
-    const int needs_setup = (mean && pass != PASS_FORWARD) || (p.weight && p.label_smoothing > 0.0f);
+    const int needs_setup = !chunk && ((mean && pass != PASS_FORWARD) || (p.weight && p.label_smoothing > 0.0f));
 
     if (N == 0) {  // nothing to read; SUM = 0, MEAN = NaN (0/0) still come from the reduce kernel
-        if (!reduced || pass == PASS_BACKWARD) return FL_OK;
+        if (chunk || !reduced || pass == PASS_BACKWARD) return FL_OK;
     }
     DevInfo d;
     FL_CUDA_TRY(dev_info(&d));
@@ -1708,7 +1730,7 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
     none_cfg.C = 1;
 
     // small reduced problems on sm_90: one launch does everything (see ce_small_kernel)
-    if (d.cc_major >= 9 && reduced && pass != PASS_BACKWARD && N <= small_max_rows() &&
+    if (!chunk && d.cc_major >= 9 && reduced && pass != PASS_BACKWARD && N <= small_max_rows() &&
         V / vec + 1 <= 32 * SMALL_KW) {
         // one row per warp where possible (N = 128: 8 CTAs x 16 warps): the rows' load latencies
         // overlap instead of queueing behind each other in one warp (measured on the H200, run 1:
@@ -1718,7 +1740,6 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
         FL_CUDA_TRY(launch_pass(pass, dt, flags, 1, a, none_cfg, (int)C, stream));
         return FL_OK;
     }
-
     if (needs_setup) {
         ce_setup_kernel<<<1, 1024, 0, stream>>>(a);
         FL_CUDA_TRY(cudaGetLastError());
@@ -1750,7 +1771,7 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
             return fl__fail(FL_ERR_UNSUPPORTED, "%s: N * chunks (%lld * %d) exceeds one launch", fn, (long long)N, c.C);
         FL_CUDA_TRY(launch_pass(pass, dt, flags, 0, a, c, 0, stream));
     }
-    if (reduced && pass != PASS_BACKWARD) {
+    if (!chunk && reduced && pass != PASS_BACKWARD) {
         ce_reduce_kernel<<<1, 1024, 0, stream>>>(a, mean && !needs_setup);
         FL_CUDA_TRY(cudaGetLastError());
     }
@@ -1840,4 +1861,41 @@ fl_status fl_cross_entropy_fused_cuda(float* loss, float* lse, void* dlogits, co
                    (cudaStream_t)stream);
 }
 
+// ---- chunks of a bigger batch (the linear cross-entropy, src/cuda/linear_cross_entropy.cu) ----
+
+fl_status fl__ce_cuda_chunk_begin(const fl__ce_params* p, const void* targets, int64_t N, int64_t V,
+                                  fl_index_dtype it, void* ce_ws, fl_stream stream) {
+    static const char* fn = "fl_linear_cross_entropy_cuda";
+    const int needs_setup = p->reduction == FL_REDUCTION_MEAN || (p->weight && p->label_smoothing > 0.0f);
+    if (!needs_setup) return FL_OK;
+    CeArgs a = make_args(*p, NULL, NULL, NULL, NULL, targets, NULL, NULL, 1.0f, N, V, V, it, ce_ws, N);
+    ce_setup_kernel<<<1, 1024, 0, (cudaStream_t)stream>>>(a);
+    FL_CUDA_TRY(cudaGetLastError());
+    return FL_OK;
+}
+
+fl_status fl__ce_cuda_chunk_rows(int pass, const fl__ce_params* p, int64_t r0, int64_t C, int64_t N, int64_t V,
+                                 float* loss, float* lse_out, void* dlogits, const void* logits, int64_t ld,
+                                 const void* targets, const float* lse_in, const float* grad_loss, float grad_scale,
+                                 fl_dtype dt, fl_index_dtype it, void* ce_ws, fl_stream stream) {
+    const int none = p->reduction == FL_REDUCTION_NONE;
+    const void* tg = (const char*)targets + (size_t)r0 * fl__index_size(it);
+    CeArgs a = make_args(*p, none ? loss + r0 : NULL, lse_out ? lse_out + r0 : NULL, dlogits, logits, tg,
+                         lse_in ? lse_in + r0 : NULL, (grad_loss && none) ? grad_loss + r0 : grad_loss, grad_scale,
+                         C, V, ld, it, ce_ws, N);
+    a.part += 2 * r0;
+    return ce_launch("fl_linear_cross_entropy_cuda", pass, a, *p, dt, 1, (cudaStream_t)stream);
+}
+
+fl_status fl__ce_cuda_chunk_end(const fl__ce_params* p, float* loss, const void* targets, int64_t N, int64_t V,
+                                fl_index_dtype it, void* ce_ws, fl_stream stream) {
+    static const char* fn = "fl_linear_cross_entropy_cuda";
+    if (p->reduction == FL_REDUCTION_NONE) return FL_OK;
+    CeArgs a = make_args(*p, loss, NULL, NULL, NULL, targets, NULL, NULL, 1.0f, N, V, V, it, ce_ws, N);
+    ce_reduce_kernel<<<1, 1024, 0, (cudaStream_t)stream>>>(a, 0);
+    FL_CUDA_TRY(cudaGetLastError());
+    return FL_OK;
+}
+
 }  // extern "C"
+

@@ -58,3 +58,36 @@ fl_status fl_gelu_backward_cuda(void* dx, void* dbias, const void* dy, const voi
     (void)dtype; (void)bias_dtype; (void)approx; (void)workspace; (void)workspace_bytes; (void)stream;
     return FL_NOT_BUILT("fl_gelu_backward_cuda");
 }
+
+fl_status fl_lce_context_create(fl_lce_context** ctx) {
+    if (ctx) *ctx = NULL;
+    return FL_NOT_BUILT("fl_lce_context_create");
+}
+
+void fl_lce_context_destroy(fl_lce_context* ctx) { (void)ctx; }
+
+fl_status fl_linear_cross_entropy_forward_cuda(
+    fl_lce_context* ctx, float* loss, float* lse, void* dhidden, void* dweight, void* dbias, const void* hidden,
+    int64_t ld_hidden, const void* weight, int64_t ld_weight, const void* bias, const void* targets,
+    const float* grad_loss, float grad_scale, int64_t N, int64_t H, int64_t V, fl_dtype dtype, fl_dtype wgrad_dtype,
+    fl_index_dtype index_dtype, const fl_ce_options* ce_opts, const fl_lce_options* lce_opts, void* workspace,
+    size_t workspace_bytes, fl_stream stream) {
+    (void)ctx; (void)loss; (void)lse; (void)dhidden; (void)dweight; (void)dbias; (void)hidden; (void)ld_hidden;
+    (void)weight; (void)ld_weight; (void)bias; (void)targets; (void)grad_loss; (void)grad_scale; (void)N; (void)H;
+    (void)V; (void)dtype; (void)wgrad_dtype; (void)index_dtype; (void)ce_opts; (void)lce_opts; (void)workspace;
+    (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_linear_cross_entropy_forward_cuda");
+}
+
+fl_status fl_linear_cross_entropy_backward_cuda(
+    fl_lce_context* ctx, void* dhidden, void* dweight, void* dbias, const void* hidden, int64_t ld_hidden,
+    const void* weight, int64_t ld_weight, const void* bias, const void* targets, const float* lse,
+    const float* grad_loss, float grad_scale, int64_t N, int64_t H, int64_t V, fl_dtype dtype, fl_dtype wgrad_dtype,
+    fl_index_dtype index_dtype, const fl_ce_options* ce_opts, const fl_lce_options* lce_opts, void* workspace,
+    size_t workspace_bytes, fl_stream stream) {
+    (void)ctx; (void)dhidden; (void)dweight; (void)dbias; (void)hidden; (void)ld_hidden; (void)weight;
+    (void)ld_weight; (void)bias; (void)targets; (void)lse; (void)grad_loss; (void)grad_scale; (void)N; (void)H;
+    (void)V; (void)dtype; (void)wgrad_dtype; (void)index_dtype; (void)ce_opts; (void)lce_opts; (void)workspace;
+    (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_linear_cross_entropy_backward_cuda");
+}

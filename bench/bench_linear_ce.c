@@ -1,0 +1,281 @@
+/* bench_linear_ce.c — linear cross-entropy benchmark over the PUBLIC API.
+ * SPDX-License-Identifier: MIT
+ *
+ * In one run, on one GPU, per case (N, H, V, dtype, byte budget):
+ *   gemm3   the floor: the three full (unchunked) cuBLASLt GEMMs of linear + CE with V rounded up
+ *           to a multiple of 64 (an odd V makes cuBLAS pick slow kernels; the floor must not hide
+ *           that): logits[N, Vp] = hidden · Wᵀ, dhidden = dlogits · W, dW = dlogitsᵀ · hidden,
+ *           bf16/f16 in and out, fp32 accumulation (what torch.matmul runs). Each GEMM timed alone.
+ *   fused   mode 1: fl_linear_cross_entropy_forward_cuda with dhidden and dweight (MEAN loss)
+ *   recomp  mode 2: loss-only forward + fl_linear_cross_entropy_backward_cuda
+ *   fwd     the loss-only forward alone
+ *   Reported: ms (median of --reps, CUDA events around each call after --warmup calls), TFLOP/s
+ *   of 6·N·H·V (fused) / 2·N·H·V (fwd) / 8·N·H·V (recomp), the ratio to gemm3, the workspace
+ *   (= the op's peak memory beyond its inputs and outputs: it allocates nothing else) and the
+ *   chunking the plan chose. One "SUMMARY" line per case (grep SUMMARY).
+ *   Inputs: hidden ~ U(-1, 1), weight ~ U(-0.05, 0.05) (logits ~ N(0, 1.7) at H = 4096), targets
+ *   uniform in [0, V); never zeros.
+ * Usage: bench_linear_ce [--case N H V dtype budget_MiB]... [--reps R] [--warmup W] [--no-floor]
+ *   (--no-floor: skip the cuBLASLt floor, e.g. under a profiler)
+ *   Default grid: the issue's targets (8192x4096x128256 bf16 at 512 and 256 MiB, 8192x768x50257
+ *   bf16, 8192x2304x256000 bf16 at 256 MiB).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fusedloss.h"
+#include "bench_util.h"
+
+typedef struct { int64_t N, H, V; fl_dtype dt; size_t budget; } lcase;
+
+static int g_reps = 20, g_warmup = 3, g_no_floor = 0;
+static cudaStream_t g_stream;
+static cublasLtHandle_t g_lt;
+static void* g_blas_ws;
+#define BLAS_WS ((size_t)32 << 20)
+
+#define BK(x)                                                                                       \
+    do {                                                                                            \
+        cublasStatus_t s_ = (x);                                                                    \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                          \
+            fprintf(stderr, "cuBLASLt error: %s: %s (%s:%d)\n", #x, cublasLtGetStatusString(s_),    \
+                    __FILE__, __LINE__);                                                            \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+/* the floor's GEMMs: D[m, n] = op(A) op(B), column-major, one heuristic pick, beta 0 */
+typedef struct {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+    const void *A, *B;
+    void* D;
+} gemm_t;
+
+static void gemm_make(gemm_t* g, cudaDataType_t t, int ta, int tb, int64_t m, int64_t n, int64_t k, const void* A,
+                      int64_t lda, const void* B, int64_t ldb, void* D, int64_t ldd) {
+    BK(cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    BK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof(oa)));
+    BK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof(ob)));
+    BK(cublasLtMatrixLayoutCreate(&g->a, t, ta ? k : m, ta ? m : k, lda));
+    BK(cublasLtMatrixLayoutCreate(&g->b, t, tb ? n : k, tb ? k : n, ldb));
+    BK(cublasLtMatrixLayoutCreate(&g->d, t, m, n, ldd));
+    cublasLtMatmulPreference_t pref;
+    BK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t wsb = BLAS_WS;
+    BK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+    cublasLtMatmulHeuristicResult_t r;
+    int found = 0;
+    BK(cublasLtMatmulAlgoGetHeuristic(g_lt, g->desc, g->a, g->b, g->d, g->d, pref, 1, &r, &found));
+    if (!found) { fprintf(stderr, "no cuBLASLt algorithm\n"); exit(1); }
+    g->algo = r.algo;
+    BK(cublasLtMatmulPreferenceDestroy(pref));
+    g->A = A; g->B = B; g->D = D;
+}
+static void gemm_run(const gemm_t* g) {
+    const float one = 1.0f, zero = 0.0f;
+    BK(cublasLtMatmul(g_lt, g->desc, &one, g->A, g->a, g->B, g->b, &zero, g->D, g->d, g->D, g->d, &g->algo,
+                      g_blas_ws, BLAS_WS, g_stream));
+}
+static void gemm_free(gemm_t* g) {
+    cublasLtMatmulDescDestroy(g->desc);
+    cublasLtMatrixLayoutDestroy(g->a); cublasLtMatrixLayoutDestroy(g->b); cublasLtMatrixLayoutDestroy(g->d);
+}
+
+/* random 16-bit / fp32 fill, U(-s, s), never zero */
+static void* dev_random(size_t n, fl_dtype dt, float s, uint64_t seed) {
+    const size_t es = dt_size(dt);
+    void* h = malloc(n * es);
+    if (!h) { fprintf(stderr, "host OOM\n"); exit(1); }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t z = mix64(seed * 0x9e3779b97f4a7c15ULL + i);
+        float u = ((float)(z >> 40) + 0.5f) * (1.0f / 16777216.0f);  /* (0, 1) */
+        float x = s * (2.0f * u - 1.0f);
+        if (x == 0.0f) x = s * 1e-3f;
+        if (dt == FL_DTYPE_F32) ((float*)h)[i] = x;
+        else ((uint16_t*)h)[i] = dt == FL_DTYPE_BF16 ? f32_to_bf16(x) : f32_to_f16(x);
+    }
+    void* d = NULL;
+    CK(cudaMalloc(&d, n * es));
+    CK(cudaMemcpy(d, h, n * es, cudaMemcpyHostToDevice));
+    free(h);
+    return d;
+}
+
+typedef void (*run_fn)(void* ctx);
+
+static float time_it(run_fn f, void* arg) {
+    for (int k = 0; k < g_warmup; k++) f(arg);
+    float* ms = (float*)malloc(sizeof(float) * (size_t)g_reps);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    for (int k = 0; k < g_reps; k++) {
+        CK(cudaEventRecord(e0, g_stream));
+        f(arg);
+        CK(cudaEventRecord(e1, g_stream));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms[k], e0, e1));
+    }
+    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+    float m = median(ms, g_reps);
+    free(ms);
+    return m;
+}
+
+typedef struct {
+    fl_lce_context* ctx;
+    const lcase* c;
+    void *hidden, *weight, *targets, *dh, *dw, *ws;
+    float *loss, *lse;
+    size_t ws_bytes;
+    fl_ce_options ce;
+    fl_lce_options lo;
+    gemm_t g[3];
+} job;
+
+static void run_fused(void* p) {
+    job* j = (job*)p;
+    FLK(fl_linear_cross_entropy_forward_cuda(j->ctx, j->loss, j->lse, j->dh, j->dw, NULL, j->hidden, j->c->H,
+                                             j->weight, j->c->H, NULL, j->targets, NULL, 1.0f, j->c->N, j->c->H,
+                                             j->c->V, j->c->dt, j->c->dt, FL_INDEX_I64, &j->ce, &j->lo, j->ws,
+                                             j->ws_bytes, (fl_stream)g_stream));
+}
+static void run_fwd(void* p) {
+    job* j = (job*)p;
+    FLK(fl_linear_cross_entropy_forward_cuda(j->ctx, j->loss, j->lse, NULL, NULL, NULL, j->hidden, j->c->H,
+                                             j->weight, j->c->H, NULL, j->targets, NULL, 1.0f, j->c->N, j->c->H,
+                                             j->c->V, j->c->dt, j->c->dt, FL_INDEX_I64, &j->ce, &j->lo, j->ws,
+                                             j->ws_bytes, (fl_stream)g_stream));
+}
+static void run_recomp(void* p) {
+    job* j = (job*)p;
+    run_fwd(p);
+    FLK(fl_linear_cross_entropy_backward_cuda(j->ctx, j->dh, j->dw, NULL, j->hidden, j->c->H, j->weight, j->c->H,
+                                              NULL, j->targets, j->lse, NULL, 1.0f, j->c->N, j->c->H, j->c->V,
+                                              j->c->dt, j->c->dt, FL_INDEX_I64, &j->ce, &j->lo, j->ws, j->ws_bytes,
+                                              (fl_stream)g_stream));
+}
+static void run_g0(void* p) { gemm_run(&((job*)p)->g[0]); }
+static void run_g1(void* p) { gemm_run(&((job*)p)->g[1]); }
+static void run_g2(void* p) { gemm_run(&((job*)p)->g[2]); }
+
+int main(int argc, char** argv) {
+    lcase cases[32];
+    int nc = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--case") && i + 5 < argc && nc < 32) {
+            lcase c;
+            c.N = atoll(argv[i + 1]); c.H = atoll(argv[i + 2]); c.V = atoll(argv[i + 3]);
+            if (!parse_dt(argv[i + 4], &c.dt)) { fprintf(stderr, "bad dtype %s\n", argv[i + 4]); return 2; }
+            c.budget = (size_t)atoll(argv[i + 5]) << 20;
+            cases[nc++] = c;
+            i += 5;
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            g_reps = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) {
+            g_warmup = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--no-floor")) {
+            g_no_floor = 1;  /* for profiles: only the library's kernels */
+        } else {
+            fprintf(stderr, "usage: bench_linear_ce [--case N H V dtype budget_MiB]... [--reps R] [--warmup W] [--no-floor]\n");
+            return 2;
+        }
+    }
+    if (nc == 0) {
+        const lcase def[] = {
+            {8192, 4096, 128256, FL_DTYPE_BF16, (size_t)512 << 20},
+            {8192, 4096, 128256, FL_DTYPE_BF16, (size_t)256 << 20},
+            {8192, 768, 50257, FL_DTYPE_BF16, (size_t)512 << 20},
+            {8192, 2304, 256000, FL_DTYPE_BF16, (size_t)256 << 20},
+        };
+        nc = (int)(sizeof(def) / sizeof(def[0]));
+        memcpy(cases, def, sizeof(def));
+    }
+    struct cudaDeviceProp prop;
+    double copy_gbps;
+    char commit[64], date[32];
+    int rc = bench_begin(&g_stream, &prop, &copy_gbps, commit, sizeof(commit), date, sizeof(date));
+    if (rc >= 0) return rc;
+    BK(cublasLtCreate(&g_lt));
+    CK(cudaMalloc(&g_blas_ws, BLAS_WS));
+    fl_lce_context* ctx = NULL;
+    FLK(fl_lce_context_create(&ctx));
+
+    for (int ci = 0; ci < nc; ci++) {
+        const lcase* c = &cases[ci];
+        job j;
+        memset(&j, 0, sizeof(j));
+        j.ctx = ctx; j.c = c;
+        const size_t es = dt_size(c->dt);
+        const int64_t Vp = (c->V + 63) / 64 * 64;
+        j.hidden = dev_random((size_t)(c->N * c->H), c->dt, 1.0f, 11 + ci);
+        j.weight = dev_random((size_t)(Vp * c->H), c->dt, 0.05f, 23 + ci);  /* Vp rows: the floor uses them */
+        int64_t* ht = (int64_t*)malloc(sizeof(int64_t) * (size_t)c->N);
+        for (int64_t i = 0; i < c->N; i++) ht[i] = (int64_t)(mix64(1000 + (uint64_t)i) % (uint64_t)c->V);
+        CK(cudaMalloc(&j.targets, sizeof(int64_t) * (size_t)c->N));
+        CK(cudaMemcpy(j.targets, ht, sizeof(int64_t) * (size_t)c->N, cudaMemcpyHostToDevice));
+        free(ht);
+        CK(cudaMalloc(&j.dh, (size_t)(c->N * c->H) * es));
+        CK(cudaMalloc(&j.dw, (size_t)(Vp * c->H) * es));
+        CK(cudaMalloc((void**)&j.loss, sizeof(float) * (size_t)c->N));
+        CK(cudaMalloc((void**)&j.lse, sizeof(float) * (size_t)c->N));
+        fl_ce_options ce = FL_CE_OPTIONS_INIT;
+        fl_lce_options lo = FL_LCE_OPTIONS_INIT;
+        lo.byte_budget = c->budget;
+        j.ce = ce; j.lo = lo;
+        FLK(fl_linear_cross_entropy_workspace_size(&j.ws_bytes, c->N, c->H, c->V, c->dt, c->dt, &j.ce, &j.lo));
+        CK(cudaMalloc(&j.ws, j.ws_bytes));
+
+        /* the floor: three full GEMMs at Vp */
+        void* logits = NULL;
+        CK(cudaMalloc(&logits, (size_t)(c->N * Vp) * es));
+        CK(cudaMemsetAsync(logits, 0x3c, (size_t)(c->N * Vp) * es, g_stream)); /* ~1.0 in bf16/f16: non-zero */
+        const cudaDataType_t t = c->dt == FL_DTYPE_F32 ? CUDA_R_32F : c->dt == FL_DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+        gemm_make(&j.g[0], t, 1, 0, Vp, c->N, c->H, j.weight, c->H, j.hidden, c->H, logits, Vp);
+        gemm_make(&j.g[1], t, 0, 0, c->H, c->N, Vp, j.weight, c->H, logits, Vp, j.dh, c->H);
+        gemm_make(&j.g[2], t, 0, 1, c->H, Vp, c->N, j.hidden, c->H, logits, Vp, j.dw, c->H);
+        const float t0 = g_no_floor ? NAN : time_it(run_g0, &j), t1 = g_no_floor ? NAN : time_it(run_g1, &j),
+                    t2 = g_no_floor ? NAN : time_it(run_g2, &j);
+        const float floor_ms = t0 + t1 + t2;
+        for (int k = 0; k < 3; k++) gemm_free(&j.g[k]);
+        CK(cudaFree(logits));
+
+        const float tf = time_it(run_fused, &j), tr = time_it(run_recomp, &j), tw = time_it(run_fwd, &j);
+        float hloss = 0.0f;
+        CK(cudaMemcpy(&hloss, j.loss, sizeof(float), cudaMemcpyDeviceToHost));
+        const double fl1 = 2.0 * (double)c->N * (double)c->H * (double)c->V;
+        const double wsg = (double)j.ws_bytes / (double)(1u << 30);
+        printf("\ncase N=%lld H=%lld V=%lld %s budget %zu MiB: workspace %.3f GiB  loss %.5f\n", (long long)c->N,
+               (long long)c->H, (long long)c->V, dt_name(c->dt), c->budget >> 20, wsg, (double)hloss);
+        printf("  gemm3 (V->%lld) %8.3f ms  (logits %.3f, dX %.3f, dW %.3f)  %.0f TFLOP/s\n", (long long)Vp,
+               (double)floor_ms, (double)t0, (double)t1, (double)t2, 3.0 * fl1 * (double)Vp / (double)c->V /
+               ((double)floor_ms * 1e9));
+        printf("  fused        %8.3f ms  %.0f TFLOP/s (6NHV)  ratio %.3f\n", (double)tf, 3.0 * fl1 / ((double)tf * 1e9),
+               (double)(tf / floor_ms));
+        printf("  recompute    %8.3f ms  %.0f TFLOP/s (8NHV)  ratio %.3f\n", (double)tr, 4.0 * fl1 / ((double)tr * 1e9),
+               (double)(tr / floor_ms));
+        printf("  fwd only     %8.3f ms  %.0f TFLOP/s (2NHV)  ratio to the logits GEMM %.3f\n", (double)tw,
+               fl1 / ((double)tw * 1e9), (double)(tw / t0));
+        printf("SUMMARY %lldx%lldx%lld %s budget=%zuMiB fused %.3f ms ratio %.3f | recompute %.3f ms ratio %.3f | "
+               "fwd %.3f ms | gemm3 %.3f ms | ws %.3f GiB | %s %s\n",
+               (long long)c->N, (long long)c->H, (long long)c->V, dt_name(c->dt), c->budget >> 20, (double)tf,
+               (double)(tf / floor_ms), (double)tr, (double)(tr / floor_ms), (double)tw, (double)floor_ms, wsg, commit,
+               date);
+        fflush(stdout);
+        CK(cudaFree(j.hidden)); CK(cudaFree(j.weight)); CK(cudaFree(j.targets)); CK(cudaFree(j.dh));
+        CK(cudaFree(j.dw)); CK(cudaFree(j.loss)); CK(cudaFree(j.lse)); CK(cudaFree(j.ws));
+    }
+    fl_lce_context_destroy(ctx);
+    cublasLtDestroy(g_lt);
+    CK(cudaFree(g_blas_ws));
+    return 0;
+}
