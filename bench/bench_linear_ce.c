@@ -36,6 +36,7 @@
 typedef struct { int64_t N, H, V; fl_dtype dt; size_t budget; } lcase;
 
 static int g_reps = 20, g_warmup = 3, g_no_floor = 0;
+static int64_t g_phase_rows = 0;  /* --phases R: time the per-chunk pieces at R rows */
 static cudaStream_t g_stream;
 static cublasLtHandle_t g_lt;
 static void* g_blas_ws;
@@ -183,6 +184,8 @@ int main(int argc, char** argv) {
             g_reps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) {
             g_warmup = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--phases") && i + 1 < argc) {
+            g_phase_rows = atoll(argv[++i]);
         } else if (!strcmp(argv[i], "--no-floor")) {
             g_no_floor = 1;  /* for profiles: only the library's kernels */
         } else {
@@ -247,6 +250,40 @@ int main(int argc, char** argv) {
                     t2 = g_no_floor ? NAN : time_it(run_g2, &j);
         const float floor_ms = t0 + t1 + t2;
         for (int k = 0; k < 3; k++) gemm_free(&j.g[k]);
+        if (g_phase_rows > 0 && g_phase_rows <= c->N) {
+            /* the pieces of one chunk of R rows, each alone: what chunking costs the GEMMs, and the CE */
+            const int64_t R = g_phase_rows;
+            job q = j;
+            gemm_make(&q.g[0], t, 1, 0, Vp, R, c->H, j.weight, c->H, j.hidden, c->H, logits, Vp);
+            gemm_make(&q.g[1], t, 0, 0, c->H, R, Vp, j.weight, c->H, logits, Vp, j.dh, c->H);
+            gemm_make(&q.g[2], t, 0, 1, c->H, Vp, R, j.hidden, c->H, logits, Vp, j.dw, c->H);
+            const float p0 = time_it(run_g0, &q), p1 = time_it(run_g1, &q), p2 = time_it(run_g2, &q);
+            for (int k = 0; k < 3; k++) gemm_free(&q.g[k]);
+            size_t cwb = 0;
+            FLK(fl_cross_entropy_workspace_size(&cwb, R, c->V, c->dt, NULL));
+            void* cws = NULL;
+            CK(cudaMalloc(&cws, cwb));
+            cudaEvent_t e0, e1;
+            CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+            float ce[64];
+            const int nce = g_reps < 64 ? g_reps : 64;
+            for (int k = 0; k < nce + 2; k++) {
+                CK(cudaEventRecord(e0, g_stream));
+                FLK(fl_cross_entropy_fused_cuda(j.loss, NULL, logits, logits, j.targets, NULL, 1.0f, R, c->V, Vp, c->dt,
+                                                FL_INDEX_I64, NULL, cws, cwb, (fl_stream)g_stream));
+                CK(cudaEventRecord(e1, g_stream));
+                CK(cudaEventSynchronize(e1));
+                if (k >= 2) CK(cudaEventElapsedTime(&ce[k - 2], e0, e1));
+            }
+            const float pce = median(ce, nce);
+            CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+            CK(cudaFree(cws));
+            const double nch = (double)((c->N + R - 1) / R);
+            printf("  phases at %lld rows (x%.0f chunks): logits %.3f dX %.3f dW(beta 0) %.3f CE fused in place %.3f ms;"
+                   " GEMMs x chunks %.3f ms (whole %.3f), CE x chunks %.3f ms\n",
+                   (long long)R, nch, (double)p0, (double)p1, (double)p2, (double)pce, nch * (double)(p0 + p1 + p2),
+                   (double)floor_ms, nch * (double)pce);
+        }
         CK(cudaFree(logits));
 
         const float tf = time_it(run_fused, &j), tr = time_it(run_recomp, &j), tw = time_it(run_fwd, &j);

@@ -206,6 +206,20 @@ static void run_case(const tcase* c, int mode) {
             }
         }
         CHECK(bad_loss == 0, "%s: %d loss values off", what, bad_loss);
+        if (bad_loss && !none && c->N > 0) {  /* diagnosis: the CE workspace (src/internal.h layout) */
+            double hdr[3];
+            float* part = (float*)tu_xmalloc((size_t)c->N * 8);
+            d2h(hdr, gws, sizeof(hdr));
+            d2h(part, (char*)gws + 256, (size_t)c->N * 8);
+            int nan_a = 0, nan_b = 0, first = -1;
+            for (int64_t i = 0; i < c->N; i++) {
+                if (isnan(part[2 * i])) { nan_a++; if (first < 0) first = (int)i; }
+                if (isnan(part[2 * i + 1])) nan_b++;
+            }
+            printf("  %s: workspace header D_w %g D_n %g W %g; NaN partials a %d b %d (first row %d)\n", what, hdr[0],
+                   hdr[1], hdr[2], nan_a, nan_b, first);
+            free(part);
+        }
         int bad_lse = 0;
         for (int64_t i = 0; i < c->N; i++) {
             const double a = o_lse[i], b = c_lse[i];
