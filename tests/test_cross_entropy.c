@@ -54,44 +54,7 @@ static const char* const FN[3] = {"fl_cross_entropy_forward_cpu", "fl_cross_entr
 /* ------------------------------------------------------------------------------------------
  * Option configurations: every option alone and in combinations.
  * ---------------------------------------------------------------------------------------- */
-typedef struct {
-    const char*  name;
-    fl_reduction red;
-    float        eps;
-    int          weights;      /* 1: random class weights in [0.2, 2] with one zero */
-    int64_t      ignore_index;
-    float        zeta, cap, scale;
-} cfg_t;
-
-static const cfg_t CFGS[] = {
-    {"defaults (mean)", FL_REDUCTION_MEAN, 0, 0, -100, 0, 0, 1},
-    {"reduction none", FL_REDUCTION_NONE, 0, 0, -100, 0, 0, 1},
-    {"reduction sum", FL_REDUCTION_SUM, 0, 0, -100, 0, 0, 1},
-    {"smoothing 0.1", FL_REDUCTION_MEAN, 0.1f, 0, -100, 0, 0, 1},
-    {"smoothing 0.1 none", FL_REDUCTION_NONE, 0.1f, 0, -100, 0, 0, 1},
-    {"smoothing 1 sum", FL_REDUCTION_SUM, 1.0f, 0, -100, 0, 0, 1},
-    {"weights", FL_REDUCTION_MEAN, 0, 1, -100, 0, 0, 1},
-    {"weights none", FL_REDUCTION_NONE, 0, 1, -100, 0, 0, 1},
-    {"weights sum", FL_REDUCTION_SUM, 0, 1, -100, 0, 0, 1},
-    {"ignore_index 2 (in range)", FL_REDUCTION_MEAN, 0, 0, 2, 0, 0, 1},
-    {"ignore_index -1 sum", FL_REDUCTION_SUM, 0, 0, -1, 0, 0, 1},
-    {"z_loss", FL_REDUCTION_MEAN, 0, 0, -100, 0.05f, 0, 1},
-    {"z_loss none", FL_REDUCTION_NONE, 0, 0, -100, 0.05f, 0, 1},
-    {"z_loss sum", FL_REDUCTION_SUM, 0, 0, -100, 0.05f, 0, 1},
-    {"softcap 3", FL_REDUCTION_MEAN, 0, 0, -100, 0, 3.0f, 1},
-    {"logit_scale 0.5", FL_REDUCTION_MEAN, 0, 0, -100, 0, 0, 0.5f},
-    {"logit_scale -1.5 sum", FL_REDUCTION_SUM, 0, 0, -100, 0, 0, -1.5f},
-    {"logit_scale 2 + softcap 2.5 none", FL_REDUCTION_NONE, 0, 0, -100, 0, 2.5f, 2.0f},
-    {"z_loss + softcap", FL_REDUCTION_MEAN, 0, 0, -100, 0.05f, 4.0f, 1},
-    {"z_loss + weights (mean: two denominators)", FL_REDUCTION_MEAN, 0, 1, -100, 0.1f, 0, 1},
-    {"smoothing + weights + ignore", FL_REDUCTION_MEAN, 0.2f, 1, 1, 0, 0, 1},
-    {"smoothing + weights + ignore none", FL_REDUCTION_NONE, 0.2f, 1, 1, 0, 0, 1},
-    {"smoothing + weights + ignore sum", FL_REDUCTION_SUM, 0.2f, 1, 1, 0, 0, 1},
-    {"everything mean", FL_REDUCTION_MEAN, 0.15f, 1, 3, 0.02f, 5.0f, 1.3f},
-    {"everything none", FL_REDUCTION_NONE, 0.15f, 1, 3, 0.02f, 5.0f, 1.3f},
-    {"everything sum", FL_REDUCTION_SUM, 0.15f, 1, 3, 0.02f, 5.0f, -0.7f},
-};
-#define N_CFGS ((int)(sizeof CFGS / sizeof CFGS[0]))
+#include "ce_configs.h"
 
 /* ------------------------------------------------------------------------------------------
  * A problem instance: logits buffer (padding and ignored rows poisoned: never read),
@@ -127,20 +90,8 @@ static prob_t make_prob(tu_rng* rng, const cfg_t* c, int64_t N, int64_t V, int64
     prob_t p;
     memset(&p, 0, sizeof p);
     p.N = N; p.V = V; p.ld = ld; p.dt = dt; p.it = it; p.gs = gs;
-    fl_ce_options o = FL_CE_OPTIONS_INIT;
-    o.reduction = c->red;
-    o.label_smoothing = c->eps;
-    o.ignore_index = c->ignore_index;
-    o.z_loss = c->zeta;
-    o.softcap = c->cap;
-    o.logit_scale = c->scale;
-    if (c->weights) {
-        p.w = (float*)tu_xmalloc((size_t)V * sizeof(float));
-        for (int64_t j = 0; j < V; j++) p.w[j] = (float)tu_uniform_in(rng, 0.2, 2.0);
-        if (V > 2) p.w[V - 1] = 0.0f; /* a zero weight is valid */
-        o.weight = p.w;
-    }
-    p.o = o;
+    p.o = cfg_options(c, V, rng, &p.w);
+    const fl_ce_options o = p.o;
     p.t = tu_xmalloc((size_t)(N > 0 ? N : 1) * 8);
     for (int64_t i = 0; i < N; i++) {
         int64_t t = tu_int_in(rng, 0, V - 1);
