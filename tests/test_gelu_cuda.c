@@ -90,6 +90,8 @@ static void ensure_ws(size_t need) {
     CK(cudaMalloc(&g_ws, need));
     CK(cudaMemset(g_ws, 0xFF, need));   /* scratch part: any content */
     CK(cudaMemset(g_ws, 0, 4096));      /* counters: zero once, the library keeps them zero */
+    CK(cudaDeviceSynchronize());         /* why: cudaMemset runs on the legacy stream, which the
+                                            non-blocking g_stream does not wait for */
     g_ws_bytes = need;
 }
 
@@ -101,6 +103,7 @@ static dbuf dalloc(size_t bytes, size_t off) {
     b.off = off; b.bytes = bytes;
     CK(cudaMalloc((void**)&b.base, off + bytes + GUARD));
     CK(cudaMemset(b.base, TU_POISON_BYTE, off + bytes + GUARD));
+    CK(cudaDeviceSynchronize());  /* why: see ensure_ws */
     return b;
 }
 static void* dptr(const dbuf* b) { return b->base + b->off; }
@@ -279,6 +282,8 @@ static void run_case(const gcase* c0, tu_rng* rng) {
     /* forward */
     void* yo = dptr(&d_o);
     if (c->inplace) { CK(cudaMemcpy(yo, dptr(&d_x), bx, cudaMemcpyDeviceToDevice)); }
+    CK(cudaDeviceSynchronize());  /* why: the copies above (legacy stream; D2D and pageable H2D
+                                     return before they land) must finish before g_stream's kernel */
     fl_status st = fl_gelu_forward_cuda(yo, c->inplace ? yo : dptr(&d_x), b ? dptr(&d_b) : NULL, N, F, c->ld_out,
                                         c->ld_x, c->dt, bdt, c->ap, g_stream);
     CHECK_STATUS(st, FL_OK, "fl_gelu_forward_cuda");
@@ -292,6 +297,7 @@ static void run_case(const gcase* c0, tu_rng* rng) {
     CK(cudaMemset(d_o.base, TU_POISON_BYTE, d_o.off + d_o.bytes + GUARD));
     void* dxo = dptr(&d_o);
     if (c->inplace) CK(cudaMemcpy(dxo, dptr(&d_dy), bdy, cudaMemcpyDeviceToDevice));
+    CK(cudaDeviceSynchronize());  /* why: as above */
     st = fl_gelu_backward_cuda(dxo, b ? dptr(&d_db) : NULL, c->inplace ? dxo : dptr(&d_dy), dptr(&d_x),
                                b ? dptr(&d_b) : NULL, N, F, c->ld_out, c->ld_dy, c->ld_x, c->dt, bdt, c->ap, g_ws,
                                g_ws_bytes, g_stream);
@@ -372,6 +378,7 @@ static void test_graph(tu_rng* rng, int64_t N, int64_t F, fl_dtype dt) {
     CK(cudaMemcpy(x, hx, bytes, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dy, hdy, bytes, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(bias, hb, bb, cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize());  /* why: see ensure_ws */
     void* e_y = tu_xmalloc(bytes); void* e_dx = tu_xmalloc(bytes); void* e_db = tu_xmalloc(bb);
     void* g_y = tu_xmalloc(bytes); void* g_dx = tu_xmalloc(bytes); void* g_db = tu_xmalloc(bb);
     /* eager */
@@ -419,6 +426,7 @@ static void test_empty(void) {
     void* db;
     CK(cudaMalloc(&db, 64));
     CK(cudaMemset(db, 0xFF, 64));
+    CK(cudaDeviceSynchronize());  /* why: see ensure_ws */
     fl_status st = fl_gelu_backward_cuda(NULL, db, NULL, NULL, (void*)db /* any non-NULL: not read */, 0, 7, 7, 7, 7,
                                          FL_DTYPE_BF16, FL_DTYPE_F32, FL_GELU_TANH, NULL, 0, g_stream);
     /* bias == dbias overlap is rejected; use a separate bias pointer */

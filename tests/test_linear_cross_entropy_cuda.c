@@ -152,16 +152,19 @@ static void run_case(const tcase* c, int mode) {
         void* dt_in = dalloc((size_t)c->N * isz); h2d(dt_in, ht, (size_t)c->N * isz);
         float* dcw = (float*)dalloc((size_t)c->V * 4); h2d(dcw, hcw, (size_t)c->V * 4);
         float* dg = (float*)dalloc(nl * 4); h2d(dg, hg, nl * 4);
-        int32_t* flag = (int32_t*)dalloc(4); CK(cudaMemset(flag, 0, 4));
+        int32_t* flag = (int32_t*)dalloc(4); CK(cudaMemsetAsync(flag, 0, 4, g_stream));
         float* g_loss = (float*)dalloc(nl * 4);
         float* g_lse = (float*)dalloc((size_t)c->N * 4);
         void* g_dh = dalloc((size_t)(c->N * c->H) * es);
         void* g_dw = dalloc((size_t)(c->V * c->H) * wes);
         void* g_db = dalloc((size_t)c->V * wes);
         void* gws = dalloc(wsb);
-        CK(cudaMemset(g_loss, 0xff, nl * 4)); CK(cudaMemset(g_lse, 0xff, (size_t)c->N * 4));
-        CK(cudaMemset(g_dh, 0xff, (size_t)(c->N * c->H) * es)); CK(cudaMemset(g_dw, 0xff, (size_t)(c->V * c->H) * wes));
-        CK(cudaMemset(g_db, 0xff, (size_t)c->V * wes)); CK(cudaMemset(gws, 0xff, wsb));
+        CK(cudaMemsetAsync(g_loss, 0xff, nl * 4, g_stream)); CK(cudaMemsetAsync(g_lse, 0xff, (size_t)c->N * 4, g_stream));
+        CK(cudaMemsetAsync(g_dh, 0xff, (size_t)(c->N * c->H) * es, g_stream)); CK(cudaMemsetAsync(g_dw, 0xff, (size_t)(c->V * c->H) * wes, g_stream));
+        CK(cudaMemsetAsync(g_db, 0xff, (size_t)c->V * wes, g_stream)); CK(cudaMemsetAsync(gws, 0xff, wsb, g_stream));
+        /* why: cudaMemcpy from pageable memory may return before its DMA lands, and it runs on the
+         * legacy stream, which g_stream (non-blocking) does not wait for */
+        CK(cudaDeviceSynchronize());
         fl_ce_options gce = ce;
         gce.weight = c->cw ? dcw : NULL;
         gce.error_flag = flag;
@@ -279,6 +282,7 @@ static void accuracy_graph_determinism(fl_dtype dt, int64_t N, int64_t H, int64_
                  FL_OK, what);
     void *dh = dalloc((size_t)(N * H) * es), *dw = dalloc((size_t)(V * H) * es), *dtg = dalloc((size_t)N * 8);
     h2d(dh, hh, (size_t)(N * H) * es); h2d(dw, hw, (size_t)(V * H) * es); h2d(dtg, ht, (size_t)N * 8);
+    CK(cudaDeviceSynchronize());  /* why: see run_case */
     void *gdh = dalloc((size_t)(N * H) * es), *gdw = dalloc((size_t)(V * H) * es), *ws = dalloc(wsb);
     float* gl = (float*)dalloc(4);
     void* odw = tu_xmalloc((size_t)(V * H) * es);
@@ -288,7 +292,7 @@ static void accuracy_graph_determinism(fl_dtype dt, int64_t N, int64_t H, int64_
     const fl_lce_accum modes[2] = {FL_LCE_ACCUM_FP32, FL_LCE_ACCUM_LEAN};
     for (int m = 0; m < 2; m++) {
         lo.wgrad_accum = modes[m];
-        CK(cudaMemset(gdw, 0xff, (size_t)(V * H) * es));
+        CK(cudaMemsetAsync(gdw, 0xff, (size_t)(V * H) * es, g_stream));
         CHECK_STATUS(fl_linear_cross_entropy_forward_cuda(g_ctx, gl, NULL, gdh, gdw, NULL, dh, H, dw, H, NULL, dtg, NULL,
                                                           1.0f, N, H, V, dt, dt, FL_INDEX_I64, &ce, &lo, ws, wsb,
                                                           (fl_stream)g_stream),
@@ -328,7 +332,7 @@ static void accuracy_graph_determinism(fl_dtype dt, int64_t N, int64_t H, int64_
     void* h2 = tu_xmalloc((size_t)(N * H) * es);
     float l1 = 0, l2 = 0;
     for (int k = 0; k < 2; k++) {
-        CK(cudaMemset(gdw, 0xff, (size_t)(V * H) * es)); CK(cudaMemset(gdh, 0xff, (size_t)(N * H) * es));
+        CK(cudaMemsetAsync(gdw, 0xff, (size_t)(V * H) * es, g_stream)); CK(cudaMemsetAsync(gdh, 0xff, (size_t)(N * H) * es, g_stream));
         CHECK_STATUS(fl_linear_cross_entropy_forward_cuda(g_ctx, gl, NULL, gdh, gdw, NULL, dh, H, dw, H, NULL, dtg, NULL,
                                                           1.0f, N, H, V, dt, dt, FL_INDEX_I64, &ce, &lo, ws, wsb,
                                                           (fl_stream)g_stream),
@@ -340,8 +344,8 @@ static void accuracy_graph_determinism(fl_dtype dt, int64_t N, int64_t H, int64_
     CHECK(!memcmp(a1, a2, (size_t)(V * H) * es) && !memcmp(h1, h2, (size_t)(N * H) * es) && !memcmp(&l1, &l2, 4),
           "%s: two runs differ", what);
     /* graph */
-    CK(cudaMemset(gdw, 0xff, (size_t)(V * H) * es)); CK(cudaMemset(gdh, 0xff, (size_t)(N * H) * es));
-    CK(cudaMemset(gl, 0xff, 4));
+    CK(cudaMemsetAsync(gdw, 0xff, (size_t)(V * H) * es, g_stream)); CK(cudaMemsetAsync(gdh, 0xff, (size_t)(N * H) * es, g_stream));
+    CK(cudaMemsetAsync(gl, 0xff, 4, g_stream));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
@@ -369,11 +373,12 @@ static void bad_inputs(void) {
     const int64_t N = 8, H = 16, V = 40;
     void *h = dalloc((size_t)(N * H) * 2), *w = dalloc((size_t)(V * H) * 2), *dh = dalloc((size_t)(N * H) * 2);
     void* dw = dalloc((size_t)(V * H) * 2);
-    CK(cudaMemset(h, 0x3c, (size_t)(N * H) * 2)); CK(cudaMemset(w, 0x3c, (size_t)(V * H) * 2));
+    CK(cudaMemsetAsync(h, 0x3c, (size_t)(N * H) * 2, g_stream)); CK(cudaMemsetAsync(w, 0x3c, (size_t)(V * H) * 2, g_stream));
     int64_t ht[8] = {1, 2, 3, 400, 5, -100, 7, 8};
     void* t = dalloc(sizeof(ht)); h2d(t, ht, sizeof(ht));
+    CK(cudaDeviceSynchronize());  /* why: see run_case */
     float* loss = (float*)dalloc(4 * N);
-    int32_t* flag = (int32_t*)dalloc(4); CK(cudaMemset(flag, 0, 4));
+    int32_t* flag = (int32_t*)dalloc(4); CK(cudaMemsetAsync(flag, 0, 4, g_stream));
     fl_ce_options ce = FL_CE_OPTIONS_INIT;
     ce.error_flag = flag;
     ce.reduction = FL_REDUCTION_NONE;
@@ -428,7 +433,8 @@ static void big(void) {
     void* dh = dalloc((size_t)(N * H) * 2);
     float* dw = (float*)dalloc((size_t)(V * H) * 4);
     void* ws = dalloc(wsb);
-    CK(cudaMemset(loss, 0xff, (size_t)N * 4)); CK(cudaMemset(dh, 0xff, (size_t)(N * H) * 2));
+    CK(cudaMemsetAsync(loss, 0xff, (size_t)N * 4, g_stream)); CK(cudaMemsetAsync(dh, 0xff, (size_t)(N * H) * 2, g_stream));
+    CK(cudaDeviceSynchronize());  /* why: see run_case */
     fl_status st = fl_linear_cross_entropy_forward_cuda(g_ctx, loss, NULL, dh, dw, NULL, h, H, w, H, NULL, t, NULL, 1.0f,
                                                         N, H, V, FL_DTYPE_BF16, FL_DTYPE_F32, FL_INDEX_I32, &ce, NULL,
                                                         ws, wsb, (fl_stream)g_stream);
