@@ -320,9 +320,15 @@ FL_API fl_status fl_scale_rows_cuda(void* x, int64_t N, int64_t V, int64_t ld, f
  *  Workspace: fl_linear_cross_entropy_workspace_size() bytes (CUDA: device memory, 256-byte
  *  aligned), content ignored and clobbered; its size is about chunk_rows·Vpad·esize (the logits
  *  chunk; Vpad = V rounded up to 64) + the accumulator (FP32 mode) + the cuBLASLt workspace
- *  (8 MiB) + 16·N bytes. chunk_rows is lce_opts->chunk_rows when > 0, else the most rows (a
- *  multiple of 64 unless N is smaller) whose workspace fits byte_budget (default 512 MiB; at
- *  least one 64-row chunk whatever the budget).
+ *  (8 MiB) + 16·N bytes (+ chunk_rows·4·H when V is not a multiple of 64 and dtype is 16-bit: the
+ *  CUDA GEMMs then run on V rounded down to 64 and on the rest separately, because cuBLAS is
+ *  several times slower on an odd V, and dhidden's two parts are summed in fp32). chunk_rows is
+ *  lce_opts->chunk_rows when > 0, else about the most rows (a multiple of 64 unless N is smaller)
+ *  whose workspace fits byte_budget (default 512 MiB; at least one 64-row chunk whatever the
+ *  budget), then evened out over the chunks (N = 8192 with room for 1900 rows: 5 x 1664, not
+ *  4 x 1856 + 768).
+ *  Chunking and the LEAN mode aside, the CUDA result does not depend on the chunk size except
+ *  through cuBLAS's choice of GEMM kernel per shape; the CPU result does not depend on it at all.
  ******************************************************************************/
 typedef struct fl_lce_context_s fl_lce_context;
 

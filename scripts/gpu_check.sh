@@ -59,6 +59,11 @@ SANITIZER=$(command -v compute-sanitizer || true)
 for c in "$CUDA_HOME/bin/compute-sanitizer" "$CUDA_HOME/compute-sanitizer/compute-sanitizer"; do
     [ -z "$SANITIZER" ] && [ -x "$c" ] && SANITIZER="$c"
 done
+# peers' pure-Python wheels carried in .whl/ (e.g. liger_kernel, see bench/bench_peers.py): installed once
+if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1 ||
+        echo "warning: could not install the carried wheels"
+fi
 [ -d /tmp/site ] && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 export CUDA_HOME CUDA_LIBDIR SANITIZER OUT DATE GPU_ARCH
 
@@ -322,7 +327,7 @@ if want lce && have build/test_linear_cross_entropy_cuda lce; then
         done
         if [ "${LCE_TORCH:-1}" = 1 ]; then
             echo "### bench_lce_torch.py"
-            PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so timeout ${LCE_TORCH_CAP:-200} \
+            PYTHONPATH="python${PYTHONPATH:+:$PYTHONPATH}" FUSEDLOSS_LIBRARY=build/libfusedloss.so timeout ${LCE_TORCH_CAP:-200} \
                 python3 bench/bench_lce_torch.py --out "$OUT/lce-peers-$DATE.json" ${LCE_TORCH_ARGS:-} || rc=1
         fi
         if [ -n "${LCE_PROF:-}" ]; then
