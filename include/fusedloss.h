@@ -325,8 +325,8 @@ FL_API fl_status fl_scale_rows_cuda(void* x, int64_t N, int64_t V, int64_t ld, f
  *  several times slower on an odd V, and dhidden's two parts are summed in fp32). chunk_rows is
  *  lce_opts->chunk_rows when > 0, else about the most rows (a multiple of 64 unless N is smaller)
  *  whose workspace fits byte_budget (default 512 MiB; at least one 64-row chunk whatever the
- *  budget), then evened out over the chunks (N = 8192 with room for 1900 rows: 5 x 1664, not
- *  4 x 1856 + 768).
+ *  budget), then evened out over the chunks (N = 8192 with room for 1900 rows: 4 x 1664 + 1536,
+ *  not 4 x 1856 + 768).
  *  Chunking and the LEAN mode aside, the CUDA result does not depend on the chunk size except
  *  through cuBLAS's choice of GEMM kernel per shape; the CPU result does not depend on it at all.
  ******************************************************************************/
