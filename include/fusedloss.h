@@ -537,6 +537,74 @@ FL_API fl_status fl_gelu_backward_cuda(void* dx, void* dbias, const void* dy, co
                                        fl_dtype dtype, fl_dtype bias_dtype, fl_gelu_approx approx,
                                        void* workspace, size_t workspace_bytes, fl_stream stream);
 
+/*-****************************************************************************
+ *  8. Vocab-parallel cross-entropy (logits sharded by vocabulary over ranks)
+ *
+ *  Each of k ranks holds the logits of a contiguous slice [vocab_start, vocab_start + V_local) of
+ *  the global vocabulary [0, V) for the same N rows (shards may be uneven; together they cover
+ *  [0, V) exactly once). Targets are GLOBAL class ids, the same [N] array on every rank. The
+ *  result is section 5's cross-entropy of the concatenated logits, bit-for-bit the same formulas
+ *  (label smoothing and its class weights over the WHOLE vocabulary, z-loss, softcap, logit scale,
+ *  ignore_index, every reduction), with one small collective the caller runs on its own engine:
+ *
+ *    1. fl_vp_ce_local_stats_*()  on every rank: stats[N][4] fp32 per row from its shard:
+ *         (m, s, wz, zt) = (max_j z_j, sum_j exp(z_j - m), sum_j w_j z_j, z_t if t is in this shard
+ *         else 0), j over the shard, z as in section 5 (w_j = 1 without class weights).
+ *    2. the caller all-gathers the k stats arrays IN RANK ORDER (shard order: rank r's slice
+ *       starts after rank r-1's) into gathered[k][N][4]: O(N) bytes (16 N per rank), never
+ *       O(N V). E.g. ncclAllGather / torch.distributed.all_gather_into_tensor.
+ *    3. fl_vp_ce_combine_*()      on every rank: merges the k partial rows in rank order (so every
+ *       rank gets the same bits, whatever the collective's algorithm) into the global lse[N] and
+ *       the loss (as section 5's forward: [N] for NONE, [1] otherwise).
+ *    4. fl_vp_ce_backward_*()     on every rank: dlogits of its shard from its logits, the global
+ *       lse and the upstream gradient (section 5's backward restricted to the shard's columns).
+ *
+ *  Options (fl_ce_options) are section 5's; opts->weight, when given, is the GLOBAL class-weight
+ *  array [V] (every rank passes the whole array; its sum W is computed from it). The same options
+ *  must be passed to all steps on all ranks.
+ *  Out-of-range targets (not in [0, V), not ignore_index): CPU steps 1 and 3 return
+ *  FL_ERR_TARGET_OUT_OF_RANGE; the CUDA steps behave as section 5's CUDA backend (NaN, flag).
+ *  Numerics: as section 5 (fp32 on CUDA, double on the CPU, fp32 outputs); the merge of step 3 is
+ *  M = max_r m_r, S = sum_r s_r exp(m_r - M) (in rank order), lse = M + log S, sum w z and z_t
+ *  summed in rank order; so with k = 1 the results equal fl_cross_entropy_*'s up to the rounding
+ *  of the stats to fp32 between the steps (the CPU backend keeps them in double internally, but
+ *  step 2 moves fp32).
+ *  Workspace: every step takes the section-5 workspace of its call (fl_cross_entropy_workspace_size
+ *  with N and, for steps 1 and 4, V_local; for step 3, V).
+ *  Status (2026-12-01): the CPU steps below exist (the reference, and for simulating k ranks in one
+ *  process); the CUDA steps (same arguments plus a stream), a convenience entry taking an
+ *  ncclComm_t, and the linear-CE variant (weight rows sharded) are not built yet (issue 9).
+ ******************************************************************************/
+
+/*! fl_vp_ce_local_stats_{cpu,cuda}() :
+ *  stats : fp32 [N][4], overwritten (rows of ignored targets: (-inf, 0, 0, 0)).
+ *  logits: this rank's [N, ld] of dtype, V_local >= 1 columns used (ld >= V_local), the global
+ *          classes vocab_start .. vocab_start + V_local - 1 (0 <= vocab_start, vocab_start + V_local <= V).
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_vp_ce_local_stats_cpu(float* stats, const void* logits, const void* targets, int64_t N,
+                                          int64_t V_local, int64_t ld, int64_t vocab_start, int64_t V,
+                                          fl_dtype dtype, fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                          void* workspace, size_t workspace_bytes);
+
+/*! fl_vp_ce_combine_{cpu,cuda}() :
+ *  gathered : fp32 [k][N][4], the k ranks' stats in rank order (k >= 1).
+ *  loss : fp32 [N] (NONE) or [1]; lse : fp32 [N] (0 for ignored rows), required (step 4 needs it).
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_vp_ce_combine_cpu(float* loss, float* lse, const float* gathered, int k, const void* targets,
+                                      int64_t N, int64_t V, fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                      void* workspace, size_t workspace_bytes);
+
+/*! fl_vp_ce_backward_{cpu,cuda}() :
+ *  dlogits [N, ld] (this rank's shard, dtype of logits, first V_local columns overwritten) =
+ *  section 5's gradient of the global loss w.r.t. this shard's logits, from the global lse of
+ *  step 3 and grad_loss / grad_scale as in section 5. In place (dlogits == logits) allowed.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_vp_ce_backward_cpu(void* dlogits, const void* logits, const void* targets, const float* lse,
+                                       const float* grad_loss, float grad_scale, int64_t N, int64_t V_local,
+                                       int64_t ld, int64_t vocab_start, int64_t V, fl_dtype dtype,
+                                       fl_index_dtype index_dtype, const fl_ce_options* opts, void* workspace,
+                                       size_t workspace_bytes);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
