@@ -549,7 +549,9 @@ FL_API fl_status fl_gelu_backward_cuda(void* dx, void* dbias, const void* dy, co
  *
  *    1. fl_vp_ce_local_stats_*()  on every rank: stats[N][4] fp32 per row from its shard:
  *         (m, s, wz, zt) = (max_j z_j, sum_j exp(z_j - m), sum_j w_j z_j, z_t if t is in this shard
- *         else 0), j over the shard, z as in section 5 (w_j = 1 without class weights).
+ *         else 0), j over the shard, z as in section 5 (w_j = 1 without class weights); m is the
+ *         fp32 value stored and s is relative to that stored m (so m's rounding cancels in step 3);
+ *         a shard whose z are all -inf gives (-inf, 0, ...).
  *    2. the caller all-gathers the k stats arrays IN RANK ORDER (shard order: rank r's slice
  *       starts after rank r-1's) into gathered[k][N][4]: O(N) bytes (16 N per rank), never
  *       O(N V). E.g. ncclAllGather / torch.distributed.all_gather_into_tensor.
@@ -562,15 +564,17 @@ FL_API fl_status fl_gelu_backward_cuda(void* dx, void* dbias, const void* dy, co
  *  Options (fl_ce_options) are section 5's; opts->weight, when given, is the GLOBAL class-weight
  *  array [V] (every rank passes the whole array; its sum W is computed from it). The same options
  *  must be passed to all steps on all ranks.
- *  Out-of-range targets (not in [0, V), not ignore_index): CPU steps 1 and 3 return
- *  FL_ERR_TARGET_OUT_OF_RANGE; the CUDA steps behave as section 5's CUDA backend (NaN, flag).
+ *  Out-of-range targets (not in [0, V), not ignore_index): CPU steps 1, 3 and 4 (all read the
+ *  targets) return FL_ERR_TARGET_OUT_OF_RANGE before writing anything; the CUDA steps behave as
+ *  section 5's CUDA backend (NaN, flag).
  *  Numerics: as section 5 (fp32 on CUDA, double on the CPU, fp32 outputs); the merge of step 3 is
  *  M = max_r m_r, S = sum_r s_r exp(m_r - M) (in rank order), lse = M + log S, sum w z and z_t
  *  summed in rank order; so with k = 1 the results equal fl_cross_entropy_*'s up to the rounding
  *  of the stats to fp32 between the steps (the CPU backend keeps them in double internally, but
  *  step 2 moves fp32).
  *  Workspace: every step takes the section-5 workspace of its call (fl_cross_entropy_workspace_size
- *  with N and, for steps 1 and 4, V_local; for step 3, V).
+ *  with N and, for steps 1 and 4, V_local and the logits' dtype; for step 3, V and any dtype: step 3
+ *  has no dtype argument and reads no logits, so the smallest answer, a 16-bit dtype's, suffices).
  *  Status (2026-12-01): the CPU steps below exist (the reference, and for simulating k ranks in one
  *  process); the CUDA steps (same arguments plus a stream), a convenience entry taking an
  *  ncclComm_t, and the linear-CE variant (weight rows sharded) are not built yet (issue 9).

@@ -60,6 +60,16 @@ size_t fl__ce_workspace_bytes(int64_t N, int64_t V, fl_dtype dtype);
 /* Upper bound of the chunks per row of the CUDA row kernels (sizes the workspace). */
 int64_t fl__ce_chunks(int64_t V, size_t esize);
 
+/* Byte range [lo, hi) of a buffer (empty when p is NULL or n == 0) and whether two overlap: the
+ * aliasing checks of every validator. */
+typedef struct { uintptr_t lo, hi; } fl__range;
+fl__range fl__mkrange(const void* p, size_t n);
+int fl__overlap(fl__range a, fl__range b);
+
+/* dtype and index_dtype known and N rows of stride ld elements addressable in 64 bits (the checks
+ * every logits-taking entry point starts with). */
+fl_status fl__check_types_extent(const char* fn, int64_t N, int64_t ld, fl_dtype dtype, fl_index_dtype index_dtype);
+
 /* Validate every argument of a cross-entropy entry point (either backend) and resolve the
  * options into *p. Pointers that a pass does not use must be given as NULL by the caller
  * wrapper (e.g. dlogits for forward). `is_cuda` only changes which checks are possible:
@@ -111,10 +121,62 @@ void fl__ce_cpu_rows(fl__pass pass, const fl__ce_params* p, const fl__ce_denoms*
 void fl__ce_cpu_reduce(float* loss, const double* part, int64_t N, const fl__ce_params* p,
                        const fl__ce_denoms* d);
 
+/* Row-level pieces under fl__ce_cpu_rows, shared with the vocab-parallel steps
+ * (src/cpu/vocab_parallel.c), which run them on a vocabulary shard: columns [col0, col0 + n) of
+ * the global vocabulary [0, V), element `off` of the shard's buffer being column col0 (the whole
+ * row is col0 = 0, n = V). t is the GLOBAL target (checked: in [0, V)); weights are indexed
+ * globally (p->weight[col0 + j]). Formulas in the header comment of src/cpu/cross_entropy.c. */
+int64_t fl__ce_load_target(const void* targets, fl_index_dtype index_dtype, int64_t i);
+/* Pass 1 over the slice: online max *m and sum-exp *s (relative to *m; m = -inf, s = 0 for an
+ * all-(-inf) slice), z_t (0 unless t is in the slice) and sum_j w_j z_j. Double throughout. */
+void fl__ce_cpu_row_partial(const void* logits, fl_dtype dtype, int64_t off, int64_t col0, int64_t n, int64_t t,
+                            const fl__ce_params* p, double* m, double* s, double* zt, double* wz);
+/* lse = m + log s (-inf when m = -inf). */
+double fl__ce_lse(double m, double s);
+/* The row's CE + smoothing term *a and z-loss term *b from its lse, z_t and sum w z (V, W global). */
+void fl__ce_row_terms(const fl__ce_params* p, int64_t V, double W, int64_t t, double lse, double zt, double wz,
+                      double* a, double* b);
+/* Upstream gradient of row i: g_a for the CE part, g_b for z-loss (MEAN: divided by D_w, D_n). */
+void fl__ce_row_upstream(const fl__ce_params* p, const fl__ce_denoms* d, const float* grad_loss, float grad_scale,
+                         int64_t i, double* g_a, double* g_b);
+/* dlogits of the slice (may alias logits), from the row's lse and W = d->W. */
+void fl__ce_cpu_row_grad(void* dlogits, const void* logits, fl_dtype dtype, int64_t off, int64_t col0, int64_t n,
+                         int64_t V, int64_t t, double lse, double W, double g_a, double g_b,
+                         const fl__ce_params* p);
+/* n zeros (an ignored row's gradient). */
+void fl__ce_cpu_row_zero(void* dlogits, fl_dtype dtype, int64_t off, int64_t n);
+
 /* Element conversion of the CPU backend: dst[k] = element off + k of base (dtype), exactly;
  * and the store, double -> fp32 (RN) -> dtype (RN), the rounding every CPU output uses. */
 void fl__cpu_load_row(double* dst, const void* base, fl_dtype dtype, int64_t off, int64_t n);
 void fl__cpu_store_row(void* base, fl_dtype dtype, int64_t off, const double* src, int64_t n);
+
+/* ---- vocab-parallel cross-entropy: shared validation (src/common/vp_validate.c) ------------- */
+
+/* Workspace bytes step 3 (combine) requires: section 5's for N rows and V classes with the
+ * smallest (16-bit) dtype, so that any dtype's fl_cross_entropy_workspace_size() answer passes. */
+size_t fl__vp_combine_workspace_bytes(int64_t N, int64_t V);
+
+/* Validate every argument of a vocab-parallel shard step (either backend) and resolve the options
+ * into *p. backward = 0: step 1 (local stats; output `stats`, pass dlogits/lse/grad_loss NULL);
+ * backward = 1: step 4 (output dlogits; stats NULL). Checks sizes (N >= 0, V_local >= 1,
+ * ld >= V_local, V >= 1, 0 <= vocab_start, vocab_start + V_local <= V), dtypes, options,
+ * grad_scale (step 4), NULLs, the GLOBAL class weights [V] (CPU), the workspace (section 5's
+ * for N, V_local; 256-byte aligned when is_cuda) and aliasing (outputs vs every input and the
+ * workspace; dlogits == logits allowed). Targets are range-checked by the backend. */
+fl_status fl__vp_validate_shard(const char* fn, int backward, int is_cuda, const float* stats, const void* dlogits,
+                                const void* logits, const void* targets, const float* lse, const float* grad_loss,
+                                float grad_scale, int64_t N, int64_t V_local, int64_t ld, int64_t vocab_start,
+                                int64_t V, fl_dtype dtype, fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                const void* workspace, size_t workspace_bytes, fl__ce_params* p);
+
+/* The same for step 3 (combine): N >= 0, V >= 1, k >= 1, index dtype, options, NULLs (loss always;
+ * lse, gathered, targets when N > 0), class weights, workspace (fl__vp_combine_workspace_bytes),
+ * aliasing of loss and lse with each other and every input. */
+fl_status fl__vp_validate_combine(const char* fn, int is_cuda, const float* loss, const float* lse,
+                                  const float* gathered, int k, const void* targets, int64_t N, int64_t V,
+                                  fl_index_dtype index_dtype, const fl_ce_options* opts, const void* workspace,
+                                  size_t workspace_bytes, fl__ce_params* p);
 
 /* ---- GeLU: shared validation and the CUDA work plan (src/common/gelu_validate.c) --------- */
 

@@ -879,15 +879,41 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* A -inf logit (a masked class) without smoothing: PyTorch's loss is finite; the smoothing term
+ * must not turn it into NaN through 0 * inf. With smoothing the loss is +inf (as PyTorch's). */
+static void test_neg_inf_logit(tu_rng* rng) {
+    (void)rng;
+    const float x[4] = {1.0f, -INFINITY, 2.0f, 0.5f};
+    const int64_t t = 0;
+    float loss = NAN, lse = NAN, g[4];
+    size_t wsb = 0;
+    fl_cross_entropy_workspace_size(&wsb, 1, 4, FL_DTYPE_F32, NULL);
+    void* ws = tu_xmalloc(wsb);
+    const double ref_lse = log(exp(1.0) + exp(2.0) + exp(0.5));
+    fl_ce_options o = FL_CE_OPTIONS_INIT;
+    CHECK_STATUS(fl_cross_entropy_fused_cpu(&loss, &lse, g, x, &t, NULL, 1.0f, 1, 4, 4, FL_DTYPE_F32, FL_INDEX_I64,
+                                            &o, ws, wsb),
+                 FL_OK, "-inf logit fused");
+    CHECK(fabs(loss - (ref_lse - 1.0)) < 1e-6 && fabs(lse - ref_lse) < 1e-6, "-inf logit: loss %g lse %g, want %g %g",
+          loss, lse, ref_lse - 1.0, ref_lse);
+    CHECK(g[1] == 0.0f && isfinite(g[0]) && isfinite(g[2]) && isfinite(g[3]), "-inf logit: gradient %g %g %g %g",
+          g[0], g[1], g[2], g[3]);
+    o.label_smoothing = 0.1f;
+    CHECK_STATUS(fl_cross_entropy_forward_cpu(&loss, NULL, x, &t, 1, 4, 4, FL_DTYPE_F32, FL_INDEX_I64, &o, ws, wsb),
+                 FL_OK, "-inf logit smoothing");
+    CHECK(isinf(loss) && loss > 0, "-inf logit with smoothing: loss %g, want +inf", loss);
+    free(ws);
+}
+
 int main(int argc, char** argv) {
     uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 20261130ull;
     printf("seed %llu\n", (unsigned long long)seed);
     tu_rng rng = tu_rng_seed(seed);
     static void (*const sections[])(tu_rng*) = {test_errors, test_null_opts, test_empty_and_all_ignored,
                                                  test_options, test_big_logits, test_threads,
-                                                 test_required_accuracy};
+                                                 test_required_accuracy, test_neg_inf_logit};
     static const char* const names[] = {"errors", "opts NULL", "N=0 / all ignored", "options x dtypes x shapes",
-                                        "logits +-1e4", "threads", "required accuracy"};
+                                        "logits +-1e4", "threads", "required accuracy", "-inf logit"};
     for (size_t k = 0; k < sizeof sections / sizeof sections[0]; k++) {
         double t0 = now_s();
         long f0 = tu_failed, p0 = tu_passed;

@@ -6,6 +6,7 @@
     h = fusedloss.gelu(x, bias, approximate="tanh")         # like F.gelu(x + bias), dbias fused
     act = fusedloss.nn.BiasGELU(3072)                       # after nn.Linear(768, 3072, bias=False)
     loss = fusedloss.linear_cross_entropy(hidden, lm_head.weight, target)  # lm head + loss, no logits
+    loss = fusedloss.vocab_parallel_cross_entropy(shard, target, start, end, group=tp_group)
     fusedloss.patch.apply(model)                            # HF GPT-2 / Llama: fused training loss
 
 Layers (STYLE.md section 7): _lib (ctypes, no torch) -> ops (torch.library custom ops) ->
@@ -16,14 +17,15 @@ PYTHONPATH=python).
 """
 __version__ = "0.1.0"
 
-from ._lib import FusedLossError, TargetOutOfRangeError, cuda_built  # noqa: E402
+from ._lib import FusedLossError, TargetOutOfRangeError, NotBuiltError, cuda_built  # noqa: E402
 from . import ops  # noqa: E402,F401  (registers torch.ops.fusedloss.*)
 from . import autograd  # noqa: E402,F401
 from .ops import check_errors, set_debug, is_debug  # noqa: E402
 from .functional import cross_entropy, gelu, linear_cross_entropy  # noqa: E402
+from .functional import vocab_parallel_cross_entropy  # noqa: E402
 from . import functional, nn, patch  # noqa: E402,F401
 
-__all__ = ["cross_entropy", "gelu", "linear_cross_entropy", "nn", "patch", "functional",
-           "check_errors", "set_debug", "is_debug", "FusedLossError", "TargetOutOfRangeError",
-           "cuda_built", "__version__"]
+__all__ = ["cross_entropy", "gelu", "linear_cross_entropy", "vocab_parallel_cross_entropy", "nn",
+           "patch", "functional", "check_errors", "set_debug", "is_debug", "FusedLossError",
+           "TargetOutOfRangeError", "NotBuiltError", "cuda_built", "__version__"]
 

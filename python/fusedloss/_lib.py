@@ -2,8 +2,11 @@
 
 Layer 1 of the Python package (STYLE.md section 7): plain ctypes, no torch import, so the
 C API is usable from any Python program. Every fl_* symbol is declared in one table below
-(_SIGNATURES); each call goes through _check(), which turns a non-FL_OK status into a
-FusedLossError carrying the status name and fl_last_error()'s detail.
+(_SIGNATURES; a missing one fails the import), except the few declared entry points not written
+yet, in _OPTIONAL (bound when present; optional_symbol() gives None otherwise, and the Python
+caller raises NotBuiltError). Each call goes through _check(), which turns a non-FL_OK status
+into a FusedLossError carrying the status name and fl_last_error()'s detail (the subclasses
+TargetOutOfRangeError for FL_ERR_TARGET_OUT_OF_RANGE, NotBuiltError for FL_ERR_NOT_BUILT).
 
 Where the library is looked for, first match wins:
   1. the file named by the environment variable FUSEDLOSS_LIBRARY;
@@ -22,6 +25,7 @@ __all__ = [
     "version_string", "cuda_built", "status_string", "last_error", "CEOptions",
     "ce_options", "workspace_size", "gelu_workspace_size", "GELU_APPROX", "LCEOptions",
     "lce_options", "lce_workspace_size", "lce_context_create", "lce_context_destroy", "LCE_ACCUM",
+    "NotBuiltError", "optional_symbol",
 ]
 
 EXPECTED_VERSION_NUMBER = 100  # FL_VERSION_NUMBER of 0.1.0 (MAJOR*10000 + MINOR*100 + PATCH)
@@ -58,6 +62,11 @@ class FusedLossError(RuntimeError):
 
 class TargetOutOfRangeError(FusedLossError, IndexError):
     """A class-index target not in [0, V) and not ignore_index (IndexError, as PyTorch raises)."""
+
+
+class NotBuiltError(FusedLossError, NotImplementedError):
+    """The loaded library cannot run this call: FL_ERR_NOT_BUILT (a CUDA entry point of a build
+    without CUDA), or an entry point the library does not contain yet (see _OPTIONAL below)."""
 
 
 class CEOptions(ctypes.Structure):
@@ -115,6 +124,14 @@ _LCE_FWD = [_P, _P, _P, _P, _P, _P, _I64, _P, _I64, _P, _P, _P, _F32, _I64, _I64
 # workspace, bytes[, stream]
 _LCE_BWD = [_P, _P, _P, _P, _I64, _P, _I64, _P, _P, _P, _P, _F32, _I64, _I64, _I64,
             _INT, _INT, _INT, _OPTS, _OPTS, _P, _SZ]
+# vocab-parallel cross-entropy (section 8). local stats: stats, logits, targets, N, V_local, ld,
+# vocab_start, V, dtype, index_dtype, opts, workspace, bytes[, stream]
+_VP_STATS = [_P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT, _INT, _OPTS, _P, _SZ]
+# combine: loss, lse, gathered, k (int), targets, N, V, index_dtype, opts, workspace, bytes[, stream]
+_VP_COMBINE = [_P, _P, _P, _INT, _P, _I64, _I64, _INT, _OPTS, _P, _SZ]
+# backward: dlogits, logits, targets, lse, grad_loss, grad_scale, N, V_local, ld, vocab_start, V,
+# dtype, index_dtype, opts, workspace, bytes[, stream]
+_VP_BWD = [_P, _P, _P, _P, _P, _F32, _I64, _I64, _I64, _I64, _I64, _INT, _INT, _OPTS, _P, _SZ]
 _SIGNATURES = {
     "fl_version_number": (ctypes.c_uint, []),
     "fl_version_string": (ctypes.c_char_p, []),
@@ -143,6 +160,18 @@ _SIGNATURES = {
     "fl_linear_cross_entropy_forward_cuda": (_INT, [_P] + _LCE_FWD + [_P]),
     "fl_linear_cross_entropy_backward_cpu": (_INT, _LCE_BWD),
     "fl_linear_cross_entropy_backward_cuda": (_INT, [_P] + _LCE_BWD + [_P]),
+    "fl_vp_ce_local_stats_cpu": (_INT, _VP_STATS),
+    "fl_vp_ce_combine_cpu": (_INT, _VP_COMBINE),
+    "fl_vp_ce_backward_cpu": (_INT, _VP_BWD),
+}
+# Symbols a library may lack: bound when present, else None in _optional (optional_symbol()).
+# The CUDA vocab-parallel steps (section 8: "the CPU steps' arguments plus a stream") are not
+# written yet (issue 9); once they exist (in every build: a CPU-only build answers
+# FL_ERR_NOT_BUILT, as for every CUDA entry point) they move up into _SIGNATURES.
+_OPTIONAL = {
+    "fl_vp_ce_local_stats_cuda": (_INT, _VP_STATS + [_P]),
+    "fl_vp_ce_combine_cuda": (_INT, _VP_COMBINE + [_P]),
+    "fl_vp_ce_backward_cuda": (_INT, _VP_BWD + [_P]),
 }
 
 
@@ -179,7 +208,19 @@ for _name, (_res, _args) in _SIGNATURES.items():
         raise ImportError(f"fusedloss: {library_path} lacks the symbol {_name}; rebuild it") from None
     _fn.restype = _res
     _fn.argtypes = _args
+_optional = {}
+for _name, (_res, _args) in _OPTIONAL.items():
+    _fn = getattr(lib, _name, None)
+    if _fn is not None:
+        _fn.restype = _res
+        _fn.argtypes = _args
+    _optional[_name] = _fn
 del _name, _res, _args, _fn
+
+
+def optional_symbol(name):
+    """The bound C function `name` of the _OPTIONAL table, or None if the library lacks it."""
+    return _optional[name]
 
 
 def version_number():
@@ -211,12 +252,16 @@ if version_number() != EXPECTED_VERSION_NUMBER:
         f"package needs {EXPECTED_VERSION_NUMBER}. Rebuild the library or reinstall the package.")
 
 
+_ERROR_CLASSES = {FL_ERR_TARGET_OUT_OF_RANGE: TargetOutOfRangeError,
+                  FL_ERR_NOT_BUILT: NotBuiltError}
+
+
 def _check(status, fn_name):
     """Raise FusedLossError(f"{fn_name}: {status_string}: {last_error}") unless status is FL_OK.
 
     Call it right after the C call, on the same thread (fl_last_error() is thread-local)."""
     if status != FL_OK:
-        cls = TargetOutOfRangeError if status == FL_ERR_TARGET_OUT_OF_RANGE else FusedLossError
+        cls = _ERROR_CLASSES.get(status, FusedLossError)
         raise cls(f"{fn_name}: {status_string(status)}: {last_error()}", status)
 
 

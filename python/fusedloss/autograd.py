@@ -49,7 +49,8 @@ from . import ops
 from ._lib import FL_REDUCTION_NONE
 
 __all__ = ["CrossEntropyFunction", "EagerInplaceFunction", "CrossEntropyInplaceFunction",
-           "GeluFunction", "LinearCrossEntropyFunction", "eager_ok"]
+           "GeluFunction", "LinearCrossEntropyFunction", "VocabParallelCrossEntropyFunction",
+           "eager_ok"]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -422,3 +423,75 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         dw = _lce_cast(dw, wdt) if need_w else None
         db = _lce_cast(db, bdt) if need_b else None
         return (dh, dw, db) + nones
+
+
+# ---- vocab-parallel cross-entropy ------------------------------------------------------------------
+# functional.vocab_parallel_cross_entropy runs step 1 (the shard's stats, on the detached logits)
+# and step 2 (the all-gather in rank order); this Function is steps 3 and 4: its forward combines
+# the gathered stats into the loss and the global lse, its backward makes the shard's gradient from
+# the saved logits and that lse with the upstream gradient (a device tensor, read on the device):
+# no collective, no host sync. The loss depends on the logits only through the gathered stats,
+# which carry no autograd history; the Function takes the logits as an input so that autograd
+# routes the loss's gradient to them, and its backward returns the whole gradient of the global
+# loss w.r.t. this shard (the other ranks' shards get theirs on their own ranks). One Function for
+# eager mode and torch.compile alike, as for linear cross-entropy: the C calls are the custom ops
+# fusedloss::vp_ce_* when traced, their bodies ops.vp_*_impl directly in eager mode. Double
+# backward raises RuntimeError (create_graph=True alone is fine, as for cross_entropy).
+_VP_DOUBLE_BACKWARD_MSG = (
+    "fusedloss.vocab_parallel_cross_entropy: double backward (differentiating the gradient of the "
+    "loss) is not supported")
+
+
+def _vp_double_backward(ctx, *grads):
+    raise RuntimeError(_VP_DOUBLE_BACKWARD_MSG)
+
+
+# Steps 1 and 3 return statistics, not a differentiable function of their tensor inputs (the
+# gradient is step 4's output): all outputs non-differentiable, so they may be called on tensors
+# that require grad; step 4's own "backward" only fails clearly if someone differentiates it.
+def _vp_raw_backward(ctx, *grads):
+    raise RuntimeError("fusedloss::vp_ce_local_stats / vp_ce_combine are raw ops with no autograd "
+                       "(the gradient is fusedloss::vp_ce_backward's output); use "
+                       "fusedloss.vocab_parallel_cross_entropy")
+
+
+for _op in (ops.vp_ce_local_stats, ops.vp_ce_combine):
+    _op.register_autograd(_vp_raw_backward, setup_context=_fused_setup_context)
+del _op
+ops.vp_ce_backward.register_autograd(_vp_double_backward, setup_context=_no_setup)
+
+
+class VocabParallelCrossEntropyFunction(torch.autograd.Function):
+    """apply(logits [N, V_local], gathered fp32 [k, N, 4], target [N], weight fp32 [V] or None,
+    vocab_start, V, ce_args, eager) -> loss (fp32, (N,) for reduction none else 0-d).
+
+    gathered: step 1's stats of every rank's shard of these rows, in rank order, without autograd
+    history; ce_args: (ignore_index, fl reduction, label_smoothing, z_loss, softcap (0 = off),
+    logit_scale); eager: call the C steps directly (not traced). Inputs are checked by
+    functional.vocab_parallel_cross_entropy."""
+
+    @staticmethod
+    def forward(ctx, logits, gathered, target, weight, vocab_start, V, ce_args, eager):
+        args = (gathered, target, weight, V) + ce_args
+        if eager:
+            loss, lse = ops.vp_combine_impl(*args)
+        else:
+            loss, lse = torch.ops.fusedloss.vp_ce_combine(*args)
+        ctx.save_for_backward(logits, target, weight, lse)
+        ctx.args = (vocab_start, V, ce_args)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        nones = (None,) * 7
+        if grad is None or not ctx.needs_input_grad[0]:
+            return (None,) + nones
+        logits, target, weight, lse = ctx.saved_tensors
+        vocab_start, V, ce_args = ctx.args
+        args = (_grad_loss(grad, ce_args[1]), logits, target, lse, weight, vocab_start, V) + \
+            ce_args + (1.0,)
+        if eager_ok(grad) and not torch.is_grad_enabled():
+            dlogits = ops.vp_backward_impl(*args)
+        else:  # traced, or create_graph=True: the op (whose autograd refuses double backward)
+            dlogits = torch.ops.fusedloss.vp_ce_backward(*args)
+        return (dlogits,) + nones

@@ -4,6 +4,7 @@
     loss = fusedloss.cross_entropy(logits.view(-1, V), targets.view(-1))
     h = fusedloss.gelu(x, bias, approximate="tanh")          # F.gelu(x + bias), bias grad fused
     loss = fusedloss.linear_cross_entropy(hidden, lm_head.weight, targets)   # no [N, V] logits
+    loss = fusedloss.vocab_parallel_cross_entropy(local_logits, targets, start, end, group=tp_group)
 
 Shapes, options and results follow F.cross_entropy; the fast path is 2-D (N, C) logits whose
 rows are contiguous (any row stride >= C). See cross_entropy's docstring for the differences.
@@ -23,7 +24,7 @@ def _finite(v):
     return -math.inf < v < math.inf
 
 
-__all__ = ["cross_entropy", "gelu", "linear_cross_entropy"]
+__all__ = ["cross_entropy", "gelu", "linear_cross_entropy", "vocab_parallel_cross_entropy"]
 
 # Tests set this to run the eager calls through the custom ops too (the path torch.compile takes).
 _FORCE_OPS = False
@@ -538,6 +539,265 @@ def linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, r
         else:
             loss, _ = torch.ops.fusedloss.linear_cross_entropy_forward(h, w, b, t, class_weight,
                                                                        *ce_args, *lce_args)
+    if red == REDUCTIONS["none"]:
+        loss = loss.reshape(target.shape)
+    return loss
+
+
+# ---- vocab-parallel cross-entropy -------------------------------------------------------------
+def _vp_dist():
+    """torch.distributed when it is built and initialised, else None (world size 1)."""
+    d = torch.distributed
+    return d if d.is_available() and d.is_initialized() else None
+
+
+def _vp_funcol():
+    from torch.distributed import _functional_collectives as fc
+    return fc
+
+
+def _vp_all_gather(stats, group, k):
+    """Step 2: the k ranks' stats [N, 4] -> gathered [k, N, 4] in rank order (rank r's rows at
+    [r]). Eager: all_gather_into_tensor into a (k*N, 4) buffer (the output shape every backend
+    takes; gloo refuses (k, N, 4)); traced: the functional collective, which torch.compile keeps in
+    its graph (no graph break)."""
+    N = stats.shape[0]
+    if _is_compiling():
+        fc = _vp_funcol()
+        gather = getattr(fc, "all_gather_single", None) or fc.all_gather_tensor  # all_gather_tensor: deprecated name
+        return gather(stats, 0, group).reshape(k, N, 4)
+    out = torch.empty((k * N, 4), dtype=stats.dtype, device=stats.device)
+    torch.distributed.all_gather_into_tensor(out, stats, group=group)
+    return out.view(k, N, 4)
+
+
+def _vp_max_vocab_end(vocab_end, group, device):
+    """V = the largest vocab_end of the group: one all-reduce of one int64 and a host read (a
+    device sync on CUDA; a graph break under torch.compile)."""
+    t = torch.tensor([vocab_end], dtype=torch.int64, device=device)
+    if _is_compiling():
+        t = _vp_funcol().all_reduce(t, "max", group)
+    else:
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=group)
+    return int(t.item())
+
+
+def _vp_check_layout(fn, vocab_start, vocab_end, V, N, t, group, k, device):
+    """Debug mode: the shards of the group, gathered, must tile [0, V) in rank order, with one V
+    and one N, and the targets must be the same on every rank. Every rank sees the same gathered
+    values, so every rank raises the same error (none is left waiting in a collective)."""
+    d = torch.distributed
+    info = torch.tensor([vocab_start, vocab_end, V, N], dtype=torch.int64, device=device)
+    out = torch.empty((4 * k,), dtype=torch.int64, device=device)
+    d.all_gather_into_tensor(out, info, group=group)
+    rows = out.view(k, 4).tolist()
+    expect = 0
+    for r, (s, e, v, n) in enumerate(rows):
+        if s != expect or v != V or n != N or e <= s:
+            layout = ", ".join(f"rank {i}: [{a}, {b}) of V={c}, N={m}" for i, (a, b, c, m) in
+                               enumerate(rows))
+            raise ValueError(f"{fn}: the shards are not contiguous vocabulary slices in rank order "
+                             f"covering [0, V) with one V and one N (rank {r} is the first that is "
+                             f"wrong); got {layout}")
+        expect = e
+    if expect != V:
+        raise ValueError(f"{fn}: the shards end at {expect}, not at V = {V}")
+    if N:
+        hi, lo = t.clone(), t.clone()
+        d.all_reduce(hi, op=d.ReduceOp.MAX, group=group)
+        d.all_reduce(lo, op=d.ReduceOp.MIN, group=group)
+        if not torch.equal(hi, lo):
+            row = int((hi != lo).nonzero()[0, 0])
+            raise ValueError(f"{fn}: target differs between the ranks of the group (first at row "
+                             f"{row}); every rank must pass the same (global) class ids")
+
+
+def _int_arg(fn, name, v):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{fn}: {name} must be an int, got {v!r}")
+    return int(v)
+
+
+def vocab_parallel_cross_entropy(local_logits, target, vocab_start, vocab_end, group=None,
+                                 ignore_index=-100, reduction="mean", label_smoothing=0.0, *,
+                                 weight=None, z_loss=0.0, softcap=None, logit_scale=1.0,
+                                 vocab_size=None):
+    r"""Cross-entropy of logits sharded by vocabulary over the ranks of a process group.
+
+    Rank r holds ``local_logits`` (..., V_local) for the classes ``[vocab_start, vocab_end)`` of the
+    global vocabulary ``[0, V)`` (a Megatron-style vocab-parallel lm head), the same rows on every
+    rank. The result is exactly :func:`fusedloss.cross_entropy` of the full logits (every rank's
+    shard concatenated): the same loss on every rank (bit for bit), and each rank's gradient is
+    the slice of the full gradient for its own shard, with one small collective in the forward:
+    an all-gather of 16 bytes per row per rank (O(N), never O(N V)); the backward needs no
+    collective (the global log-sum-exp is kept from the forward). Steps (include/fusedloss.h
+    section 8): 1. per-row statistics of the shard; 2. their all-gather in rank order; 3. their
+    combination into the loss and the global log-sum-exp; 4. in backward, the shard's gradient.
+
+    - ``local_logits``: (..., V_local) with ``V_local = vocab_end - vocab_start``, float32,
+      float16 or bfloat16 (classes last, as an lm head's output; any leading shape).
+    - ``target``: int64 / int32 GLOBAL class ids of shape ``local_logits.shape[:-1]``, the same on
+      every rank; ``ignore_index`` rows count for nothing (all ignored: a NaN mean and a zero
+      gradient, as in PyTorch).
+    - ``vocab_start``, ``vocab_end``: this rank's slice. **Shards must be in rank order**: rank 0
+      holds ``[0, e_0)``, rank r holds ``[e_{r-1}, e_r)``, the last rank ends at V. Uneven shards
+      are fine. Checked without a collective: ``0 <= vocab_start < vocab_end <= V``, rank 0 starts
+      at 0, the last rank ends at V, rank r leaves room for a class on each other rank (so every
+      rank passing the whole vocabulary on a group of k > 1, e.g. group=None in a data-parallel
+      job, raises on every rank); an error raised on one rank only leaves the others waiting in
+      the all-gather until the group's timeout. With ``fusedloss.set_debug(True)`` (or
+      FUSEDLOSS_DEBUG=1) every call also gathers every rank's slice, V and N and compares the
+      targets across ranks (three more small collectives; eager mode only), so a bad layout
+      raises on every rank.
+    - ``group``: the torch.distributed process group of the vocabulary shards (the tensor-parallel
+      group), in the group's rank order; None = the default (world) group. Without an initialised
+      torch.distributed, the world size is 1: one rank holds the whole vocabulary, no collective.
+    - ``vocab_size``: the global V. If None, V is the largest ``vocab_end`` of the group, found
+      with one more all-reduce of one int64 and a host read of its result (a device sync on CUDA
+      and, under torch.compile, a graph break): pass it when you know it (always in a training
+      loop). With world size 1 it defaults to ``vocab_end``.
+    - ``weight``: the GLOBAL class weights (V,) (every rank passes the whole array), or None;
+      ``label_smoothing`` is over the WHOLE vocabulary (eps / V per class, weighted by the global
+      weights), not over the shard.
+    - ``ignore_index``, ``reduction`` ('none' | 'mean' | 'sum'), ``label_smoothing`` and the
+      keyword-only ``z_loss``, ``softcap``, ``logit_scale``: exactly as
+      :func:`fusedloss.cross_entropy`. ``reduction='none'`` returns the per-row loss in
+      ``target``'s shape.
+
+    The loss is float32 and the same on every rank; call ``backward()`` on it on every rank with
+    the same upstream gradient (as a loss replicated over the tensor-parallel group is): each
+    rank's backward then gives its shard's gradient, of the logits' dtype. The gradient of
+    anything upstream of the logits that is replicated across the group (e.g. the hidden states
+    fed to a column-parallel lm head) is the model-parallel framework's business, as usual.
+    Double backward raises RuntimeError.
+
+    torch.compile: traceable with ``fullgraph=True`` when ``vocab_size`` is given (the all-gather
+    is then the functional collective ``all_gather_single``, kept in the graph; the steps are the
+    custom ops ``fusedloss::vp_ce_local_stats`` / ``vp_ce_combine`` / ``vp_ce_backward``). The
+    debug-mode layout check is skipped while tracing.
+
+    CUDA tensors raise :class:`fusedloss.NotBuiltError` (a FusedLossError and
+    NotImplementedError) while the C library lacks the CUDA vocab-parallel steps (issue 9): only
+    the CPU steps exist so far. Out-of-range targets raise TargetOutOfRangeError on the CPU.
+    """
+    fn = "vocab_parallel_cross_entropy"
+    if not isinstance(local_logits, Tensor):
+        raise TypeError(f"{fn}: local_logits must be a Tensor, got {type(local_logits).__name__}")
+    if not isinstance(target, Tensor):
+        raise TypeError(f"{fn}: target must be a Tensor, got {type(target).__name__}")
+    red, ignore_index, label_smoothing, z_loss, cap, logit_scale = _ce_options(
+        fn, reduction, ignore_index, label_smoothing, z_loss, softcap, logit_scale)
+    vocab_start = _int_arg(fn, "vocab_start", vocab_start)
+    vocab_end = _int_arg(fn, "vocab_end", vocab_end)
+    if local_logits.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{fn}: local_logits dtype {local_logits.dtype} is not supported "
+                        "(float32, float16, bfloat16)")
+    if local_logits.dim() < 1:
+        raise ValueError(f"{fn}: local_logits must have at least 1 dimension (..., V_local), got a "
+                         "0-d tensor")
+    Vl = local_logits.shape[-1]
+    if vocab_start < 0 or vocab_end <= vocab_start:
+        raise ValueError(f"{fn}: need 0 <= vocab_start < vocab_end, got vocab_start={vocab_start}, "
+                         f"vocab_end={vocab_end}")
+    if Vl != vocab_end - vocab_start:
+        raise ValueError(f"{fn}: local_logits has {Vl} classes in its last dimension but "
+                         f"[vocab_start, vocab_end) = [{vocab_start}, {vocab_end}) has "
+                         f"{vocab_end - vocab_start}")
+    if vocab_size is not None:
+        vocab_size = _int_arg(fn, "vocab_size", vocab_size)
+        if vocab_size < vocab_end:
+            raise ValueError(f"{fn}: vocab_size ({vocab_size}) < vocab_end ({vocab_end})")
+    dev = local_logits.device
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{fn}: local_logits is on {dev}; only cpu and cuda tensors are supported")
+    if target.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{fn}: target dtype {target.dtype} is not supported (int64 or int32 class "
+                        "indices)")
+    if target.shape != local_logits.shape[:-1]:
+        raise ValueError(f"{fn}: target must have shape {tuple(local_logits.shape[:-1])} for "
+                         f"local_logits of shape {tuple(local_logits.shape)}, got {tuple(target.shape)}")
+    if target.device != dev:
+        raise ValueError(f"{fn}: target is on {target.device} but local_logits is on {dev}")
+    if weight is not None:
+        if not isinstance(weight, Tensor):
+            raise TypeError(f"{fn}: weight must be a Tensor or None, got {type(weight).__name__}")
+        if not weight.is_floating_point() or weight.dim() != 1:
+            raise ValueError(f"{fn}: weight must be a 1-D floating tensor (the GLOBAL class weights, "
+                             f"shape (V,)), got {weight.dtype} {tuple(weight.shape)}")
+        if weight.device != dev:
+            raise ValueError(f"{fn}: weight is on {weight.device} but local_logits is on {dev}")
+    if dev.type == "cuda" and ops.vp_cuda_missing():
+        raise ops.vp_cuda_not_built_error(fn)  # before any collective: on every rank alike
+
+    # ---- the group: k ranks, this one's place among them ----
+    dist = _vp_dist()
+    if dist is None:
+        if group is not None:
+            raise ValueError(f"{fn}: group was given but torch.distributed is not initialised "
+                             "(call torch.distributed.init_process_group first, or pass group=None "
+                             "for a single rank)")
+        k, rank = 1, 0
+    else:
+        if group is None:
+            group = dist.group.WORLD
+        k = dist.get_world_size(group)
+        rank = dist.get_rank(group)
+        if rank < 0:
+            raise ValueError(f"{fn}: this process (global rank {dist.get_rank()}) is not a member "
+                             "of group")
+    if vocab_size is None:
+        vocab_size = vocab_end if k == 1 else _vp_max_vocab_end(vocab_end, group, dev)
+    V = vocab_size
+    if rank == 0 and vocab_start != 0:
+        raise ValueError(f"{fn}: rank 0 of the group must hold the first slice of the vocabulary "
+                         f"(vocab_start 0), got vocab_start={vocab_start} (shards go in rank order)")
+    if rank == k - 1 and vocab_end != V:
+        raise ValueError(f"{fn}: the last rank of the group ({rank}) must hold the last slice of "
+                         f"the vocabulary (vocab_end = V = {V}), got vocab_end={vocab_end} (shards "
+                         "go in rank order)")
+    if vocab_start < rank or V - vocab_end < k - 1 - rank:
+        # e.g. every rank passing the whole vocabulary with group=None in a data-parallel job
+        raise ValueError(f"{fn}: rank {rank} of a group of {k} holds [{vocab_start}, {vocab_end}) "
+                         f"of V = {V}, which leaves no class for some other rank (each of the {k} "
+                         "ranks holds a non-empty slice, in rank order); is group the group the "
+                         "vocabulary is sharded over? (group=None is the default, world, group)")
+    if weight is not None:
+        if weight.shape[0] != V:
+            raise ValueError(f"{fn}: weight must be the GLOBAL class weights of shape ({V},), got "
+                             f"{tuple(weight.shape)}")
+        weight = weight.detach().to(_F32).contiguous()
+
+    # ---- to rows: logits (N, V_local) with unit column stride, target (N,) contiguous ----
+    x = local_logits.reshape(-1, Vl)
+    N = x.shape[0]
+    if (Vl > 1 and x.stride(1) != 1) or (N > 1 and x.stride(0) < Vl):
+        x = x.contiguous()
+    t = target.reshape(-1)
+    if N > 1 and t.stride(0) != 1:
+        t = t.contiguous()
+    if k > 1 and ops.is_debug() and not _is_compiling():
+        _vp_check_layout(fn, vocab_start, vocab_end, V, N, t, group, k, dev)
+
+    ce_args = (ignore_index, red, label_smoothing, z_loss, cap, logit_scale)
+    eager = not _FORCE_OPS and _autograd.eager_ok(x)
+    xd = x.detach()
+    if eager:
+        stats = ops.vp_local_stats_impl(xd, t, weight, vocab_start, V, *ce_args)
+    else:
+        stats = torch.ops.fusedloss.vp_ce_local_stats(xd, t, weight, vocab_start, V, *ce_args)
+    if k == 1:
+        gathered = stats.unsqueeze(0)
+    elif N == 0:  # N is the same on every rank: no rank enters the collective
+        gathered = stats.new_empty((k, 0, 4))
+    else:
+        gathered = _vp_all_gather(stats, group, k)
+    if x.requires_grad and _grad_enabled():
+        loss = _autograd.VocabParallelCrossEntropyFunction.apply(x, gathered, t, weight,
+                                                                 vocab_start, V, ce_args, eager)
+    elif eager:
+        loss, _ = ops.vp_combine_impl(gathered, t, weight, V, *ce_args)
+    else:
+        loss, _ = torch.ops.fusedloss.vp_ce_combine(gathered, t, weight, V, *ce_args)
     if red == REDUCTIONS["none"]:
         loss = loss.reshape(target.shape)
     return loss

@@ -24,6 +24,12 @@ fl_*_cuda on torch's current stream, and a fake kernel for torch.compile / meta 
                                 compute_dweight, compute_dbias, grad_scale)
       -> (dhidden, dweight, dbias)                    mode 2: recompute from the saved lse
       (fl_linear_cross_entropy_*; see the notes at the linear cross-entropy section below)
+  vp_ce_local_stats(logits, target, weight?, vocab_start, vocab_size, <CE options>) -> stats
+  vp_ce_combine(gathered, target, weight?, vocab_size, <CE options>) -> (loss, lse)
+  vp_ce_backward(grad_loss, logits, target, lse, weight?, vocab_start, vocab_size, <CE options>,
+                 grad_scale) -> dlogits
+      vocab-parallel cross-entropy, steps 1, 3, 4 on one rank (fl_vp_ce_*; CPU only until the
+      C library has the CUDA steps; see the notes at the vocab-parallel section at the end)
 
 The ops are deliberately raw: logits are 2-D (N, V) with unit column stride and a row stride
 ld = stride(0) >= V (the C API's layout); target is 1-D (N,) int32/int64; weight is fp32 (V,);
@@ -62,7 +68,8 @@ from ._lib import TargetOutOfRangeError, _check
 __all__ = ["cross_entropy_forward", "cross_entropy_backward", "cross_entropy_fused",
            "cross_entropy_fused_inplace", "gelu_forward", "gelu_backward",
            "linear_cross_entropy_fused", "linear_cross_entropy_forward",
-           "linear_cross_entropy_backward", "check_errors", "set_debug", "is_debug"]
+           "linear_cross_entropy_backward", "vp_ce_local_stats", "vp_ce_combine",
+           "vp_ce_backward", "check_errors", "set_debug", "is_debug"]
 
 _fl = _lib.lib
 _DTYPES = {torch.float32: _lib.FL_DTYPE_F32, torch.float16: _lib.FL_DTYPE_F16,
@@ -1214,3 +1221,298 @@ def _(grad_loss, hidden, weight, bias, target, lse, class_weight, ignore_index, 
       label_smoothing, z_loss, softcap, logit_scale, chunk_rows, byte_budget, wgrad_accum,
       wgrad_dtype, compute_dweight, compute_dbias, grad_scale):
     return _fake_lce_grads(hidden, weight, bias, wgrad_dtype, compute_dweight, compute_dbias)
+
+
+# ---- vocab-parallel cross-entropy (fl_vp_ce_*, include/fusedloss.h section 8) -------------------
+# The logits' vocabulary is sharded over k ranks (Megatron-style lm head); three raw ops are the C
+# API's steps 1, 3 and 4 on one rank. Step 2, the all-gather of every rank's stats IN RANK ORDER,
+# belongs to the caller's engine: fusedloss.vocab_parallel_cross_entropy runs it with
+# torch.distributed (functional.py).
+#   vp_ce_local_stats(logits, target, weight?, vocab_start, vocab_size, <CE options>) -> stats
+#   vp_ce_combine(gathered, target, weight?, vocab_size, <CE options>) -> (loss, lse)
+#   vp_ce_backward(grad_loss, logits, target, lse, weight?, vocab_start, vocab_size,
+#                  <CE options>, grad_scale) -> dlogits
+# <CE options> = ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale, as the
+# cross-entropy ops (the same values on every step and every rank). Raw layout as those ops:
+# logits is this rank's shard [N, V_local] (unit column stride, row stride ld >= V_local) holding
+# the GLOBAL classes vocab_start .. vocab_start + V_local - 1 of vocab_size (V); target (N,)
+# GLOBAL class ids, the same on every rank; weight fp32 (V,): the GLOBAL class weights (every
+# rank passes the whole array), or None. stats: fp32 [N, 4] contiguous, (max z, sum exp(z - max),
+# sum w z, z_target or 0) over the shard ((-inf, 0, 0, 0) on ignored rows); gathered: fp32
+# [k, N, 4] contiguous, the k ranks' stats in rank order; loss fp32 (N,) for reduction none else
+# 0-d; lse fp32 (N,), the global log-sum-exp (0 on ignored rows; what backward needs, so backward
+# needs no collective); dlogits as cross_entropy_backward's, for this shard's columns only.
+# N == 0: answered without a C call (as the cross-entropy ops).
+# Workspaces: section 8's "section-5 workspace of its call": fl_cross_entropy_workspace_size with
+# (N, V_local, logits dtype) for steps 1 and 4; for step 3 with (N, V) and any dtype (it reads no
+# logits): the 16-bit answer, the smallest, is asked for.
+# CUDA: the C library has no CUDA steps yet (issue 9). The CUDA path below is written like the
+# cross-entropy ops' (torch's current stream, the per-stream workspace, the device error flag) and
+# calls the fl_vp_ce_*_cuda symbols that _lib binds when the library has them (_lib._OPTIONAL):
+# while it lacks them, any call on CUDA tensors (also N == 0) raises NotBuiltError (a
+# FusedLossError and NotImplementedError) naming them; nothing falls back to another
+# implementation. Once the C steps exist, nothing here needs to change.
+_VP_CUDA_SYMBOLS = ("fl_vp_ce_local_stats_cuda", "fl_vp_ce_combine_cuda", "fl_vp_ce_backward_cuda")
+
+
+def vp_cuda_missing():
+    """Names of the CUDA vocab-parallel entry points the loaded library lacks (() when all exist;
+    a CPU-only build that has them answers FL_ERR_NOT_BUILT at the call, as every CUDA entry)."""
+    return tuple(n for n in _VP_CUDA_SYMBOLS if _lib.optional_symbol(n) is None)
+
+
+def vp_cuda_not_built_error(what="vocab-parallel cross-entropy"):
+    """The NotBuiltError raised for CUDA tensors while vp_cuda_missing() is not empty."""
+    return _lib.NotBuiltError(
+        f"fusedloss: {what} on CUDA tensors is not available: the CUDA vocab-parallel steps "
+        f"({', '.join(vp_cuda_missing())}) are not built yet in {_lib.library_path} (issue 9; "
+        "include/fusedloss.h section 8 declares only the CPU steps so far). Use CPU tensors, or "
+        "fusedloss.cross_entropy on the full (gathered) logits.", _lib.FL_ERR_NOT_BUILT)
+
+
+def _vp_cuda_fn(name):
+    fn = _lib.optional_symbol(name)
+    if fn is None:
+        raise vp_cuda_not_built_error()
+    return fn
+
+
+def _vp_check_cuda(t):
+    """Any CUDA call (also N == 0, answered without a C call) raises while the steps are missing."""
+    if t.device.type == "cuda" and vp_cuda_missing():
+        raise vp_cuda_not_built_error()
+
+
+def _vp_check_vocab(op, vocab_start, V_local, vocab_size):
+    if vocab_start < 0 or vocab_start + V_local > vocab_size:
+        raise ValueError(f"fusedloss::{op}: the shard [vocab_start, vocab_start + V_local) = "
+                         f"[{vocab_start}, {vocab_start + V_local}) is not inside [0, vocab_size) = "
+                         f"[0, {vocab_size})")
+
+
+def _vp_check_weight(op, weight, V, device):
+    if weight is None:
+        return 0
+    if weight.dtype != torch.float32 or weight.shape != (V,) or weight.device != device:
+        raise ValueError(f"fusedloss::{op}: weight must be the GLOBAL class weights, float32 of shape "
+                         f"({V},) (vocab_size) on {device}, got {weight.dtype} {tuple(weight.shape)} "
+                         f"on {weight.device}")
+    if V > 1 and weight.stride(0) != 1:
+        raise ValueError(f"fusedloss::{op}: weight must be contiguous")
+    return weight.data_ptr()
+
+
+def _vp_device(idx):
+    return _CPU if idx < 0 else _cuda_device(idx)
+
+
+def run_vp_local_stats(logits, target, vocab_start, vocab_size, p):
+    """Step 1, fl_vp_ce_local_stats_{cpu,cuda}: stats fp32 [N, 4] for a plan() p of the shard
+    (V = V_local; inputs already validated); N >= 1."""
+    N, Vl, ld, dt, it, idx, opts, cfg, nbytes = p
+    if idx < 0:
+        stats = torch.empty((N, 4), dtype=_F32, device=_CPU)
+        ws = _cpu_workspace(nbytes)
+        st = _fl.fl_vp_ce_local_stats_cpu(stats.data_ptr(), logits.data_ptr(), target.data_ptr(), N,
+                                          Vl, ld, vocab_start, vocab_size, dt, it, opts[1], ws[1],
+                                          ws[2])
+        if st:
+            _check(st, "fl_vp_ce_local_stats_cpu")
+        return stats
+    fn = _vp_cuda_fn("fl_vp_ce_local_stats_cuda")
+    if _current_device() != idx:
+        with torch.cuda.device(idx):
+            return run_vp_local_stats(logits, target, vocab_start, vocab_size, p)
+    stats = torch.empty((N, 4), dtype=_F32, device=_cuda_device(idx))
+    stream = _raw_stream(idx)
+    ws = _cuda_workspace(idx, stream, nbytes)
+    st = fn(stats.data_ptr(), logits.data_ptr(), target.data_ptr(), N, Vl, ld, vocab_start,
+            vocab_size, dt, it, opts[1], ws[1], ws[2], stream)
+    if st:
+        _check(st, "fl_vp_ce_local_stats_cuda")
+    if _debug:
+        _debug_check(_cuda_device(idx))
+    return stats
+
+
+def vp_combine_plan(N, V, it, idx, cfg, wptr):
+    """The plan() of step 3: no logits; the workspace of (N, V) for a 16-bit dtype (see above)."""
+    return plan(N, V, V, _lib.FL_DTYPE_BF16, it, idx, cfg, wptr)
+
+
+def run_vp_combine(gathered, target, p):
+    """Step 3, fl_vp_ce_combine_{cpu,cuda}: (loss, lse) from gathered fp32 [k, N, 4] (contiguous,
+    rank order) for a vp_combine_plan() p; N >= 1."""
+    N, V, _, _, it, idx, opts, cfg, nbytes = p
+    k = gathered.shape[0]
+    if idx < 0:
+        loss = torch.empty(size=(N,) if cfg.none else (), dtype=_F32, device=_CPU)
+        lse = torch.empty(N, dtype=_F32, device=_CPU)
+        ws = _cpu_workspace(nbytes)
+        st = _fl.fl_vp_ce_combine_cpu(loss.data_ptr(), lse.data_ptr(), gathered.data_ptr(), k,
+                                      target.data_ptr(), N, V, it, opts[1], ws[1], ws[2])
+        if st:
+            _check(st, "fl_vp_ce_combine_cpu")
+        return loss, lse
+    fn = _vp_cuda_fn("fl_vp_ce_combine_cuda")
+    if _current_device() != idx:
+        with torch.cuda.device(idx):
+            return run_vp_combine(gathered, target, p)
+    dev = _cuda_device(idx)
+    loss = torch.empty(size=(N,) if cfg.none else (), dtype=_F32, device=dev)
+    lse = torch.empty(N, dtype=_F32, device=dev)
+    stream = _raw_stream(idx)
+    ws = _cuda_workspace(idx, stream, nbytes)
+    st = fn(loss.data_ptr(), lse.data_ptr(), gathered.data_ptr(), k, target.data_ptr(), N, V, it,
+            opts[1], ws[1], ws[2], stream)
+    if st:
+        _check(st, "fl_vp_ce_combine_cuda")
+    if _debug:
+        _debug_check(dev)
+    return loss, lse
+
+
+def run_vp_backward(grad_loss, logits, target, lse, vocab_start, vocab_size, p, grad_scale=1.0):
+    """Step 4, fl_vp_ce_backward_{cpu,cuda}: this shard's dlogits from the global lse, for a
+    plan() p of the shard; grad_loss fp32 contiguous, (N,) for reduction none else 1 element."""
+    N, Vl, ld, dt, it, idx, opts, cfg, nbytes = p
+    if idx < 0:
+        dlogits = _new_dlogits(logits, N, Vl, ld)
+        ws = _cpu_workspace(nbytes)
+        st = _fl.fl_vp_ce_backward_cpu(dlogits.data_ptr(), logits.data_ptr(), target.data_ptr(),
+                                       lse.data_ptr(), grad_loss.data_ptr(), grad_scale, N, Vl, ld,
+                                       vocab_start, vocab_size, dt, it, opts[1], ws[1], ws[2])
+        if st:
+            _check(st, "fl_vp_ce_backward_cpu")
+        return dlogits
+    fn = _vp_cuda_fn("fl_vp_ce_backward_cuda")
+    if _current_device() != idx:
+        with torch.cuda.device(idx):
+            return run_vp_backward(grad_loss, logits, target, lse, vocab_start, vocab_size, p,
+                                   grad_scale)
+    dlogits = _new_dlogits(logits, N, Vl, ld)
+    stream = _raw_stream(idx)
+    ws = _cuda_workspace(idx, stream, nbytes)
+    st = fn(dlogits.data_ptr(), logits.data_ptr(), target.data_ptr(), lse.data_ptr(),
+            grad_loss.data_ptr(), grad_scale, N, Vl, ld, vocab_start, vocab_size, dt, it, opts[1],
+            ws[1], ws[2], stream)
+    if st:
+        _check(st, "fl_vp_ce_backward_cuda")
+    if _debug:
+        _debug_check(_cuda_device(idx))
+    return dlogits
+
+
+def vp_local_stats_impl(logits, target, weight, vocab_start, vocab_size, ignore_index, reduction,
+                        label_smoothing, z_loss, softcap, logit_scale):
+    """Step 1 with its checks: stats fp32 [N, 4] of this shard."""
+    op = "vp_ce_local_stats"
+    N, Vl, ld, dt, it = _check_args(op, logits, target)
+    _vp_check_cuda(logits)
+    _vp_check_vocab(op, vocab_start, Vl, vocab_size)
+    wptr = _vp_check_weight(op, weight, vocab_size, logits.device)
+    if N == 0:
+        return torch.empty((0, 4), dtype=_F32, device=logits.device)
+    cfg = config(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
+    return run_vp_local_stats(logits, target, vocab_start, vocab_size,
+                              plan(N, Vl, ld, dt, it, _device_index(logits), cfg, wptr))
+
+
+def vp_combine_impl(gathered, target, weight, vocab_size, ignore_index, reduction,
+                    label_smoothing, z_loss, softcap, logit_scale):
+    """Step 3 with its checks: (loss, lse) from the k ranks' stats gathered in rank order."""
+    op = "vp_ce_combine"
+    if gathered.dtype != _F32 or gathered.dim() != 3 or gathered.shape[0] < 1 or gathered.shape[2] != 4:
+        raise ValueError(f"fusedloss::{op}: gathered must be float32 of shape (k, N, 4) with k >= 1, "
+                         f"got {gathered.dtype} {tuple(gathered.shape)}")
+    N = gathered.shape[1]
+    if not gathered.is_contiguous():
+        raise ValueError(f"fusedloss::{op}: gathered must be contiguous")
+    it = _INDEX_DTYPES.get(target.dtype)
+    if it is None:
+        raise TypeError(f"fusedloss::{op}: target dtype {target.dtype} not supported (int64, int32)")
+    if target.dim() != 1 or target.shape[0] != N:
+        raise ValueError(f"fusedloss::{op}: target must have shape ({N},), got {tuple(target.shape)}")
+    dev = gathered.device
+    if target.device != dev:
+        raise ValueError(f"fusedloss::{op}: target is on {target.device}, gathered on {dev}")
+    if N > 1 and target.stride(0) != 1:
+        raise ValueError(f"fusedloss::{op}: target must be contiguous")
+    if vocab_size < 1:
+        raise ValueError(f"fusedloss::{op}: vocab_size must be >= 1, got {vocab_size}")
+    _vp_check_cuda(gathered)
+    wptr = _vp_check_weight(op, weight, vocab_size, dev)
+    if N == 0:
+        loss = torch.empty(_loss_shape(N, reduction), dtype=_F32, device=dev)
+        return _empty_loss(loss, reduction), torch.empty((0,), dtype=_F32, device=dev)
+    cfg = config(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
+    return run_vp_combine(gathered, target,
+                          vp_combine_plan(N, vocab_size, it, _device_index(gathered), cfg, wptr))
+
+
+def vp_backward_impl(grad_loss, logits, target, lse, weight, vocab_start, vocab_size, ignore_index,
+                     reduction, label_smoothing, z_loss, softcap, logit_scale, grad_scale):
+    """Step 4 with its checks: this shard's dlogits from the global lse of step 3."""
+    op = "vp_ce_backward"
+    N, Vl, ld, dt, it = _check_args(op, logits, target, None, lse)
+    _vp_check_cuda(logits)
+    _vp_check_vocab(op, vocab_start, Vl, vocab_size)
+    wptr = _vp_check_weight(op, weight, vocab_size, logits.device)
+    _check_grad_loss(op, grad_loss, N, reduction, logits.device)
+    if N == 0:
+        return _new_dlogits(logits, N, Vl, ld)
+    cfg = config(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
+    return run_vp_backward(grad_loss, logits, target, lse, vocab_start, vocab_size,
+                           plan(N, Vl, ld, dt, it, _device_index(logits), cfg, wptr), grad_scale)
+
+
+@torch.library.custom_op("fusedloss::vp_ce_local_stats", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def vp_ce_local_stats(logits: Tensor, target: Tensor, weight: Optional[Tensor], vocab_start: int,
+                      vocab_size: int, ignore_index: int, reduction: int, label_smoothing: float,
+                      z_loss: float, softcap: float, logit_scale: float) -> Tensor:
+    """Step 1 (fl_vp_ce_local_stats_*): stats fp32 [N, 4] of this rank's shard of the logits."""
+    return vp_local_stats_impl(logits, target, weight, vocab_start, vocab_size, ignore_index,
+                               reduction, label_smoothing, z_loss, softcap, logit_scale)
+
+
+@vp_ce_local_stats.register_fake
+def _(logits, target, weight, vocab_start, vocab_size, ignore_index, reduction, label_smoothing,
+      z_loss, softcap, logit_scale):
+    torch._check(logits.dim() == 2, lambda: "fusedloss::vp_ce_local_stats: logits must be 2-D")
+    return logits.new_empty((logits.shape[0], 4), dtype=torch.float32)
+
+
+@torch.library.custom_op("fusedloss::vp_ce_combine", mutates_args=(), device_types=("cpu", "cuda"))
+def vp_ce_combine(gathered: Tensor, target: Tensor, weight: Optional[Tensor], vocab_size: int,
+                  ignore_index: int, reduction: int, label_smoothing: float, z_loss: float,
+                  softcap: float, logit_scale: float) -> Tuple[Tensor, Tensor]:
+    """Step 3 (fl_vp_ce_combine_*): (loss, global lse) from gathered fp32 [k, N, 4]."""
+    return vp_combine_impl(gathered, target, weight, vocab_size, ignore_index, reduction,
+                           label_smoothing, z_loss, softcap, logit_scale)
+
+
+@vp_ce_combine.register_fake
+def _(gathered, target, weight, vocab_size, ignore_index, reduction, label_smoothing, z_loss,
+      softcap, logit_scale):
+    torch._check(gathered.dim() == 3, lambda: "fusedloss::vp_ce_combine: gathered must be (k, N, 4)")
+    N = gathered.shape[1]
+    return (gathered.new_empty(_loss_shape(N, reduction), dtype=torch.float32),
+            gathered.new_empty((N,), dtype=torch.float32))
+
+
+@torch.library.custom_op("fusedloss::vp_ce_backward", mutates_args=(), device_types=("cpu", "cuda"))
+def vp_ce_backward(grad_loss: Tensor, logits: Tensor, target: Tensor, lse: Tensor,
+                   weight: Optional[Tensor], vocab_start: int, vocab_size: int, ignore_index: int,
+                   reduction: int, label_smoothing: float, z_loss: float, softcap: float,
+                   logit_scale: float, grad_scale: float) -> Tensor:
+    """Step 4 (fl_vp_ce_backward_*): this shard's dlogits from the global lse of step 3."""
+    return vp_backward_impl(grad_loss, logits, target, lse, weight, vocab_start, vocab_size,
+                            ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale,
+                            grad_scale)
+
+
+@vp_ce_backward.register_fake
+def _(grad_loss, logits, target, lse, weight, vocab_start, vocab_size, ignore_index, reduction,
+      label_smoothing, z_loss, softcap, logit_scale, grad_scale):
+    return _fake_dlogits(logits)

@@ -56,17 +56,17 @@ fl_status fl_cross_entropy_workspace_size(size_t* bytes, int64_t N, int64_t V, f
     return FL_OK;
 }
 
-/* Byte range [lo, hi) of a buffer; empty when p is NULL or n == 0. */
-typedef struct { uintptr_t lo, hi; } range;
+/* Byte range [lo, hi) of a buffer; empty when p is NULL or n == 0 (fl__range: src/internal.h). */
+typedef fl__range range;
 
-static range mkrange(const void* p, size_t n) {
+fl__range fl__mkrange(const void* p, size_t n) {
     range r;
     r.lo = (uintptr_t)p;
     r.hi = p ? r.lo + n : r.lo;
     return r;
 }
 
-static int overlap(range a, range b) {
+int fl__overlap(fl__range a, fl__range b) {
     if (a.lo == a.hi || b.lo == b.hi) return 0;
     return a.lo < b.hi && b.lo < a.hi;
 }
@@ -117,6 +117,19 @@ fl_status fl__ce_check_weights(const char* fn, const char* name, const float* we
     return FL_OK;
 }
 
+/* dtype and index dtype known, and N rows of stride ld addressable in 64 bits */
+fl_status fl__check_types_extent(const char* fn, int64_t N, int64_t ld, fl_dtype dtype, fl_index_dtype index_dtype) {
+    const size_t esize = fl__dtype_size(dtype);
+    if (esize == 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown dtype (%d)", fn, (int)dtype);
+    if (fl__index_size(index_dtype) == 0)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown index_dtype (%d)", fn, (int)index_dtype);
+    /* N*ld elements must be addressable: guard the 64-bit products used everywhere */
+    if (N > 0 && (uint64_t)ld > (uint64_t)INT64_MAX / (uint64_t)N / esize)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: N*ld (%lld*%lld) overflows", fn, (long long)N,
+                        (long long)ld);
+    return FL_OK;
+}
+
 fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
                           const float* loss, const float* lse, const void* dlogits,
                           const void* logits, const void* targets, const float* grad_loss,
@@ -131,15 +144,8 @@ fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
     if (V < 1) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: V (%lld) < 1", fn, (long long)V);
     if (ld < V)
         return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: ld (%lld) < V (%lld)", fn, (long long)ld, (long long)V);
-    const size_t esize = fl__dtype_size(dtype);
-    if (esize == 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown dtype (%d)", fn, (int)dtype);
-    const size_t isize = fl__index_size(index_dtype);
-    if (isize == 0)
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown index_dtype (%d)", fn, (int)index_dtype);
-    /* N*ld elements must be addressable: guard the 64-bit products used everywhere */
-    if (N > 0 && (uint64_t)ld > (uint64_t)INT64_MAX / (uint64_t)N / esize)
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: N*ld (%lld*%lld) overflows", fn, (long long)N,
-                        (long long)ld);
+    FL_CHECK(fl__check_types_extent(fn, N, ld, dtype, index_dtype));
+    const size_t esize = fl__dtype_size(dtype), isize = fl__index_size(index_dtype);
 
     /* options */
     FL_CHECK(fl__ce_resolve_options(fn, "opts", opts, p));
@@ -168,34 +174,34 @@ fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
     const size_t nloss = (p->reduction == FL_REDUCTION_NONE) ? (size_t)N : 1u;
     const size_t mat_bytes = N > 0 ? ((size_t)(N - 1) * (size_t)ld + (size_t)V) * esize : 0;
     const size_t ngrad = (p->reduction == FL_REDUCTION_NONE) ? (size_t)N : 1u;
-    range r_logits = mkrange(logits, mat_bytes);
-    range r_targets = mkrange(targets, (size_t)N * isize);
-    range r_loss = mkrange(has_loss ? loss : NULL, nloss * sizeof(float));
-    range r_lse = mkrange(lse, (size_t)N * sizeof(float));
-    range r_dl = mkrange(has_grad ? dlogits : NULL, mat_bytes);
-    range r_gl = mkrange(has_grad ? grad_loss : NULL, ngrad * sizeof(float));
-    range r_ws = mkrange(workspace, need);
-    range r_w = mkrange(p->weight, (size_t)V * sizeof(float));
+    range r_logits = fl__mkrange(logits, mat_bytes);
+    range r_targets = fl__mkrange(targets, (size_t)N * isize);
+    range r_loss = fl__mkrange(has_loss ? loss : NULL, nloss * sizeof(float));
+    range r_lse = fl__mkrange(lse, (size_t)N * sizeof(float));
+    range r_dl = fl__mkrange(has_grad ? dlogits : NULL, mat_bytes);
+    range r_gl = fl__mkrange(has_grad ? grad_loss : NULL, ngrad * sizeof(float));
+    range r_ws = fl__mkrange(workspace, need);
+    range r_w = fl__mkrange(p->weight, (size_t)V * sizeof(float));
 
-    if (overlap(r_loss, r_logits) || overlap(r_loss, r_targets) || overlap(r_loss, r_lse) ||
-        overlap(r_loss, r_dl) || overlap(r_loss, r_gl) || overlap(r_loss, r_w) || overlap(r_loss, r_ws))
+    if (fl__overlap(r_loss, r_logits) || fl__overlap(r_loss, r_targets) || fl__overlap(r_loss, r_lse) ||
+        fl__overlap(r_loss, r_dl) || fl__overlap(r_loss, r_gl) || fl__overlap(r_loss, r_w) || fl__overlap(r_loss, r_ws))
         return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: loss (%p) overlaps another argument", fn, (const void*)loss);
     if (pass != FL__PASS_BACKWARD) {  /* lse is an output */
-        if (overlap(r_lse, r_logits) || overlap(r_lse, r_targets) || overlap(r_lse, r_dl) ||
-            overlap(r_lse, r_gl) || overlap(r_lse, r_w) || overlap(r_lse, r_ws))
+        if (fl__overlap(r_lse, r_logits) || fl__overlap(r_lse, r_targets) || fl__overlap(r_lse, r_dl) ||
+            fl__overlap(r_lse, r_gl) || fl__overlap(r_lse, r_w) || fl__overlap(r_lse, r_ws))
             return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: lse (%p) overlaps another argument", fn, (const void*)lse);
     }
     if (has_grad && dlogits) {
-        if (dlogits != logits && overlap(r_dl, r_logits))
+        if (dlogits != logits && fl__overlap(r_dl, r_logits))
             return fl__fail(FL_ERR_INVALID_ARGUMENT,
                             "%s: dlogits (%p) partially overlaps logits (%p); only dlogits == logits (in place) is allowed",
                             fn, dlogits, logits);
-        if (overlap(r_dl, r_targets) || overlap(r_dl, r_lse) || overlap(r_dl, r_gl) || overlap(r_dl, r_w) ||
-            overlap(r_dl, r_ws))
+        if (fl__overlap(r_dl, r_targets) || fl__overlap(r_dl, r_lse) || fl__overlap(r_dl, r_gl) || fl__overlap(r_dl, r_w) ||
+            fl__overlap(r_dl, r_ws))
             return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: dlogits (%p) overlaps another argument", fn, dlogits);
     }
-    if (overlap(r_ws, r_logits) || overlap(r_ws, r_targets) || overlap(r_ws, r_lse) || overlap(r_ws, r_gl) ||
-        overlap(r_ws, r_w))
+    if (fl__overlap(r_ws, r_logits) || fl__overlap(r_ws, r_targets) || fl__overlap(r_ws, r_lse) || fl__overlap(r_ws, r_gl) ||
+        fl__overlap(r_ws, r_w))
         return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace (%p) overlaps another argument", fn, workspace);
 
     return FL_OK;

@@ -8,7 +8,10 @@
  * afterwards in a fixed order from per-row values kept in the workspace, so the result is
  * bitwise independent of the thread count. The same pieces (fl__ce_cpu_denoms, fl__ce_cpu_rows
  * on a range of rows, fl__ce_cpu_reduce; src/internal.h) run linear cross-entropy's chunks
- * (src/cpu/linear_cross_entropy.c), so both ops share one implementation of the row math.
+ * (src/cpu/linear_cross_entropy.c), and the row-level pieces below them (fl__ce_cpu_row_partial
+ * on a slice of the columns, fl__ce_lse, fl__ce_row_terms, fl__ce_row_upstream,
+ * fl__ce_cpu_row_grad) run the vocab-parallel steps on a vocabulary shard
+ * (src/cpu/vocab_parallel.c), so all three ops share one implementation of the row math.
  *
  * ---- Formulas (row i, target t, upstream gradient g_a for the CE part, g_b for z-loss) ----
  *   z_j  = s x_j                       (softcap c == 0)      dz_j/dx_j = s
@@ -97,7 +100,7 @@ static void store_grad(void* base, fl_dtype dt, int64_t idx, double v) {
     }
 }
 
-static int64_t load_target(const void* t, fl_index_dtype it, int64_t i) {
+int64_t fl__ce_load_target(const void* t, fl_index_dtype it, int64_t i) {
     return it == FL_INDEX_I32 ? (int64_t)((const int32_t*)t)[i] : ((const int64_t*)t)[i];
 }
 
@@ -126,14 +129,19 @@ static double dtransform(double z, const fl__ce_params* p) {
     return (double)p->logit_scale;
 }
 
-/* Pass 1: lse, target logit z_t and sum_j w_j z_j of one row. */
-static void row_stats(const void* logits, fl_dtype dt, int64_t off, int64_t V, int64_t t,
-                      const fl__ce_params* p, double* lse, double* zt, double* wz) {
+/* Pass 1 over columns [col0, col0 + n) of one row (element `off` of logits is column col0): the
+ * online max m and sum-exp s (s relative to m), the target logit z_t (0 unless col0 <= t <
+ * col0 + n) and sum_j w_j z_j. The whole row is col0 = 0, n = V; a vocabulary shard
+ * (src/cpu/vocab_parallel.c) is its own slice of the global columns. */
+void fl__ce_cpu_row_partial(const void* logits, fl_dtype dt, int64_t off, int64_t col0, int64_t n, int64_t t,
+                            const fl__ce_params* p, double* m_out, double* s_out, double* zt, double* wz) {
+    const int64_t tl = t - col0;                   /* t's column in this slice; outside [0, n) if not here */
+    const float* w = p->weight ? p->weight + col0 : NULL;
     double m = -INFINITY, s = 0.0, sw = 0.0, z_t = 0.0;
-    for (int64_t j = 0; j < V; j++) {
+    for (int64_t j = 0; j < n; j++) {
         double z = transform(load_logit(logits, dt, off + j), p);
-        if (j == t) z_t = z;
-        sw += (p->weight ? (double)p->weight[j] : 1.0) * z;
+        if (j == tl) z_t = z;
+        sw += (w ? (double)w[j] : 1.0) * z;
         if (z > m) {                       /* online rescale: s was relative to the old max */
             s = (m == -INFINITY ? 0.0 : s * exp(m - z)) + 1.0;
             m = z;
@@ -141,29 +149,69 @@ static void row_stats(const void* logits, fl_dtype dt, int64_t off, int64_t V, i
             s += exp(z - m);               /* NaN z falls here and poisons s, as it should */
         }
     }
-    /* all-(-inf) row: m = -inf, s = 0 -> lse = -inf, the loss is +inf (as PyTorch) */
-    *lse = (m == -INFINITY) ? -INFINITY : m + log(s);
+    *m_out = m;
+    *s_out = s;
     *zt = z_t;
     *wz = sw;
 }
 
-/* Gradient of one row into dlogits (may alias logits: element j is read before written). */
-static void row_grad(void* dlogits, const void* logits, fl_dtype dt, int64_t off, int64_t V,
-                     int64_t t, double lse, double W, double g_a, double g_b,
-                     const fl__ce_params* p) {
+double fl__ce_lse(double m, double s) {
+    /* all-(-inf) row: m = -inf -> lse = -inf, the loss is +inf (as PyTorch); s is not read (the
+     * row loop leaves it NaN there, from exp(-inf - -inf)) */
+    return (m == -INFINITY) ? -INFINITY : m + log(s);
+}
+
+/* Pass 1: lse, target logit z_t and sum_j w_j z_j of one row. */
+static void row_stats(const void* logits, fl_dtype dt, int64_t off, int64_t V, int64_t t,
+                      const fl__ce_params* p, double* lse, double* zt, double* wz) {
+    double m, s;
+    fl__ce_cpu_row_partial(logits, dt, off, 0, V, t, p, &m, &s, zt, wz);
+    *lse = fl__ce_lse(m, s);
+}
+
+void fl__ce_row_terms(const fl__ce_params* p, int64_t V, double W, int64_t t, double lse, double z_t, double wz,
+                      double* a, double* b) {
+    const double eps = (double)p->label_smoothing;
+    const double w_t = p->weight ? (double)p->weight[t] : 1.0;
+    /* without smoothing the smoothing term is left out, not multiplied by 0: with a -inf logit
+     * W lse - wz is inf and 0 * inf would make the loss NaN (PyTorch's is finite; so is CUDA's) */
+    *a = (1.0 - eps) * w_t * (lse - z_t);
+    if (eps != 0.0) *a += (eps / (double)V) * (W * lse - wz);
+    *b = (double)p->z_loss * lse * lse;
+}
+
+void fl__ce_row_upstream(const fl__ce_params* p, const fl__ce_denoms* d, const float* grad_loss, float grad_scale,
+                         int64_t i, double* g_a, double* g_b) {
+    const int none = p->reduction == FL_REDUCTION_NONE, mean = p->reduction == FL_REDUCTION_MEAN;
+    double G = (double)grad_scale * (grad_loss ? (double)grad_loss[none ? i : 0] : 1.0);
+    *g_a = mean ? G / d->D_w : G;
+    *g_b = mean ? G / d->D_n : G;
+}
+
+/* Gradient of columns [col0, col0 + n) of one row into dlogits (may alias logits: element j is
+ * read before written); V is the whole vocabulary (smoothing's eps / V), t the global target. */
+void fl__ce_cpu_row_grad(void* dlogits, const void* logits, fl_dtype dt, int64_t off, int64_t col0, int64_t n,
+                         int64_t V, int64_t t, double lse, double W, double g_a, double g_b,
+                         const fl__ce_params* p) {
     const double eps = (double)p->label_smoothing;
     const double w_t = p->weight ? (double)p->weight[t] : 1.0;
     const double c_t = (1.0 - eps) * w_t;          /* coefficient of (p_j - [j==t]) */
     const double c_s = eps / (double)V;            /* coefficient of (W p_j - w_j)  */
     const double c_z = 2.0 * (double)p->z_loss * lse;
-    for (int64_t j = 0; j < V; j++) {
+    const int64_t tl = t - col0;
+    const float* w = p->weight ? p->weight + col0 : NULL;
+    for (int64_t j = 0; j < n; j++) {
         double z = transform(load_logit(logits, dt, off + j), p);
         double pj = exp(z - lse);
-        double w_j = p->weight ? (double)p->weight[j] : 1.0;
-        double da = c_t * (pj - (j == t ? 1.0 : 0.0)) + c_s * (W * pj - w_j);
+        double w_j = w ? (double)w[j] : 1.0;
+        double da = c_t * (pj - (j == tl ? 1.0 : 0.0)) + c_s * (W * pj - w_j);
         double db = c_z * pj;
         store_grad(dlogits, dt, off + j, (g_a * da + g_b * db) * dtransform(z, p));
     }
+}
+
+void fl__ce_cpu_row_zero(void* dlogits, fl_dtype dt, int64_t off, int64_t n) {
+    for (int64_t j = 0; j < n; j++) store_grad(dlogits, dt, off + j, 0.0);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -176,7 +224,7 @@ fl_status fl__ce_cpu_denoms(const char* fn, const void* targets, fl_index_dtype 
     /* targets are checked before anything is written: the first bad row is reported */
     double D_w = 0.0, D_n = 0.0;
     for (int64_t i = 0; i < N; i++) {
-        int64_t t = load_target(targets, it, i);
+        int64_t t = fl__ce_load_target(targets, it, i);
         if (t == p->ignore_index) continue;
         if (t < 0 || t >= V)
             return fl__fail(FL_ERR_TARGET_OUT_OF_RANGE, "%s: targets[%lld] = %lld (row %lld) not in [0, %lld) and not ignore_index (%lld)",
@@ -199,9 +247,7 @@ void fl__ce_cpu_rows(fl__pass pass, const fl__ce_params* p, const fl__ce_denoms*
                      float* lse_out, void* dlogits, const void* logits, int64_t ld, const void* targets,
                      fl_index_dtype it, const float* lse_in, const float* grad_loss, float grad_scale,
                      int64_t r0, int64_t C, int64_t V, fl_dtype dt, double* part) {
-    const int none = p->reduction == FL_REDUCTION_NONE, mean = p->reduction == FL_REDUCTION_MEAN;
-    const double eps = (double)p->label_smoothing;
-    const double D_w = d->D_w, D_n = d->D_n, W = d->W;
+    const int none = p->reduction == FL_REDUCTION_NONE;
 
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if (C * V > 65536)
@@ -209,34 +255,32 @@ void fl__ce_cpu_rows(fl__pass pass, const fl__ce_params* p, const fl__ce_denoms*
     for (int64_t k = 0; k < C; k++) {
         const int64_t i = r0 + k;                        /* absolute row: targets, loss, lse, part */
         const int64_t off = k * ld;                      /* 64-bit: C*ld may exceed 2^31 */
-        const int64_t t = load_target(targets, it, i);
+        const int64_t t = fl__ce_load_target(targets, it, i);
         if (t == p->ignore_index) {
             part[2 * i] = part[2 * i + 1] = 0.0;
             if (pass != FL__PASS_BACKWARD) {
                 if (none) loss[i] = 0.0f;
                 if (lse_out) lse_out[i] = 0.0f;
             }
-            if (pass != FL__PASS_FORWARD)
-                for (int64_t j = 0; j < V; j++) store_grad(dlogits, dt, off + j, 0.0);
+            if (pass != FL__PASS_FORWARD) fl__ce_cpu_row_zero(dlogits, dt, off, V);
             continue;
         }
         double lse, z_t = 0.0, wz = 0.0;
         if (pass == FL__PASS_BACKWARD) {
             lse = (double)lse_in[i];
         } else {
+            double a, b;
             row_stats(logits, dt, off, V, t, p, &lse, &z_t, &wz);
-            const double w_t = p->weight ? (double)p->weight[t] : 1.0;
-            const double a = (1.0 - eps) * w_t * (lse - z_t) + (eps / (double)V) * (W * lse - wz);
-            const double b = (double)p->z_loss * lse * lse;
+            fl__ce_row_terms(p, V, d->W, t, lse, z_t, wz, &a, &b);
             part[2 * i] = a;
             part[2 * i + 1] = b;
             if (none) loss[i] = (float)(a + b);
             if (lse_out) lse_out[i] = (float)lse;
         }
         if (pass != FL__PASS_FORWARD) {
-            double G = (double)grad_scale * (grad_loss ? (double)grad_loss[none ? i : 0] : 1.0);
-            double g_a = mean ? G / D_w : G, g_b = mean ? G / D_n : G;
-            row_grad(dlogits, logits, dt, off, V, t, lse, W, g_a, g_b, p);
+            double g_a, g_b;
+            fl__ce_row_upstream(p, d, grad_loss, grad_scale, i, &g_a, &g_b);
+            fl__ce_cpu_row_grad(dlogits, logits, dt, off, 0, V, V, t, lse, d->W, g_a, g_b, p);
         }
     }
 }
