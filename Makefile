@@ -56,7 +56,7 @@ endif
 
 C_SRC := $(wildcard src/common/*.c) $(wildcard src/cpu/*.c)
 C_OBJ := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(C_SRC)) $(STUB_OBJ)
-HDRS  := include/fusedloss.h src/internal.h $(wildcard src/cuda/*.cuh)
+HDRS  := include/fusedloss.h src/internal.h $(wildcard src/cuda/*.cuh) $(wildcard src/cpu/*.h)
 
 LIB_A  := $(BUILD)/libfusedloss.a
 LIB_SO := $(BUILD)/libfusedloss.so

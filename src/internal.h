@@ -66,6 +66,11 @@ typedef struct { uintptr_t lo, hi; } fl__range;
 fl__range fl__mkrange(const void* p, size_t n);
 int fl__overlap(fl__range a, fl__range b);
 
+/* The workspace checks of every entry point: enough bytes (FL_ERR_INSUFFICIENT_WORKSPACE, checked
+ * first), non-NULL, 256-byte aligned when is_cuda; hint (or NULL) names the size query. */
+fl_status fl__check_workspace(const char* fn, int is_cuda, const void* workspace, size_t workspace_bytes,
+                              size_t need, const char* hint);
+
 /* dtype and index_dtype known and N rows of stride ld elements addressable in 64 bits (the checks
  * every logits-taking entry point starts with). */
 fl_status fl__check_types_extent(const char* fn, int64_t N, int64_t ld, fl_dtype dtype, fl_index_dtype index_dtype);

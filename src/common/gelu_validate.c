@@ -212,15 +212,7 @@ fl_status fl__gelu_validate(const char* fn, int backward, int is_cuda, const voi
     size_t need = 0;
     if (ws_used) {
         need = fl__gelu_workspace_bytes(N, F, dtype);
-        if (workspace_bytes < need)
-            return fl__fail(FL_ERR_INSUFFICIENT_WORKSPACE,
-                            "%s: workspace_bytes (%zu) < required (%zu); see fl_gelu_workspace_size()", fn,
-                            workspace_bytes, need);
-        if (!workspace)
-            return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace is NULL (need %zu bytes)", fn, need);
-        if (is_cuda && ((uintptr_t)workspace & 255u))
-            return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace (%p) is not 256-byte aligned", fn,
-                            workspace);
+        FL_CHECK(fl__check_workspace(fn, is_cuda, workspace, workspace_bytes, need, "fl_gelu_workspace_size()"));
     }
 
     /* aliasing */

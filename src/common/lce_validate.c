@@ -307,13 +307,7 @@ fl_status fl__lce_validate(const char* fn, int backward, int is_cuda,
     }
 
     /* workspace */
-    if (workspace_bytes < plan->total)
-        return fl__fail(FL_ERR_INSUFFICIENT_WORKSPACE, "%s: workspace_bytes (%zu) < required (%zu)", fn,
-                        workspace_bytes, plan->total);
-    if (!workspace)
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace is NULL (need %zu bytes)", fn, plan->total);
-    if (is_cuda && ((uintptr_t)workspace & 255u))
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace (%p) is not 256-byte aligned", fn, workspace);
+    FL_CHECK(fl__check_workspace(fn, is_cuda, workspace, workspace_bytes, plan->total, NULL));
 
     /* aliasing: no output (the workspace included) may overlap another output or any input */
     {

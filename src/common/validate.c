@@ -117,6 +117,19 @@ fl_status fl__ce_check_weights(const char* fn, const char* name, const float* we
     return FL_OK;
 }
 
+/* workspace of `need` bytes: enough (checked first), non-NULL, and 256-byte aligned for CUDA;
+ * hint names the size query in the message ("; see hint") or is NULL */
+fl_status fl__check_workspace(const char* fn, int is_cuda, const void* workspace, size_t workspace_bytes,
+                              size_t need, const char* hint) {
+    if (workspace_bytes < need)
+        return fl__fail(FL_ERR_INSUFFICIENT_WORKSPACE, "%s: workspace_bytes (%zu) < required (%zu)%s%s", fn,
+                        workspace_bytes, need, hint ? "; see " : "", hint ? hint : "");
+    if (!workspace) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace is NULL (need %zu bytes)", fn, need);
+    if (is_cuda && ((uintptr_t)workspace & 255u))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace (%p) is not 256-byte aligned", fn, workspace);
+    return FL_OK;
+}
+
 /* dtype and index dtype known, and N rows of stride ld addressable in 64 bits */
 fl_status fl__check_types_extent(const char* fn, int64_t N, int64_t ld, fl_dtype dtype, fl_index_dtype index_dtype) {
     const size_t esize = fl__dtype_size(dtype);
@@ -163,12 +176,7 @@ fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
 
     /* workspace */
     const size_t need = fl__ce_workspace_bytes(N, V, dtype);
-    if (workspace_bytes < need)
-        return fl__fail(FL_ERR_INSUFFICIENT_WORKSPACE, "%s: workspace_bytes (%zu) < required (%zu)", fn,
-                        workspace_bytes, need);
-    if (!workspace) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace is NULL (need %zu bytes)", fn, need);
-    if (is_cuda && ((uintptr_t)workspace & 255u))
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace (%p) is not 256-byte aligned", fn, workspace);
+    FL_CHECK(fl__check_workspace(fn, is_cuda, workspace, workspace_bytes, need, NULL));
 
     /* aliasing */
     const size_t nloss = (p->reduction == FL_REDUCTION_NONE) ? (size_t)N : 1u;

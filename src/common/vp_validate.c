@@ -33,16 +33,6 @@ static fl_status check_disjoint(const char* fn, vp_buf out, const vp_buf* in, in
     return FL_OK;
 }
 
-static fl_status check_workspace(const char* fn, int is_cuda, const void* workspace, size_t workspace_bytes,
-                                 size_t need) {
-    if (workspace_bytes < need)
-        return fl__fail(FL_ERR_INSUFFICIENT_WORKSPACE, "%s: workspace_bytes (%zu) < required (%zu)", fn,
-                        workspace_bytes, need);
-    if (!workspace) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace is NULL (need %zu bytes)", fn, need);
-    if (is_cuda && ((uintptr_t)workspace & 255u))
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace (%p) is not 256-byte aligned", fn, workspace);
-    return FL_OK;
-}
 
 fl_status fl__vp_validate_shard(const char* fn, int backward, int is_cuda, const float* stats, const void* dlogits,
                                 const void* logits, const void* targets, const float* lse, const float* grad_loss,
@@ -83,7 +73,7 @@ fl_status fl__vp_validate_shard(const char* fn, int backward, int is_cuda, const
 
     /* workspace: section 5's for N rows of V_local classes */
     const size_t need = fl__ce_workspace_bytes(N, V_local, dtype);
-    FL_CHECK(check_workspace(fn, is_cuda, workspace, workspace_bytes, need));
+    FL_CHECK(fl__check_workspace(fn, is_cuda, workspace, workspace_bytes, need, NULL));
 
     /* aliasing */
     const size_t mat_bytes = N > 0 ? ((size_t)(N - 1) * (size_t)ld + (size_t)V_local) * esize : 0;
@@ -138,7 +128,7 @@ fl_status fl__vp_validate_combine(const char* fn, int is_cuda, const float* loss
     FL_CHECK(fl__ce_check_weights(fn, "weight", p->weight, V, is_cuda));
 
     const size_t need = fl__vp_combine_workspace_bytes(N, V);
-    FL_CHECK(check_workspace(fn, is_cuda, workspace, workspace_bytes, need));
+    FL_CHECK(fl__check_workspace(fn, is_cuda, workspace, workspace_bytes, need, NULL));
 
     const size_t nloss = (p->reduction == FL_REDUCTION_NONE) ? (size_t)N : 1u;
     const vp_buf b_loss = {"loss", loss, nloss * sizeof(float)};

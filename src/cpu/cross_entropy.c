@@ -33,72 +33,12 @@
 #include <string.h>
 
 #include "../internal.h"
+#include "dtype.h"
 
-/* ---------------------------------------------------------------------------------------- */
-/* dtype conversion in portable C (no _Float16 / __bf16 extensions)                          */
-
-static float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static uint32_t bits_from_f32(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    if (exp == 0) {                      /* zero or subnormal: man * 2^-24 */
-        float f = (float)man * 5.9604644775390625e-8f;
-        return sign ? -f : f;
-    }
-    if (exp == 31) return f32_from_bits(sign | 0x7f800000u | (man << 13)); /* inf / nan */
-    return f32_from_bits(sign | ((exp + 112u) << 23) | (man << 13));
-}
-
-static uint16_t float_to_half(float f) {  /* round to nearest even, like __float2half_rn */
-    uint32_t u = bits_from_f32(f);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);        /* rounds to >= 65520: inf */
-    if (a < 0x38800000u) {                                           /* below 2^-14: subnormal */
-        float v = f32_from_bits(a) * 16777216.0f;                    /* exact: value * 2^24 */
-        /* nearbyint-free RNE of v (v < 1024) */
-        uint32_t q = (uint32_t)v;
-        float rem = v - (float)q;
-        if (rem > 0.5f || (rem == 0.5f && (q & 1u))) q++;
-        return (uint16_t)(sign | q);
-    }
-    uint32_t e = (a >> 23) - 112u, m = a & 0x7fffffu;
-    uint32_t h = (e << 10) | (m >> 13);
-    uint32_t r = m & 0x1fffu;
-    if (r > 0x1000u || (r == 0x1000u && (h & 1u))) h++;              /* carry may bump the exponent: fine */
-    return (uint16_t)(sign | h);
-}
-
-static float bf16_to_float(uint16_t b) { return f32_from_bits((uint32_t)b << 16); }
-
-static uint16_t float_to_bf16(float f) {  /* round to nearest even, like __float2bfloat16_rn */
-    uint32_t u = bits_from_f32(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet nan */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static double load_logit(const void* base, fl_dtype dt, int64_t idx) {
-    switch (dt) {
-        case FL_DTYPE_F32: return (double)((const float*)base)[idx];
-        case FL_DTYPE_F16: return (double)half_to_float(((const uint16_t*)base)[idx]);
-        case FL_DTYPE_BF16: return (double)bf16_to_float(((const uint16_t*)base)[idx]);
-    }
-    return NAN;
-}
+static double load_logit(const void* base, fl_dtype dt, int64_t idx) { return (double)fl__load_f32(base, dt, idx); }
 
 /* double -> float (RN) -> output dtype (RN); the CUDA backend rounds its fp32 the same way */
-static void store_grad(void* base, fl_dtype dt, int64_t idx, double v) {
-    float f = (float)v;
-    switch (dt) {
-        case FL_DTYPE_F32: ((float*)base)[idx] = f; break;
-        case FL_DTYPE_F16: ((uint16_t*)base)[idx] = float_to_half(f); break;
-        case FL_DTYPE_BF16: ((uint16_t*)base)[idx] = float_to_bf16(f); break;
-    }
-}
+static void store_grad(void* base, fl_dtype dt, int64_t idx, double v) { fl__store_f32(base, dt, idx, (float)v); }
 
 int64_t fl__ce_load_target(const void* t, fl_index_dtype it, int64_t i) {
     return it == FL_INDEX_I32 ? (int64_t)((const int32_t*)t)[i] : ((const int64_t*)t)[i];
