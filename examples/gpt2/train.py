@@ -28,7 +28,7 @@ vocabulary (the default for llama-style), labelled "SYNTHETIC" in every output.
 Modes:
   train        one run (--fusedloss on|off): tqdm bar (loss, tokens/s), CSV per step
                (step, loss, val_loss, tokens_per_s, step_ms, peak_gib, lr, grad_norm, data,
-               fusedloss), a JSON of the run, a summary table.
+               fusedloss, fused_gelu), a JSON of the run, a summary table.
   bench        off then on, each in a fresh subprocess (or one with --fusedloss on|off):
                --warmup steps, then --steps timed steps (synchronised): median step ms,
                tokens/s, peak GPU memory (torch.cuda.max_memory_allocated); the lm_head + loss
@@ -47,9 +47,10 @@ Modes:
                rounding of the weights causes over the same steps). README.md "Correctness"
                says why these numbers.
 
---fused-gelu asks the patch for the fused bias-GeLU MLP as well (apply(..., gelu=True)); that hook
-is not implemented in fusedloss.patch yet (it raises NotImplementedError, reported here, exit 2),
-so it defaults off and every number of this script is the lm_head + loss alone.
+--fused-gelu on (with --fusedloss on; gpt2 only; default off) asks the patch for the fused
+bias-GeLU MLP as well (fusedloss.patch.apply(model, gelu=True): each GPT2MLP's c_fc bias add and
+GeLU in one fusedloss.gelu, forward and backward); in bench / correctness it applies to the 'on'
+variant. Recorded as fused_gelu in the JSONs and the CSV, and as "gelu" in the tag.
 
 Files go to --out (default $OUT if set, else examples/gpt2/runs/), named <tag>_<on|off>.*, the tag
 from the model, data, batch, context and options (or --tag).
@@ -98,9 +99,9 @@ def parse_args(argv=None):
                         "tokens (default for llama-style)")
     p.add_argument("--fusedloss", choices=("on", "off", "both"), default=None,
                    help="train: on (default) or off; bench/correctness: both (default) or one")
-    p.add_argument("--fused-gelu", action="store_true",
-                   help="also apply the patch's fused GeLU MLP hook (not implemented yet in "
-                        "fusedloss.patch: exits 2); default off")
+    p.add_argument("--fused-gelu", choices=("on", "off"), default="off",
+                   help="with --fusedloss on: also the patch's fused bias-GeLU MLP "
+                        "(apply(model, gelu=True); gpt2 only); default off")
     p.add_argument("--steps", type=int, default=None,
                    help="train/correctness: training steps (default 200); bench: timed steps "
                         "(default 20)")
@@ -151,8 +152,11 @@ def parse_args(argv=None):
         args.fusedloss = "on" if args.mode == "train" else "both"
     if args.mode == "train" and args.fusedloss == "both":
         p.error("--mode train runs one variant: --fusedloss on or off")
+    args.fused_gelu = args.fused_gelu == "on"
     if args.fused_gelu and args.fusedloss == "off":
-        p.error("--fused-gelu is part of --fusedloss on")
+        p.error("--fused-gelu on is part of --fusedloss on")
+    if args.fused_gelu and args.model != "gpt2":
+        p.error("--fused-gelu on: gpt2 only (the Llama-style MLP is a gated SiLU MLP, no GeLU)")
     big = args.model == "llama-style"
     if args.batch is None:
         args.batch = 4 if (args.tiny or big) else 16
@@ -198,10 +202,11 @@ def child_argv(args, **override):
                 "perturb_init", "out", "tag"):
         if a[key] is not None:
             out += ["--" + key.replace("_", "-"), str(a[key])]
-    for key in ("grad_ckpt", "compile", "tiny", "profile", "no_progress", "fused_gelu",
-                "quiet_summary"):
+    for key in ("grad_ckpt", "compile", "tiny", "profile", "no_progress", "quiet_summary"):
         if a[key]:
             out.append("--" + key.replace("_", "-"))
+    if a["fused_gelu"] and a["fusedloss"] != "off":   # part of the 'on' variant only
+        out += ["--fused-gelu", "on"]
     return out
 
 
@@ -381,14 +386,11 @@ class Trainer:
         self.base = model                  # the module itself (lm_head, config), compiled or not
         if self.fl_on:
             fusedloss = import_fusedloss()
-            if args.fused_gelu:
-                try:
-                    fusedloss.patch.apply(model, gelu=True)
-                except NotImplementedError as e:
-                    print(f"--fused-gelu: {e}", file=sys.stderr)
-                    raise SystemExit(2)
-            else:
-                fusedloss.patch.apply(model)
+            try:
+                fusedloss.patch.apply(model, gelu=args.fused_gelu)
+            except (NotImplementedError, ValueError) as e:   # e.g. an activation it cannot fuse
+                print(f"--fused-gelu on: {e}", file=sys.stderr)
+                raise SystemExit(2)
             assert fusedloss.patch.is_patched(model)
         self.model = torch.compile(model) if args.compile else model
         self.opt, self.opt_kind = make_optimizer(model, args, torch, device)
@@ -539,7 +541,8 @@ def mode_train(args):
     rows, first_norms = [], None
     t_start = time.perf_counter()
     with open(stem + ".csv", "w") as csv:
-        csv.write("step,loss,val_loss,tokens_per_s,step_ms,peak_gib,lr,grad_norm,data,fusedloss\n")
+        csv.write("step,loss,val_loss,tokens_per_s,step_ms,peak_gib,lr,grad_norm,data,fusedloss,"
+                  "fused_gelu\n")
         for step in range(1, args.steps + 1):
             x = tr.data.next()
             lr = lr_at(step, args)
@@ -560,7 +563,8 @@ def mode_train(args):
             rows.append(dict(step=step, loss=loss_v, val_loss=val, tokens_per_s=tps, step_ms=ms,
                              peak_gib=pk, lr=lr, grad_norm=gn_v))
             csv.write(f"{step},{loss_v:.9g},{'' if val == '' else f'{val:.9g}'},{tps:.1f},{ms:.3f},"
-                      f"{'' if pk != pk else f'{pk:.3f}'},{lr:.6g},{gn_v:.6f},{args.data},{fl}\n")
+                      f"{'' if pk != pk else f'{pk:.3f}'},{lr:.6g},{gn_v:.6f},{args.data},{fl},"
+                      f"{'on' if args.fused_gelu else 'off'}\n")
             csv.flush()
             bar.set_postfix_str(f"loss {loss_v:.4f} {fmt_tok(tps)} tok/s"
                                 + (f" val {val:.4f}" if val != "" else ""), refresh=False)

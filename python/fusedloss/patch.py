@@ -41,9 +41,24 @@ on the CPU): the same loss up to rounding order. Gradients: the lm-head weight g
 accumulated in fp32 for fp32 parameters under autocast (transformers: a 16-bit GEMM result cast
 up), so it is slightly more accurate.
 
-Hook point: each supported model is a _ModelSpec in _SPECS; its ``patch_mlp`` field is where a
-later fused bias-GeLU MLP patch (fusedloss.nn.BiasGELU in GPT-2's MLP) plugs in:
-``apply(..., gelu=True)`` calls it. It is not implemented yet (apply raises NotImplementedError).
+The fused bias-GeLU MLP (``apply(..., gelu=True)``, GPT-2 only). GPT2MLP.forward,
+``c_proj(act(c_fc(x)))`` then dropout, with c_fc a Conv1D (``addmm(bias, x, weight)``), becomes
+
+    u = x.view(-1, in) @ c_fc.weight; h = fusedloss.gelu(u, bias=c_fc.bias, approximate=...)
+
+then c_proj and dropout unchanged: the bias add and the GeLU are one pass forward, and backward
+gives du and dbias in one pass (what fusedloss.nn.BiasGELU does). approximate follows the
+config's activation_function: "gelu_new" (GPT-2's default) and "gelu_pytorch_tanh": 'tanh';
+"gelu": 'none' (erf). Any other activation (including "gelu_python", "gelu_fast", ...) raises
+ValueError: at apply time for an instance; with a class patch (GPT2MLP.forward itself is
+replaced, for every GPT-2 model until revert) when that MLP runs. A c_fc that is not a plain
+Conv1D (e.g. wrapped by PEFT) or hooks on c_fc / act: the MLP runs as transformers' (one-time
+warning). Llama: gelu=True raises ValueError (LlamaMLP is a gated SiLU MLP, no GeLU). Numerics:
+u has the dtype transformers' activation input has (the model's; bf16 under autocast, as
+addmm's result); u + bias is formed in fp32 and not rounded (transformers rounds addmm's output
+with its bias, cast to bf16 under autocast, before the activation), and an fp32 bias under
+autocast stays fp32, its gradient accumulated in fp32: the same up to rounding.
+Hook point: each supported model is a _ModelSpec in _SPECS; ``patch_mlp`` holds its MLP patch.
 
 transformers is imported only when a patch is applied (fusedloss itself does not need it).
 Tested with transformers 5.17.
@@ -54,7 +69,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from .functional import linear_cross_entropy
+from .functional import gelu as _fused_gelu, linear_cross_entropy
 
 __all__ = ["apply", "revert", "is_patched", "patch_gpt2", "patch_llama", "revert_gpt2",
            "revert_llama", "apply_fusedloss_to_gpt2", "apply_fusedloss_to_llama",
@@ -250,17 +265,155 @@ def _make_llama_forward():
     return forward
 
 
+# ---- the MLP: GPT-2's c_fc bias add and GeLU in one fusedloss.gelu ------------------------------
+# GPT2MLP.forward (transformers 5.x) is  act(c_fc(x)) -> c_proj -> dropout  with c_fc a Conv1D:
+# addmm(bias, x.view(-1, in), weight).  The patch computes  u = x.view(-1, in) @ weight  (the
+# GEMM without its bias; under autocast u has the dtype addmm's result has, the activation's input
+# in transformers) and  fusedloss.gelu(u, bias, approximate)  (bias add + GeLU forward, and in
+# backward du and dbias, each one pass), then c_proj and dropout unchanged.
+_GELU_NAMES = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+# set by _import_mlp(): transformers' GPT2MLP, Conv1D and the three activation classes
+_GPT2MLP = _Conv1D = _ACTS = None
+
+
+def _import_mlp():
+    global _GPT2MLP, _Conv1D, _ACTS
+    if _GPT2MLP is None:
+        from transformers import activations as A
+        from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
+        from transformers.pytorch_utils import Conv1D
+        _GPT2MLP, _Conv1D = GPT2MLP, Conv1D
+        _ACTS = (A.GELUActivation, A.NewGELUActivation, A.GELUTanh)
+    return _GPT2MLP
+
+
+def _act_approximate(act):
+    """fusedloss.gelu's approximate for transformers' activation module act (ACT2FN[name]) when
+    name is 'gelu' (exact erf: F.gelu), 'gelu_new' (the tanh formula) or 'gelu_pytorch_tanh'
+    (F.gelu(approximate='tanh')); None for anything else (other activations, the *_python
+    variants, subclasses)."""
+    gelu_cls, new_cls, tanh_cls = _ACTS
+    t = type(act)
+    if t is new_cls:
+        return "tanh"
+    fn = getattr(act, "act", None)
+    if t is gelu_cls and fn is F.gelu:
+        return "none"
+    if (t is tanh_cls and getattr(fn, "func", None) is F.gelu
+            and getattr(fn, "keywords", None) == {"approximate": "tanh"}):
+        return "tanh"
+    return None
+
+
+def _unsupported_act(act, name=None):
+    what = f"activation_function {name!r} ({type(act).__name__})" if name else type(act).__name__
+    return (f"fusedloss.patch: gelu=True fuses GPT-2's MLP only for activation_function "
+            f"{', '.join(map(repr, _GELU_NAMES))}; this GPT2MLP has {what}; use gelu=False")
+
+
+def _plain(m):
+    """No hook on m and no forward of its own (else the fused MLP would bypass them)."""
+    return not ("forward" in m.__dict__ or m._forward_hooks or m._forward_pre_hooks
+                or m._backward_hooks or m._backward_pre_hooks)
+
+
+def _mlp_approximate(mlp):
+    """approximate for mlp's fused path, or None (warned once) when c_fc is not a plain Conv1D or
+    c_fc / act carry hooks: then the original forward runs. ValueError for an activation that is
+    not one of the three GeLUs."""
+    _import_mlp()  # a no-op once imported (a forward unpickled in a fresh process needs it)
+    approximate = _act_approximate(mlp.act)
+    if approximate is None:
+        raise ValueError(_unsupported_act(mlp.act))
+    fc = mlp.c_fc
+    mod = torch.nn.modules.module
+    if (type(fc).forward is not _Conv1D.forward or not _plain(fc) or not _plain(mlp.act)
+            or mod._global_forward_hooks or mod._global_forward_pre_hooks
+            or mod._global_backward_hooks or mod._global_backward_pre_hooks):
+        _warn_once(("mlp", type(mlp)), f"fusedloss.patch: {type(mlp).__name__}.c_fc is not a plain "
+                   "Conv1D or c_fc / act are hooked or replaced; running the MLP as transformers does")
+        return None
+    return approximate
+
+
+def _gpt2_mlp_forward(self, hidden_states):
+    """GPT2MLP.forward patched by fusedloss: act(c_fc(x)) is fusedloss.gelu(x @ c_fc.weight,
+    bias=c_fc.bias) (see fusedloss.patch)."""
+    approximate = _mlp_approximate(self)
+    if approximate is None:
+        return _original_forward(type(self))(self, hidden_states)
+    fc = self.c_fc
+    size_out = hidden_states.size()[:-1] + (fc.nf,)
+    hidden_states = torch.mm(hidden_states.view(-1, hidden_states.size(-1)), fc.weight)
+    hidden_states = _fused_gelu(hidden_states, bias=fc.bias, approximate=approximate).view(size_out)
+    hidden_states = self.c_proj(hidden_states)
+    hidden_states = self.dropout(hidden_states)
+    return hidden_states
+
+
+_gpt2_mlp_forward._fusedloss_patch = "gpt2-mlp"
+_mlp_class_users = {}              # model class patched with gelu=True -> the MLP class it patched
+
+
+def _check_mlp_forward(mlp_cls, cls):
+    import inspect
+    orig = _original_forward(cls)
+    if orig is not _original_forward(mlp_cls):
+        raise TypeError(f"fusedloss.patch: {cls.__name__} overrides {mlp_cls.__name__}.forward; the "
+                        "fused MLP mirrors transformers' own forward and would drop that code")
+    params = tuple(inspect.signature(orig).parameters)
+    if params != ("self", "hidden_states"):
+        import transformers
+        raise RuntimeError(
+            f"fusedloss.patch: {mlp_cls.__name__}.forward of transformers {transformers.__version__} "
+            f"takes {params}, not the ('self', 'hidden_states') that fusedloss.patch mirrors "
+            "(transformers 5.x); not patched")
+
+
+def _patch_gpt2_mlp(target):
+    """_ModelSpec.patch_mlp of GPT-2. A class: GPT2MLP.forward itself is replaced (every GPT-2
+    model's MLP, whatever its head, until revert(target)); each MLP checks its activation when
+    it runs. An instance: each GPT2MLP of the model gets the fused forward as an instance
+    attribute, after every one's activation and forward are checked (nothing is changed when one
+    fails)."""
+    mlp_cls = _import_mlp()
+    if isinstance(target, type):
+        _check_mlp_forward(mlp_cls, mlp_cls)
+        if mlp_cls not in _class_saved:
+            _class_saved[mlp_cls] = mlp_cls.__dict__.get("forward", _MISSING)
+        mlp_cls.forward = _gpt2_mlp_forward
+        _mlp_class_users[target] = mlp_cls
+        return
+    mlps = [m for m in target.modules() if isinstance(m, mlp_cls)]
+    if not mlps:
+        raise ValueError(f"fusedloss.patch: gelu=True: {type(target).__name__} has no GPT2MLP")
+    name = getattr(getattr(target, "config", None), "activation_function", None)
+    for m in mlps:
+        _check_mlp_forward(mlp_cls, type(m))
+        if _act_approximate(m.act) is None:
+            raise ValueError(_unsupported_act(m.act, name))
+    for m in mlps:
+        d = m.__dict__
+        if "_fusedloss_saved_forward" not in d:
+            d["_fusedloss_saved_forward"] = d.get("forward", _MISSING)
+        d["forward"] = _gpt2_mlp_forward.__get__(m, type(m))
+        _instances.add(m)
+
+
 # ---- the registry ---------------------------------------------------------------------------------
 class _ModelSpec:
     """A supported model class: where it lives, its patched forward and the hook points.
 
-    patch_mlp: None, or a callable(target, revert=False) that swaps the model's MLP activation
-    for the fused bias-GeLU (fusedloss.nn.BiasGELU) at class or instance level; the hook
-    apply(..., gelu=True) calls. Not implemented yet for any model."""
+    patch_mlp: None, or a callable(target) (a model class or instance) that checks, then patches
+    the model's MLP so that its bias add and GeLU run as one fusedloss.gelu; the hook
+    apply(..., gelu=True) calls (revert() undoes it: instance patches through
+    _fusedloss_saved_forward, class patches through _class_saved and _mlp_class_users).
+    no_gelu: why gelu=True is refused for a model without one (ValueError)."""
 
-    def __init__(self, name, module, cls_name, make_forward, params, patch_mlp=None):
+    def __init__(self, name, module, cls_name, make_forward, params, patch_mlp=None, no_gelu=None):
         self.name, self.module, self.cls_name = name, module, cls_name
         self.make_forward, self.params, self.patch_mlp = make_forward, params, patch_mlp
+        self.no_gelu = no_gelu
         self._forward = None
 
     def cls(self):
@@ -287,11 +440,15 @@ _SPECS = {
                        ("self", "input_ids", "past_key_values", "attention_mask", "token_type_ids",
                         "position_ids", "inputs_embeds", "encoder_hidden_states",
                         "encoder_attention_mask", "labels", "use_cache", "logits_to_keep",
-                        "kwargs")),
+                        "kwargs"),
+                       patch_mlp=_patch_gpt2_mlp),
     "llama": _ModelSpec("llama", "transformers.models.llama.modeling_llama", "LlamaForCausalLM",
                         _make_llama_forward,
                         ("self", "input_ids", "attention_mask", "position_ids", "past_key_values",
-                         "inputs_embeds", "labels", "use_cache", "logits_to_keep", "kwargs")),
+                         "inputs_embeds", "labels", "use_cache", "logits_to_keep", "kwargs"),
+                        no_gelu="LlamaForCausalLM has no GeLU MLP to fuse: LlamaMLP is gated "
+                                "(down_proj(act(gate_proj(x)) * up_proj(x)), SiLU by default) with "
+                                "no bias before its activation"),
 }
 
 class _Missing:
@@ -370,24 +527,29 @@ def apply(target, *, linear_cross_entropy=True, gelu=False, skip_logits=True):
     target: a model (instance patch: only that model; its forward becomes an instance
     attribute, so revert it before pickling the whole model object) or a class (every
     instance). skip_logits: True (default) returns logits=None whenever labels are given;
-    "training": only in training mode (evaluation with labels returns logits). gelu=True: the
-    fused GeLU MLP hook (not implemented yet: NotImplementedError). Applying twice is harmless
-    (the second call updates skip_logits). Returns target."""
+    "training": only in training mode (evaluation with labels returns logits). gelu=True (GPT-2
+    only; ValueError for Llama): the MLP's c_fc bias add and GeLU run as one fusedloss.gelu
+    (see fusedloss.patch); on an instance, ValueError unless its activation_function is 'gelu',
+    'gelu_new' or 'gelu_pytorch_tanh' (nothing is patched then); on a class, GPT2MLP itself is
+    patched and each MLP raises that ValueError when it runs. linear_cross_entropy=False with
+    gelu=True patches the MLP alone. Everything is checked before anything is patched. Applying
+    twice is harmless (the second call updates skip_logits; gelu=False does not undo an earlier
+    gelu=True, revert does). Returns target."""
     _check_options(linear_cross_entropy, gelu, skip_logits)
     is_cls = isinstance(target, type)
     cls = target if is_cls else type(target)
     if not is_cls and not isinstance(target, torch.nn.Module):
         raise TypeError(f"fusedloss.patch.apply: expected a model or a model class, got {type(target).__name__}")
     spec, base = _spec_for(cls)
+    if gelu and spec.patch_mlp is None:
+        why = spec.no_gelu or f"{base.__name__} has no fused GeLU MLP patch"
+        raise ValueError(f"fusedloss.patch: gelu=True: {why}; use gelu=False")
+    if linear_cross_entropy:
+        _check_forward(spec, base, cls)
     if gelu:
-        if spec.patch_mlp is None:
-            raise NotImplementedError(
-                f"fusedloss.patch: the fused GeLU MLP patch for {base.__name__} is not implemented "
-                "yet (hook: _ModelSpec.patch_mlp in fusedloss/patch.py); use gelu=False")
-        spec.patch_mlp(target)
+        spec.patch_mlp(target)  # checks every MLP before patching any
     if not linear_cross_entropy:
         return target
-    _check_forward(spec, base, cls)
     fwd = spec.forward()
     if is_cls:
         if cls not in _class_saved:
@@ -405,6 +567,15 @@ def apply(target, *, linear_cross_entropy=True, gelu=False, skip_logits=True):
 
 
 def _revert_instance(model):
+    """Undo model's own patch and its submodules' (the fused MLPs of apply(model, gelu=True))."""
+    done = False
+    for m in model.modules():
+        if m is not model and "_fusedloss_saved_forward" in m.__dict__:
+            done = _revert_one(m) or done
+    return _revert_one(model) or done
+
+
+def _revert_one(model):
     d = model.__dict__
     if "_fusedloss_saved_forward" not in d:
         return False
@@ -419,8 +590,15 @@ def _revert_instance(model):
 
 
 def _revert_class(cls):
+    """Undo cls's patch and the MLP class patch it made (when no other patched class uses it)."""
+    done = False
+    mlp_cls = _mlp_class_users.pop(cls, None)
+    if mlp_cls is not None:
+        done = True
+        if mlp_cls not in _mlp_class_users.values():
+            _revert_class(mlp_cls)
     if cls not in _class_saved:
-        return False
+        return done
     saved = _class_saved.pop(cls)
     if saved is _MISSING:
         if "forward" in cls.__dict__:
@@ -433,14 +611,14 @@ def _revert_class(cls):
 
 
 def revert(target=None):
-    """Undo apply(): on an instance (its own patch; a class-level patch stays), on a class, or
-    with no argument every patch made so far (instances and classes). Returns True if something
-    was reverted."""
+    """Undo apply(), the fused MLPs (gelu=True) included: on an instance (its own patches; a
+    class-level patch stays), on a class, or with no argument every patch made so far (instances
+    and classes). Returns True if something was reverted."""
     if target is None:
         done = False
         for m in list(_instances):
             done = _revert_instance(m) or done
-        for c in list(_class_saved):
+        for c in list(_mlp_class_users) + list(_class_saved):
             done = _revert_class(c) or done
         return done
     if isinstance(target, type):

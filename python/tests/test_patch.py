@@ -3,7 +3,9 @@ fusedloss.linear_cross_entropy): small randomly initialised models built from co
 downloaded), patched vs unpatched copies with the same weights: the loss and every parameter's
 gradient, with and without num_items_in_batch, -100 labels, shift_labels, instance- and
 class-level patches, revert, no logits materialised, generation unchanged, the fallbacks and the
-errors; a bf16 GPU variant (skips without CUDA).
+errors; a bf16 GPU variant (skips without CUDA). The fused bias-GeLU MLP (gelu=True, GPT-2):
+the same comparisons for each supported activation_function, with and without the fused loss,
+class- and instance-level, revert, the unsupported activations and Llama's refusal.
 
 Run (CPU, CI):   make lib && PYTHONPATH=python python -m pytest -q python/tests/test_patch.py
 Needs transformers (5.x; .ci/run installs it); skips without it.
@@ -16,6 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers.models.gpt2.modeling_gpt2 import GPT2MLP  # noqa: E402
 
 import fusedloss  # noqa: E402
 import fusedloss.patch as flp  # noqa: E402
@@ -441,8 +444,8 @@ def test_errors():
         flp.apply(3)
     with pytest.raises(TypeError, match="not a supported model"):
         flp.patch_llama(gpt2())
-    with pytest.raises(NotImplementedError, match="GeLU MLP patch"):
-        flp.apply(GPT2LMHeadModel, gelu=True)
+    with pytest.raises(ValueError, match="LlamaForCausalLM has no GeLU MLP"):
+        flp.apply(LlamaForCausalLM, gelu=True)
     with pytest.raises(ValueError, match="skip_logits"):
         flp.apply(GPT2LMHeadModel, skip_logits=False)
     with pytest.raises(ValueError, match="nothing to apply"):
@@ -462,6 +465,229 @@ def test_forward_signature_is_checked(monkeypatch):
     monkeypatch.setattr(spec, "params", spec.params[:-2] + ("kwargs",))
     with pytest.raises(RuntimeError, match="fusedloss.patch mirrors"):
         flp.apply(gpt2())
+
+
+# ---- the fused bias-GeLU MLP (gelu=True) ------------------------------------------------------------
+GELU_ACTS = ["gelu_new", "gelu", "gelu_pytorch_tanh"]   # GPT2Config's default first
+
+
+@pytest.fixture
+def gelu_calls(monkeypatch):
+    """The (dtype, bias dtype, approximate) of every fusedloss.gelu call of a patched MLP."""
+    calls = []
+
+    def counting(x, bias=None, approximate="tanh"):
+        calls.append((x.dtype, bias.dtype, approximate))
+        return fusedloss.gelu(x, bias=bias, approximate=approximate)
+
+    monkeypatch.setattr(flp, "_fused_gelu", counting)
+    return calls
+
+
+def match(got, ref, loss_tol=LOSS_TOL, grad_tol=GRAD_TOL, norm_tol=None):
+    """got, ref: (output, grads) of loss_and_grads; the loss and every parameter's gradient."""
+    (out, grads), (r, rgrads) = got, ref
+    assert_close(out.loss, r.loss, loss_tol, "loss")
+    assert grads.keys() == rgrads.keys()
+    for n in rgrads:
+        assert grads[n].dtype == rgrads[n].dtype
+        if norm_tol is None:
+            assert_close(grads[n], rgrads[n], grad_tol, f"grad {n}")
+        else:
+            assert_close_norm(grads[n], rgrads[n], norm_tol, f"grad {n}")
+
+
+def mlps(model):
+    return [blk.mlp for blk in model.transformer.h]
+
+
+@pytest.mark.parametrize("lce", [True, False])
+@pytest.mark.parametrize("level", ["instance", "class"])
+@pytest.mark.parametrize("act", GELU_ACTS)
+def test_gelu_loss_and_grads_match(act, level, lce, gelu_calls):
+    ref = gpt2(activation_function=act)
+    model = copy.deepcopy(ref)
+    ids, labels, mask = batch()
+    inputs = dict(input_ids=ids, labels=labels, attention_mask=mask)
+    r = loss_and_grads(ref, **inputs)  # before a class patch reaches ref too
+    flp.apply(model if level == "instance" else GPT2LMHeadModel, gelu=True, linear_cross_entropy=lce)
+    assert flp.is_patched(model) == lce
+    got = loss_and_grads(model, **inputs)
+    assert (got[0].logits is None) == lce
+    approx = "none" if act == "gelu" else "tanh"
+    assert gelu_calls == [(torch.float32, torch.float32, approx)] * 2  # one per layer
+    assert len(got[1]) == len(list(ref.parameters()))
+    match(got, r)
+
+
+def test_gelu_and_loss_with_num_items_and_shift_labels(gelu_calls):
+    ref = gpt2()
+    model = flp.patch_gpt2(copy.deepcopy(ref), gelu=True)
+    ids, labels, mask = batch(seed=2)
+    shift = torch.randint(0, V, labels.shape)
+    shift[:, -1] = -100
+    kw = dict(input_ids=ids, labels=labels, attention_mask=mask, shift_labels=shift,
+              num_items_in_batch=torch.tensor(13))
+    compare(model, ref, **kw)
+    assert len(gelu_calls) == 2
+
+
+def test_gelu_instance_patch_and_revert(gelu_calls):
+    ref = gpt2()
+    model = copy.deepcopy(ref)
+    other = copy.deepcopy(ref)
+    orig = GPT2MLP.forward
+    assert flp.apply(model, gelu=True) is model and flp.apply(model, gelu=True) is model  # twice
+    assert GPT2MLP.forward is orig and not flp.is_patched(GPT2MLP)
+    assert all(flp.is_patched(m) for m in mlps(model))
+    assert not any(flp.is_patched(m) for m in mlps(other))
+    assert all(m.forward.__self__ is m for m in mlps(model))
+    ids, labels, _ = batch()
+    other(input_ids=ids, labels=labels)
+    assert gelu_calls == []
+    model(input_ids=ids, labels=labels)
+    assert len(gelu_calls) == 2
+    assert flp.revert(model) is True and flp.revert(model) is False
+    assert not any("forward" in m.__dict__ or "_fusedloss_saved_forward" in m.__dict__
+                   for m in model.modules())
+    a, b = model(input_ids=ids, labels=labels), ref(input_ids=ids, labels=labels)
+    assert torch.equal(a.loss, b.loss) and torch.equal(a.logits, b.logits)
+    assert len(gelu_calls) == 2
+    # the MLP alone, then revert() with no argument
+    flp.apply(model, gelu=True, linear_cross_entropy=False)
+    assert not flp.is_patched(model) and all(flp.is_patched(m) for m in mlps(model))
+    assert flp.revert() is True and not any(flp.is_patched(m) for m in mlps(model))
+
+
+@pytest.mark.parametrize("lce", [True, False])
+def test_gelu_class_patch_and_revert(lce, gelu_calls):
+    ref = gpt2()
+    ids, labels, _ = batch()
+    r = ref(input_ids=ids, labels=labels)
+    orig_mlp, orig = GPT2MLP.forward, GPT2LMHeadModel.forward
+    assert flp.patch_gpt2(gelu=True, linear_cross_entropy=lce) is GPT2LMHeadModel
+    flp.patch_gpt2(gelu=True, linear_cross_entropy=lce)  # twice: harmless
+    assert GPT2MLP.forward is not orig_mlp and flp.is_patched(GPT2MLP)
+    assert flp.is_patched(GPT2LMHeadModel) == lce
+    new = gpt2()  # created after the patch: patched too
+    new(input_ids=ids, labels=labels)
+    assert len(gelu_calls) == 2
+    assert flp.revert_gpt2() is True and flp.revert_gpt2() is False
+    assert GPT2MLP.forward is orig_mlp and GPT2LMHeadModel.forward is orig
+    out = new(input_ids=ids, labels=labels)
+    assert len(gelu_calls) == 2
+    assert torch.equal(out.loss, r.loss) and torch.equal(out.logits, r.logits)
+
+
+def test_gelu_class_patch_shared_by_two_classes():
+    class MyGPT2(GPT2LMHeadModel):
+        pass
+
+    flp.apply(GPT2LMHeadModel, gelu=True, linear_cross_entropy=False)
+    flp.apply(MyGPT2, gelu=True)
+    assert flp.revert(MyGPT2) is True
+    assert flp.is_patched(GPT2MLP)  # GPT2LMHeadModel's gelu patch still uses it
+    assert flp.revert(GPT2LMHeadModel) is True and not flp.is_patched(GPT2MLP)
+    flp.apply(MyGPT2, gelu=True, linear_cross_entropy=False)
+    assert flp.revert() is True and not flp.is_patched(GPT2MLP) and not flp._mlp_class_users
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu_fast", "gelu_python", "quick_gelu"])
+def test_gelu_unsupported_activation_raises(act):
+    model = gpt2(activation_function=act)
+    with pytest.raises(ValueError, match=f"activation_function '{act}'"):
+        flp.apply(model, gelu=True)
+    # nothing was patched: neither the loss nor any MLP
+    assert not flp.is_patched(model)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    # a class patch cannot see the config: that MLP raises when it runs
+    flp.apply(GPT2LMHeadModel, gelu=True)
+    ids, labels, _ = batch()
+    with pytest.raises(ValueError, match="gelu=True fuses GPT-2's MLP only for"):
+        model(input_ids=ids, labels=labels)
+
+
+def test_gelu_llama_raises():
+    with pytest.raises(ValueError, match="LlamaForCausalLM has no GeLU MLP"):
+        flp.patch_llama(llama(), gelu=True)
+    with pytest.raises(ValueError, match="LlamaForCausalLM has no GeLU MLP"):
+        flp.patch_llama(gelu=True, linear_cross_entropy=False)
+    assert not flp.is_patched(LlamaForCausalLM)
+
+
+def test_gelu_checks_before_patching(monkeypatch):
+    """A failing check of the loss patch leaves the MLPs unpatched too."""
+    spec = flp._SPECS["gpt2"]
+    monkeypatch.setattr(spec, "params", spec.params[:-2] + ("kwargs",))
+    model = gpt2()
+    with pytest.raises(RuntimeError, match="fusedloss.patch mirrors"):
+        flp.apply(model, gelu=True)
+    assert not any(flp.is_patched(m) for m in mlps(model))
+
+    class MyMLP(GPT2MLP):
+        def forward(self, hidden_states):
+            return super().forward(hidden_states)
+
+    model = gpt2()
+    model.transformer.h[1].mlp.__class__ = MyMLP
+    with pytest.raises(TypeError, match="overrides GPT2MLP.forward"):
+        flp.apply(model, gelu=True, linear_cross_entropy=False)
+    assert not any(flp.is_patched(m) for m in mlps(model))
+
+
+def test_gelu_hooked_c_fc_falls_back(gelu_calls):
+    ref = gpt2()
+    model = flp.apply(copy.deepcopy(ref), gelu=True, linear_cross_entropy=False)
+    seen = []
+    model.transformer.h[0].mlp.c_fc.register_forward_hook(lambda mod, i, o: seen.append(o.shape))
+    ids, labels, _ = batch()
+    flp._warned.clear()
+    with pytest.warns(UserWarning, match="c_fc is not a plain Conv1D"):
+        out = model(input_ids=ids, labels=labels)
+    assert seen == [(3, 11, 128)] and len(gelu_calls) == 1  # layer 0 unfused, layer 1 fused
+    assert_close(out.loss, ref(input_ids=ids, labels=labels).loss, LOSS_TOL, "loss")
+
+
+def test_gelu_deepcopy_of_a_patched_model(gelu_calls):
+    model = flp.apply(gpt2(), gelu=True)
+    twin = copy.deepcopy(model)
+    assert all(flp.is_patched(m) and m.forward.__self__ is m for m in mlps(twin))
+    ids, labels, _ = batch()
+    twin(input_ids=ids, labels=labels)
+    assert len(gelu_calls) == 2
+    assert flp.revert(twin) is True and not any(flp.is_patched(m) for m in mlps(twin))
+    assert all(flp.is_patched(m) for m in mlps(model))
+
+
+def test_gelu_autocast_cpu(gelu_calls):
+    """Under bf16 autocast fusedloss.gelu gets what transformers' activation gets (bf16, the
+    addmm's result dtype), the fp32 bias as it is; grads stay fp32."""
+    ref = gpt2()
+    model = flp.apply(copy.deepcopy(ref), gelu=True)
+    seen = []
+    ref.transformer.h[0].mlp.act.register_forward_pre_hook(lambda mod, a: seen.append(a[0].dtype))
+    ids, labels, mask = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = loss_and_grads(model, input_ids=ids, labels=labels, attention_mask=mask)
+        r = loss_and_grads(ref, input_ids=ids, labels=labels, attention_mask=mask)
+    assert seen == [torch.bfloat16]
+    assert gelu_calls == [(torch.bfloat16, torch.float32, "tanh")] * 2
+    assert got[0].loss.dtype == torch.float32
+    assert all(g.dtype == torch.float32 for g in got[1].values())
+    match(got, r, BF16_LOSS_TOL, AUTOCAST_GRAD_TOL)
+
+
+@pytest.mark.parametrize("level", ["instance", "class"])
+def test_gelu_compile_fullgraph(level):
+    ref = gpt2()
+    model = copy.deepcopy(ref)
+    ids, labels, mask = batch()
+    inputs = dict(input_ids=ids, labels=labels, attention_mask=mask)
+    r = loss_and_grads(ref, **inputs)
+    flp.apply(model if level == "instance" else GPT2LMHeadModel, gelu=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    match(loss_and_grads(compiled, **inputs), r)
 
 
 # ---- GPU -------------------------------------------------------------------------------------------
@@ -514,3 +740,32 @@ def test_fp32_cuda_training_steps():
             assert abs(losses[0] - losses[1]) <= 1e-4 * abs(losses[1]), (step, losses)
     finally:
         torch.set_float32_matmul_precision(old)
+
+
+@needs_cuda
+@pytest.mark.parametrize("lce", [True, False])
+@pytest.mark.parametrize("act", GELU_ACTS)
+def test_gelu_bf16_cuda(act, lce, gelu_calls):
+    ref = gpt2(activation_function=act).to("cuda", torch.bfloat16)
+    model = flp.apply(copy.deepcopy(ref), gelu=True, linear_cross_entropy=lce)
+    ids, labels, mask = batch(B=4, T=33, device="cuda")
+    inputs = dict(input_ids=ids, labels=labels, attention_mask=mask)
+    got, r = loss_and_grads(model, **inputs), loss_and_grads(ref, **inputs)
+    assert gelu_calls == [(torch.bfloat16, torch.bfloat16, "none" if act == "gelu" else "tanh")] * 2
+    match(got, r, BF16_LOSS_TOL, norm_tol=BF16_GRAD_NORM_TOL)
+
+
+@needs_cuda
+@pytest.mark.parametrize("level", ["instance", "class"])
+def test_gelu_autocast_cuda(level, gelu_calls):
+    ref = gpt2().cuda()
+    model = copy.deepcopy(ref)
+    ids, labels, mask = batch(B=4, T=33, device="cuda")
+    inputs = dict(input_ids=ids, labels=labels, attention_mask=mask)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        r = loss_and_grads(ref, **inputs)
+        flp.apply(model if level == "instance" else GPT2LMHeadModel, gelu=True)
+        got = loss_and_grads(model, **inputs)
+    assert gelu_calls == [(torch.bfloat16, torch.float32, "tanh")] * 2
+    assert all(g.dtype == torch.float32 for g in got[1].values())
+    match(got, r, BF16_LOSS_TOL, norm_tol=BF16_GRAD_NORM_TOL)
