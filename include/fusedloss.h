@@ -575,9 +575,12 @@ FL_API fl_status fl_gelu_backward_cuda(void* dx, void* dbias, const void* dy, co
  *  Workspace: every step takes the section-5 workspace of its call (fl_cross_entropy_workspace_size
  *  with N and, for steps 1 and 4, V_local and the logits' dtype; for step 3, V and any dtype: step 3
  *  has no dtype argument and reads no logits, so the smallest answer, a 16-bit dtype's, suffices).
- *  Status (2026-12-01): the CPU steps below exist (the reference, and for simulating k ranks in one
- *  process); the CUDA steps (same arguments plus a stream), a convenience entry taking an
- *  ncclComm_t, and the linear-CE variant (weight rows sharded) are not built yet (issue 9).
+ *  CUDA steps (`_cuda`): the same arguments plus a stream; asynchronous, no allocation, no host
+ *  sync, graph-capturable. Step 1 reads the shard once (section 5's streaming forward kernel), step
+ *  3 is one thread per row plus section 5's reduce kernel, step 4 is section 5's backward (one read,
+ *  one write). Step 2 is the caller's collective on the same stream (or one ordered after it).
+ *  Not built yet (issue 9): a convenience entry taking an ncclComm_t and the linear-CE variant
+ *  (weight rows sharded).
  ******************************************************************************/
 
 /*! fl_vp_ce_local_stats_{cpu,cuda}() :
@@ -608,6 +611,19 @@ FL_API fl_status fl_vp_ce_backward_cpu(void* dlogits, const void* logits, const 
                                        int64_t ld, int64_t vocab_start, int64_t V, fl_dtype dtype,
                                        fl_index_dtype index_dtype, const fl_ce_options* opts, void* workspace,
                                        size_t workspace_bytes);
+
+FL_API fl_status fl_vp_ce_local_stats_cuda(float* stats, const void* logits, const void* targets, int64_t N,
+                                           int64_t V_local, int64_t ld, int64_t vocab_start, int64_t V,
+                                           fl_dtype dtype, fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                           void* workspace, size_t workspace_bytes, fl_stream stream);
+FL_API fl_status fl_vp_ce_combine_cuda(float* loss, float* lse, const float* gathered, int k, const void* targets,
+                                       int64_t N, int64_t V, fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                       void* workspace, size_t workspace_bytes, fl_stream stream);
+FL_API fl_status fl_vp_ce_backward_cuda(void* dlogits, const void* logits, const void* targets, const float* lse,
+                                        const float* grad_loss, float grad_scale, int64_t N, int64_t V_local,
+                                        int64_t ld, int64_t vocab_start, int64_t V, fl_dtype dtype,
+                                        fl_index_dtype index_dtype, const fl_ce_options* opts, void* workspace,
+                                        size_t workspace_bytes, fl_stream stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

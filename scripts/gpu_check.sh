@@ -24,6 +24,9 @@
 #   lce        linear cross-entropy (issue 5): build/test_linear_cross_entropy_cuda, compute-sanitizer
 #              memcheck on its --small grid, build/bench_linear_ce, python3 bench/bench_lce_torch.py
 #              (eager, torch.compile, Liger, fusedloss through Python); all output in $OUT/lce.log
+#   vp         vocab-parallel CE (issue 9): build/test_vocab_parallel_cuda, memcheck + racecheck on its
+#              --small grid; with >= 2 GPUs torchrun python/tests/dist_vp_nccl.py and bench/bench_vp.py
+#              (NCCL); all output in $OUT/vp.log
 #   pytest     the Python package's CUDA tests (PYTHONPATH=python, build/libfusedloss.so)
 # Every step's output goes to $OUT/<step>.log (OUT defaults to /tmp/out); stdout gets one line
 # per step, the tail of any failing log, the benchmark summaries, and last a summary table.
@@ -113,7 +116,7 @@ run_step() {
 
 # ---- environment -------------------------------------------------------------------------------
 : > "$OUT/build.log"
-for f in test-cpu test-cuda test-knobs sanitize bench bench-ab gelu lce pytest peers; do want "$f" && : > "$OUT/$f.log"; done
+for f in test-cpu test-cuda test-knobs sanitize bench bench-ab gelu lce vp pytest peers; do want "$f" && : > "$OUT/$f.log"; done
 {
     echo "# gpu_check.sh $(date -u +%FT%TZ) commit $FL_COMMIT steps:$STEPS"
     nvidia-smi 2>&1 || echo "nvidia-smi not available"
@@ -343,6 +346,37 @@ if want lce && have build/test_linear_cross_entropy_cuda lce; then
     KEY[lce]="$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$OUT/lce.log" | head -1); memcheck: $(grep -m1 "ERROR SUMMARY" "$OUT/lce.log" | sed "s/.*ERROR SUMMARY: //")"
 fi
 
+# ---- vocab-parallel cross-entropy (issue 9) ------------------------------------------------------
+# The C GPU test (+ memcheck/racecheck --small) on one GPU; with >= 2 GPUs the torchrun NCCL test
+# and bench_vp.py (NCCL_NVLS_ENABLE=0: NVLink multicast stays off on the lent machines).
+if want vp && have build/test_vocab_parallel_cuda vp; then
+    run_step vp "${VP_CAP:-300}" '
+        set -o pipefail
+        rc=0
+        echo "### test_vocab_parallel_cuda"
+        timeout 120 build/test_vocab_parallel_cuda || rc=1
+        if [ -n "$SANITIZER" ]; then
+            for tool in memcheck racecheck; do
+                echo "### $tool --small"
+                timeout 90 "$SANITIZER" --tool $tool --print-limit 20 --error-exitcode 99 \
+                    build/test_vocab_parallel_cuda --small | tail -3 || rc=1
+            done
+        fi
+        ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+        if [ "$ngpu" -ge 2 ]; then
+            export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" FUSEDLOSS_LIBRARY=$PWD/build/libfusedloss.so NCCL_NVLS_ENABLE=0
+            echo "### torchrun dist_vp_nccl.py (2 GPUs)"
+            timeout 200 torchrun --standalone --nproc_per_node 2 python/tests/dist_vp_nccl.py 2>&1 | grep -v "^W1\|OMP_NUM_THREADS\|^\*\*\*" || rc=1
+            echo "### torchrun bench_vp.py (2 GPUs)"
+            timeout 150 torchrun --standalone --nproc_per_node 2 bench/bench_vp.py --out "$OUT/vp-bench-$DATE.json" 2>&1 | grep -v "^W1\|OMP_NUM_THREADS\|^\*\*\*" || rc=1
+        else
+            echo "### one GPU: the NCCL test and bench need nvidia-h200-x2 (skipped)"
+        fi
+        exit $rc
+    '
+    KEY[vp]="$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$OUT/vp.log" | head -1); $(grep -m1 "^vp-nccl" "$OUT/vp.log" | sed "s/ on .*)://")"
+fi
+
 # ---- Python package on the GPU -------------------------------------------------------------------
 if want pytest && have build/libfusedloss.so pytest; then
     run_step pytest 200 'PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so python3 -m pytest -q -x -k cuda python/tests ${PYTEST_ARGS:-} 2>&1 | tail -15'
@@ -384,6 +418,9 @@ if [ -f "$OUT/bench-ab.log" ] && grep -q '^SUMMARY' "$OUT/bench-ab.log"; then
 fi
 if [ -f "$OUT/lce.log" ] && grep -qE '^SUMMARY|^LCE' "$OUT/lce.log"; then
     echo; echo "---- linear CE ----"; grep -E '^SUMMARY|^LCE' "$OUT/lce.log" | sed 's/^SUMMARY //'
+fi
+if [ -f "$OUT/vp.log" ] && grep -q '^bench_vp' "$OUT/vp.log"; then
+    echo; echo "---- vocab-parallel bench ----"; sed -n '/^bench_vp/,/^ *[0-9]*x[0-9 ]*.*\(met\|MISSED\)$/p' "$OUT/vp.log" | head -8
 fi
 if [ -f "$OUT/peers.log" ] && grep -q '^PEERS' "$OUT/peers.log"; then
     echo; echo "---- peers (fwd+bwd, ratio to the floor) ----"; grep '^PEERS' "$OUT/peers.log" | sed 's/^PEERS //'

@@ -676,9 +676,11 @@ def vocab_parallel_cross_entropy(local_logits, target, vocab_start, vocab_end, g
     custom ops ``fusedloss::vp_ce_local_stats`` / ``vp_ce_combine`` / ``vp_ce_backward``). The
     debug-mode layout check is skipped while tracing.
 
-    CUDA tensors raise :class:`fusedloss.NotBuiltError` (a FusedLossError and
-    NotImplementedError) while the C library lacks the CUDA vocab-parallel steps (issue 9): only
-    the CPU steps exist so far. Out-of-range targets raise TargetOutOfRangeError on the CPU.
+    CPU and CUDA tensors (CUDA: the fl_vp_ce_*_cuda steps on the current stream, no host sync;
+    with NCCL the all-gather is capturable in a CUDA graph). A library built without the CUDA
+    steps raises :class:`fusedloss.NotBuiltError` for CUDA tensors. Out-of-range targets raise
+    TargetOutOfRangeError on the CPU; on CUDA they give NaN rows and set the device error flag,
+    as :func:`fusedloss.cross_entropy` does.
     """
     fn = "vocab_parallel_cross_entropy"
     if not isinstance(local_logits, Tensor):

@@ -73,6 +73,12 @@ struct CeArgs {
     float* part;          // workspace: [N][2] per-row a_i, b_i
     float4* stats;        // workspace: [N][C] per-chunk (max, sum-exp, sum w z, target logit)
     int C;                // chunks per row (fl__ce_chunks)
+    // Vocabulary shard (the vocab-parallel steps, header section 8; 0 and V otherwise): these
+    // logits are the global classes [col0, col0 + V) of Vg. Targets are global: a target is bad
+    // when it is not in [0, Vg), in this shard when t - col0 is in [0, V); the kernels' t is that
+    // LOCAL index (so the j == t tests need no change). `weight` then points at the shard's first
+    // class (weight[t] is still the global weight of the target), the global array is weight - col0.
+    int64_t col0, Vg;
 };
 
 
@@ -205,7 +211,7 @@ __device__ __forceinline__ Denoms load_denoms(const CeArgs& a) {
     d.Dw = mean ? a.hdr[0] : 1.0;
     d.Dn = mean ? a.hdr[1] : 1.0;
     // W only matters with smoothing; hdr[2] is not computed otherwise
-    d.W = a.eps > 0.0f ? (a.weight ? a.hdr[2] : (double)a.V) : 0.0;
+    d.W = a.eps > 0.0f ? (a.weight ? a.hdr[2] : (double)a.Vg) : 0.0;
     return d;
 }
 
@@ -231,7 +237,7 @@ __device__ __forceinline__ GradCoef make_coef_v(const CeArgs& a, const Denoms& d
         g_b = (float)((double)G / d.Dn);
     }
     if (bad) g_a = g_b = __int_as_float(0x7fc00000);  // out-of-range target: NaN gradient row
-    const float c_t = (1.0f - a.eps) * w_t, c_s = a.eps / (float)a.V;
+    const float c_t = (1.0f - a.eps) * w_t, c_s = a.eps / (float)a.Vg;
     GradCoef c;
     c.P = a.scale * (g_a * (c_t + c_s * (float)d.W) + g_b * (2.0f * a.zeta * lse));
     c.Tt = a.scale * g_a * c_t;
@@ -438,7 +444,7 @@ __device__ __forceinline__ void finish_row_w(const CeArgs& a, const Denoms& d, i
         b_i = 0.0f;
     } else {
         a_i = (1.0f - a.eps) * w_t * (lse - zt);
-        if (a.eps > 0.0f) a_i += (a.eps / (float)a.V) * ((float)d.W * lse - wz);
+        if (a.eps > 0.0f) a_i += (a.eps / (float)a.Vg) * ((float)d.W * lse - wz);
         b_i = a.zeta * lse * lse;
     }
     if (a_out) { *a_out = a_i; *b_out = b_i; }  // the small kernel sums these itself
@@ -511,8 +517,9 @@ __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a) {
     T* drow = (T*)a.dlogits + i * a.ld;
     const int64_t t64 = load_target(a, i);
     const bool ignored = t64 == a.ignore_index;
-    const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
-    const int t = bad ? -1 : (int)t64;  // never used as an index when bad: no out-of-bounds read
+    const bool bad = !ignored && (t64 < 0 || t64 >= a.Vg);
+    const int t = bad ? -1 : (int)(t64 - a.col0);  // local; an index only when in [0, V)
+    const bool tin = !bad && (unsigned)t < (unsigned)V;  // the target is in these logits
     const RowGrid<T> g(row, V);
     const int q0 = rank * T_ * K + tid;
     const int gt = rank * T_ + tid;
@@ -553,7 +560,7 @@ __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a) {
     } else {
         // target logit: read before chunk_stats' barrier, after which (C == 1, in place) this
         // CTA overwrites the row
-        const float zt = (rank == 0 && tid == 0 && !bad) ? zval<F>(a, to_float(row[t])) : 0.0f;
+        const float zt = (rank == 0 && tid == 0 && tin) ? zval<F>(a, to_float(row[t])) : 0.0f;
         float wz;
         if (PASS == PASS_STATS || C == 1) {
             RowStats r = chunk_stats<T, K, F>(a, x, g, q0, has_x, xs, ex, sh);
@@ -645,8 +652,9 @@ __global__ void __launch_bounds__(STREAM_T, F != 0 ? 2 : PASS == PASS_BACKWARD ?
         const int64_t t64 = t_next;
         if (u + gridDim.x < units) t_next = load_target(a, (u + gridDim.x) / C);  // lands during this unit
         const bool ignored = t64 == a.ignore_index;
-        const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
-        const int t = bad ? -1 : (int)t64;  // never an index when bad
+        const bool bad = !ignored && (t64 < 0 || t64 >= a.Vg);
+        const int t = bad ? -1 : (int)(t64 - a.col0);  // local (see CeArgs); an index only when tin
+        const bool tin = !bad && (unsigned)t < (unsigned)V;
         const T* row = (const T*)a.logits + i * a.ld;
         T* drow = (T*)a.dlogits + i * a.ld;
         const RowGrid<T> g(row, V);
@@ -688,7 +696,7 @@ __global__ void __launch_bounds__(STREAM_T, F != 0 ? 2 : PASS == PASS_BACKWARD ?
         }
 
         // forward statistics of this unit
-        const float zt = (c == 0 && tid == 0 && !bad) ? zval<F>(a, to_float(row[t])) : 0.0f;
+        const float zt = (c == 0 && tid == 0 && tin) ? zval<F>(a, to_float(row[t])) : 0.0f;
         float m = -INFINITY, s = 0.0f, wz = 0.0f;
         if (has_x) {
             const float z = zval<F>(a, to_float(row[ex]));
@@ -1205,11 +1213,12 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
 // same bits. Valid in thread 0. `sh` >= 2 x 32 doubles.
 __device__ __forceinline__ void block_denoms(const CeArgs& a, double (*sh)[32], double* Dw, double* Dn) {
     double dw = 0.0, dn = 0.0;
+    const float* wg = a.weight ? a.weight - a.col0 : NULL;  // the global class weights
     for (int64_t i = threadIdx.x; i < a.N; i += blockDim.x) {
         int64_t t = load_target(a, i);
         if (t == a.ignore_index) continue;
         dn += 1.0;
-        dw += (a.weight && t >= 0 && t < a.V) ? (double)a.weight[t] : 1.0;  // bad targets weigh 1
+        dw += (wg && t >= 0 && t < a.Vg) ? (double)wg[t] : 1.0;  // bad targets weigh 1
     }
     for (int o = 16; o > 0; o >>= 1) {
         dw += __shfl_xor_sync(0xffffffffu, dw, o);
@@ -1231,8 +1240,8 @@ __global__ void __launch_bounds__(1024) ce_setup_kernel(CeArgs a) {
     double Dw, Dn;
     block_denoms(a, sh, &Dw, &Dn);
     double W = 0.0;
-    if (a.weight)
-        for (int64_t j = threadIdx.x; j < a.V; j += blockDim.x) W += (double)a.weight[j];
+    if (a.weight)  // over the whole vocabulary (a vocab-parallel shard's weight is offset by col0)
+        for (int64_t j = threadIdx.x; j < a.Vg; j += blockDim.x) W += (double)a.weight[j - a.col0];
     for (int o = 16; o > 0; o >>= 1) W += __shfl_xor_sync(0xffffffffu, W, o);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     __syncthreads();  // why: sh is reused
@@ -1278,6 +1287,63 @@ __global__ void __launch_bounds__(1024) ce_reduce_kernel(CeArgs a, int denoms) {
             total = A + B;
         a.loss[0] = (float)total;
     }
+}
+
+// ---- vocab-parallel steps (header section 8) -------------------------------------------------
+
+// Step 1, after launch_vp_stats: one thread per row merges the row's a.C chunk partials in chunk
+// order into the caller's stats[N][4] = (m, s, wz, zt) (s relative to the stored m: the merge is
+// in fp32, m is what is stored); ignored rows (-inf, 0, 0, 0); a target outside [0, Vg) raises
+// the error flag (its row's stats are computed without a target logit; steps 3 and 4 make its
+// loss and gradient NaN).
+__global__ void __launch_bounds__(256) vp_stats_kernel(CeArgs a, float* out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= a.N) return;
+    float* o = out + 4 * i;  // the caller's buffer: 4-byte alignment only
+    const int64_t t64 = load_target(a, i);
+    if (t64 == a.ignore_index) {
+        o[0] = -INFINITY; o[1] = 0.0f; o[2] = 0.0f; o[3] = 0.0f;
+        return;
+    }
+    if ((t64 < 0 || t64 >= a.Vg) && a.error_flag) *a.error_flag = 1;
+    const float4* st = a.stats + i * a.C;
+    const float4 p0 = st[0];
+    float m = p0.x, sm = p0.y, wz = p0.z, zt = p0.w;
+    for (int c = 1; c < a.C; c++) {
+        const float4 pc = st[c];
+        ms_merge(m, sm, pc.x, pc.y);
+        wz += pc.z;
+        zt += pc.w;  // 0 except in the target's chunk
+    }
+    if (m == -INFINITY) sm = 0.0f;  // an all -inf shard carries no mass
+    o[0] = m; o[1] = sm; o[2] = wz; o[3] = zt;
+}
+
+// Step 3: one thread per row merges the k ranks' stats in rank order (the CPU backend's formula:
+// M = max m_r, S = sum s_r 2^((m_r - M) log2 e) with the factor 1 where m_r == M, wz and zt
+// summed), then finishes the row as the forward does (a is the GLOBAL problem: V = Vg, col0 = 0).
+// Every rank runs the same instructions on the same gathered bits: the same results everywhere.
+__global__ void __launch_bounds__(256) vp_combine_kernel(CeArgs a, const float* g, int k) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= a.N) return;
+    const int64_t t64 = load_target(a, i);
+    if (t64 == a.ignore_index) { ignored_row_outputs(a, i, PASS_FORWARD); return; }
+    const bool bad = t64 < 0 || t64 >= a.V;
+    if (bad && a.error_flag) *a.error_flag = 1;
+    float M = -INFINITY;
+    for (int r = 0; r < k; r++) {
+        const float m_r = g[4 * ((size_t)r * (size_t)a.N + (size_t)i)];
+        if (m_r > M) M = m_r;  // NaN maxima skipped, as the CPU backend's merge
+    }
+    float S = 0.0f, wz = 0.0f, zt = 0.0f;
+    for (int r = 0; r < k; r++) {
+        const float* q = g + 4 * ((size_t)r * (size_t)a.N + (size_t)i);
+        S += q[1] * (q[0] == M ? 1.0f : fexp2((q[0] - M) * FL_LOG2E));
+        wz += q[2];
+        zt += q[3];
+    }
+    const float lse = (M == -INFINITY) ? -INFINITY : M + logf(S);
+    finish_row(a, load_denoms(a), i, bad ? -1 : (int)t64, bad, lse, zt, wz, NULL, NULL);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1617,9 +1683,26 @@ static cudaError_t launch_small(const CeArgs& a, int C, cudaStream_t s) {
     return cudaLaunchKernelEx(&cfg, ce_small_kernel<T, PASS == PASS_FUSED ? PASS_FUSED : PASS_FORWARD, F>, a, C);
 }
 
-// kind: 0 = main (row/loop), 1 = small
+// Vocab-parallel step 1's main kernel: the per-chunk (max, sum-exp, sum w z, z_t) of every row
+// into the workspace's stats region, a.C per row (vp_stats_kernel merges them): the streaming
+// kernel for long shard rows (its forward speed), the row kernel (one chunk) for short ones.
+template <typename T, int F>
+static cudaError_t launch_vp_stats(const CeArgs& a, const Config& c, cudaStream_t s) {
+    if (!c.stream) return launch_row<T, PASS_STATS, F>(a, c, s);
+    int n = 0;
+    cudaError_t e = tma_occupancy((const void*)ce_stream_kernel<T, PASS_STATS, F>, 0, STREAM_T, 0, c.sms, &n);
+    if (e != cudaSuccess) return e;
+    if (n <= 0) return cudaErrorInvalidConfiguration;
+    const int64_t units = a.N * (int64_t)c.sC;
+    const unsigned grid = (unsigned)(units < n ? units : n);
+    ce_stream_kernel<T, PASS_STATS, F><<<grid, STREAM_T, 0, s>>>(a, c.sC, c.scv);
+    return cudaGetLastError();
+}
+
+// kind: 0 = main (row/loop), 1 = small, 2 = vocab-parallel statistics (launch_vp_stats)
 template <typename T, int PASS, int F>
 static cudaError_t launch_f(int kind, const CeArgs& a, const Config& c, int C, cudaStream_t s) {
+    if (kind == 2) return launch_vp_stats<T, F>(a, c, s);
     if (kind == 1) {
         if (PASS == PASS_BACKWARD) return cudaErrorInvalidValue;  // never chosen
         return launch_small<T, PASS, F>(a, C, s);
@@ -1671,6 +1754,8 @@ static CeArgs make_args(const fl__ce_params& p, float* loss, float* lse_out, voi
     a.part = (float*)((char*)workspace + 256);
     a.stats = (float4*)((char*)workspace + 256 + (((size_t)Nws * 16u + 255u) & ~(size_t)255u));
     a.C = 1;
+    a.col0 = 0;
+    a.Vg = V;
     return a;
 }
 
@@ -1899,3 +1984,124 @@ fl_status fl__ce_cuda_chunk_end(const fl__ce_params* p, float* loss, const void*
 
 }  // extern "C"
 
+// ---- vocab-parallel steps (header section 8) ----
+
+// The kernel arguments of a shard step: section 5's over the shard's V_local columns, with the
+// shard's place in the vocabulary (see CeArgs).
+static CeArgs vp_args(const fl__ce_params& p, void* dlogits, const void* logits, const void* targets,
+                      const float* lse_in, const float* grad_loss, float grad_scale, int64_t N, int64_t V_local,
+                      int64_t ld, int64_t vocab_start, int64_t V, fl_index_dtype it, void* workspace) {
+    CeArgs a = make_args(p, NULL, NULL, dlogits, logits, targets, lse_in, grad_loss, grad_scale, N, V_local, ld, it,
+                         workspace, N);
+    a.col0 = vocab_start;
+    a.Vg = V;
+    if (a.weight) a.weight += vocab_start;
+    return a;
+}
+
+static fl_status vp_check_cuda(const char* fn, const void* dlogits, const void* logits, int64_t N, int64_t V,
+                               fl_dtype dt) {
+    if ((uintptr_t)logits % fl__dtype_size(dt) || (dlogits && (uintptr_t)dlogits % fl__dtype_size(dt)))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: logits/dlogits not aligned to the dtype size", fn);
+    if (N > 0 && dlogits && dlogits != logits && ((uintptr_t)dlogits & 15u) != ((uintptr_t)logits & 15u))
+        return fl__fail(FL_ERR_UNSUPPORTED,
+                        "%s: dlogits (%p) and logits (%p) must have the same address modulo 16 bytes", fn, dlogits,
+                        logits);
+    if (V > INT32_MAX - 64)
+        return fl__fail(FL_ERR_UNSUPPORTED, "%s: V (%lld) above 2^31 - 64 is not supported on CUDA", fn, (long long)V);
+    return FL_OK;
+}
+
+static int vp_flags(const fl__ce_params& p) {
+    return ((p.softcap > 0.0f || p.logit_scale != 1.0f) ? F_ZMAP : 0) | (p.label_smoothing > 0.0f ? F_SMOOTH : 0);
+}
+
+extern "C" {
+
+fl_status fl_vp_ce_local_stats_cuda(float* stats, const void* logits, const void* targets, int64_t N,
+                                    int64_t V_local, int64_t ld, int64_t vocab_start, int64_t V, fl_dtype dtype,
+                                    fl_index_dtype index_dtype, const fl_ce_options* opts, void* workspace,
+                                    size_t workspace_bytes, fl_stream stream) {
+    static const char* fn = "fl_vp_ce_local_stats_cuda";
+    fl__clear_error();
+    fl__ce_params p;
+    FL_CHECK(fl__vp_validate_shard(fn, 0, 1, stats, NULL, logits, targets, NULL, NULL, 1.0f, N, V_local, ld,
+                                   vocab_start, V, dtype, index_dtype, opts, workspace, workspace_bytes, &p));
+    FL_CHECK(vp_check_cuda(fn, NULL, logits, N, V, dtype));
+    if (N == 0) return FL_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    DevInfo d;
+    FL_CUDA_TRY(dev_info(&d));
+    const int esize = (int)fl__dtype_size(dtype);
+    CeArgs a = vp_args(p, NULL, logits, targets, NULL, NULL, 1.0f, N, V_local, ld, vocab_start, V, index_dtype,
+                       workspace);
+    Config c = choose_config(V_local, esize, PASS_FORWARD);
+    c.sms = d.sms;
+    if (V_local / (16 / esize) + 1 > 512) stream_plan(N, V_local, esize, d.sms, &c);
+    a.C = c.stream ? c.sC : c.C;
+    if (!c.stream && N * (int64_t)c.C > INT32_MAX)
+        return fl__fail(FL_ERR_UNSUPPORTED, "%s: N * chunks (%lld * %d) exceeds one launch", fn, (long long)N, c.C);
+    FL_CUDA_TRY(launch_pass(PASS_FORWARD, dtype, vp_flags(p), 2, a, c, 0, s));
+    vp_stats_kernel<<<(unsigned)((N + 255) / 256), 256, 0, s>>>(a, stats);
+    FL_CUDA_TRY(cudaGetLastError());
+    return FL_OK;
+}
+
+fl_status fl_vp_ce_combine_cuda(float* loss, float* lse, const float* gathered, int k, const void* targets,
+                                int64_t N, int64_t V, fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                void* workspace, size_t workspace_bytes, fl_stream stream) {
+    static const char* fn = "fl_vp_ce_combine_cuda";
+    fl__clear_error();
+    fl__ce_params p;
+    FL_CHECK(fl__vp_validate_combine(fn, 1, loss, lse, gathered, k, targets, N, V, index_dtype, opts, workspace,
+                                     workspace_bytes, &p));
+    if (V > INT32_MAX - 64)
+        return fl__fail(FL_ERR_UNSUPPORTED, "%s: V (%lld) above 2^31 - 64 is not supported on CUDA", fn, (long long)V);
+    const int reduced = p.reduction != FL_REDUCTION_NONE, mean = p.reduction == FL_REDUCTION_MEAN;
+    if (N == 0 && !reduced) return FL_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    CeArgs a = make_args(p, loss, lse, NULL, NULL, targets, NULL, NULL, 1.0f, N, V, V, index_dtype, workspace, N);
+    const int needs_setup = p.weight && p.label_smoothing > 0.0f;  // W; MEAN's denominators: the reduce kernel
+    if (needs_setup) {
+        ce_setup_kernel<<<1, 1024, 0, s>>>(a);
+        FL_CUDA_TRY(cudaGetLastError());
+    }
+    if (N > 0) {
+        vp_combine_kernel<<<(unsigned)((N + 255) / 256), 256, 0, s>>>(a, gathered, k);
+        FL_CUDA_TRY(cudaGetLastError());
+    }
+    if (reduced) {
+        ce_reduce_kernel<<<1, 1024, 0, s>>>(a, mean && !needs_setup);
+        FL_CUDA_TRY(cudaGetLastError());
+    }
+    return FL_OK;
+}
+
+fl_status fl_vp_ce_backward_cuda(void* dlogits, const void* logits, const void* targets, const float* lse,
+                                 const float* grad_loss, float grad_scale, int64_t N, int64_t V_local, int64_t ld,
+                                 int64_t vocab_start, int64_t V, fl_dtype dtype, fl_index_dtype index_dtype,
+                                 const fl_ce_options* opts, void* workspace, size_t workspace_bytes,
+                                 fl_stream stream) {
+    static const char* fn = "fl_vp_ce_backward_cuda";
+    fl__clear_error();
+    fl__ce_params p;
+    FL_CHECK(fl__vp_validate_shard(fn, 1, 1, NULL, dlogits, logits, targets, lse, grad_loss, grad_scale, N, V_local,
+                                   ld, vocab_start, V, dtype, index_dtype, opts, workspace, workspace_bytes, &p));
+    FL_CHECK(vp_check_cuda(fn, dlogits, logits, N, V, dtype));
+    if (N == 0) return FL_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    CeArgs a = vp_args(p, dlogits, logits, targets, lse, grad_loss, grad_scale, N, V_local, ld, vocab_start, V,
+                       index_dtype, workspace);
+    if (p.reduction == FL_REDUCTION_MEAN || (p.weight && p.label_smoothing > 0.0f)) {
+        ce_setup_kernel<<<1, 1024, 0, s>>>(a);  // over all N targets and the global weights
+        FL_CUDA_TRY(cudaGetLastError());
+    }
+    Config c = choose_config(V_local, (int)fl__dtype_size(dtype), PASS_BACKWARD);
+    a.C = c.C;
+    if (N * (int64_t)c.C > INT32_MAX)
+        return fl__fail(FL_ERR_UNSUPPORTED, "%s: N * chunks (%lld * %d) exceeds one launch", fn, (long long)N, c.C);
+    FL_CUDA_TRY(launch_pass(PASS_BACKWARD, dtype, vp_flags(p), 0, a, c, 0, s));
+    return FL_OK;
+}
+
+}  // extern "C"

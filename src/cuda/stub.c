@@ -91,3 +91,31 @@ fl_status fl_linear_cross_entropy_backward_cuda(
     (void)workspace_bytes; (void)stream;
     return FL_NOT_BUILT("fl_linear_cross_entropy_backward_cuda");
 }
+
+fl_status fl_vp_ce_local_stats_cuda(float* stats, const void* logits, const void* targets, int64_t N,
+                                    int64_t V_local, int64_t ld, int64_t vocab_start, int64_t V, fl_dtype dtype,
+                                    fl_index_dtype index_dtype, const fl_ce_options* opts, void* workspace,
+                                    size_t workspace_bytes, fl_stream stream) {
+    (void)stats; (void)logits; (void)targets; (void)N; (void)V_local; (void)ld; (void)vocab_start; (void)V;
+    (void)dtype; (void)index_dtype; (void)opts; (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_vp_ce_local_stats_cuda");
+}
+
+fl_status fl_vp_ce_combine_cuda(float* loss, float* lse, const float* gathered, int k, const void* targets,
+                                int64_t N, int64_t V, fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                void* workspace, size_t workspace_bytes, fl_stream stream) {
+    (void)loss; (void)lse; (void)gathered; (void)k; (void)targets; (void)N; (void)V; (void)index_dtype;
+    (void)opts; (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_vp_ce_combine_cuda");
+}
+
+fl_status fl_vp_ce_backward_cuda(void* dlogits, const void* logits, const void* targets, const float* lse,
+                                 const float* grad_loss, float grad_scale, int64_t N, int64_t V_local, int64_t ld,
+                                 int64_t vocab_start, int64_t V, fl_dtype dtype, fl_index_dtype index_dtype,
+                                 const fl_ce_options* opts, void* workspace, size_t workspace_bytes,
+                                 fl_stream stream) {
+    (void)dlogits; (void)logits; (void)targets; (void)lse; (void)grad_loss; (void)grad_scale; (void)N;
+    (void)V_local; (void)ld; (void)vocab_start; (void)V; (void)dtype; (void)index_dtype; (void)opts;
+    (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_vp_ce_backward_cuda");
+}

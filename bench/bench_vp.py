@@ -1,0 +1,153 @@
+"""bench_vp.py — vocab-parallel cross-entropy over NCCL vs the single-GPU fused CE at V/k (issue 9).
+
+    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 bench/bench_vp.py [--reps 50] [--out F.json]
+
+Per shape (N = 8192, V = 128256 and 256000, bf16, TP = k ranks, even shards), measured in one run
+with CUDA events, median of --reps after warm-up, fresh random logits (2 input sets rotated, each
+larger than L2), on every rank (rank 0 prints; the slowest rank's median is reported):
+  vp       fusedloss.vocab_parallel_cross_entropy forward + backward on the shard (steps 1-4 with
+           the NCCL all-gather of the [N, 4] fp32 stats)
+  pieces   the raw ops alone: step 1 (stats), the all-gather, step 3 (combine), step 4 (backward)
+  single   fusedloss.cross_entropy forward + backward on ONE GPU at V/k (the fused kernel)
+  gather   one all_gather_into_tensor of the packed stats (16 N bytes per rank) alone
+  floor    one read + one write of the shard's logits at the copy bandwidth measured here
+Target (issue 9): vp <= 1.15 x single + gather. Prints a table and writes JSON (--out).
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import fusedloss
+
+
+def median_ms(fn, reps, warm=5):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def copy_bw(device):
+    x = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    ms = median_ms(lambda: y.copy_(x), 20)
+    return 2 * x.numel() / (ms * 1e-3)
+
+
+def slowest(v):
+    t = torch.tensor([v], dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--shapes", default="8192x128256,8192x256000")
+    args = ap.parse_args()
+    dist.init_process_group("nccl")
+    r, k = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", r)))
+    dev = torch.device("cuda", torch.cuda.current_device())
+    bw = copy_bw(dev)
+    rows = []
+    for shape in args.shapes.split(","):
+        N, V = (int(s) for s in shape.split("x"))
+        dt = torch.bfloat16
+        Vl = V // k
+        start, end = r * Vl, (r + 1) * Vl if r < k - 1 else V
+        Vl = end - start
+        g = torch.Generator(device=dev).manual_seed(1 + r)
+        xs = [(torch.randn(N, Vl, device=dev, generator=g) * 2).to(dt) for _ in range(2)]
+        t = torch.randint(0, V, (N,), device=dev, generator=torch.Generator(device=dev).manual_seed(7))
+        leaves = [x.clone().requires_grad_(True) for x in xs]
+        it = [0]
+
+        def vp():
+            leaf = leaves[it[0] & 1]
+            it[0] += 1
+            leaf.grad = None
+            loss = fusedloss.vocab_parallel_cross_entropy(leaf, t, start, end, vocab_size=V)
+            loss.backward()
+
+        single_leaves = [x.clone().requires_grad_(True) for x in xs]
+
+        def single():
+            leaf = single_leaves[it[0] & 1]
+            it[0] += 1
+            leaf.grad = None
+            fusedloss.cross_entropy(leaf, t.clamp_max(Vl - 1)).backward()
+
+        stats = torch.empty(N, 4, device=dev)
+        gathered = torch.empty(k * N, 4, device=dev)
+
+        def gather():
+            dist.all_gather_into_tensor(gathered, stats)
+
+        ce = (-100, fusedloss._lib.REDUCTIONS["mean"], 0.0, 0.0, 0.0, 1.0)  # ignore_index, reduction, eps, z, softcap, scale
+
+        def p_stats():
+            x = xs[it[0] & 1]
+            it[0] += 1
+            return torch.ops.fusedloss.vp_ce_local_stats(x, t, None, start, V, *ce)
+
+        st = p_stats()
+        gathered_kn = torch.empty(k * N, 4, device=dev)
+        dist.all_gather_into_tensor(gathered_kn, st)
+        gk = gathered_kn.view(k, N, 4)
+        loss, lse = torch.ops.fusedloss.vp_ce_combine(gk, t, None, V, *ce)
+        gl = torch.ones((), device=dev)
+
+        def p_combine():
+            torch.ops.fusedloss.vp_ce_combine(gk, t, None, V, *ce)
+
+        def p_backward():
+            x = xs[it[0] & 1]
+            it[0] += 1
+            torch.ops.fusedloss.vp_ce_backward(gl.reshape(1), x, t, lse, None, start, V, *ce, 1.0)
+
+        dist.barrier()
+        m = {}
+        for name, fn in (("vp", vp), ("single", single), ("gather", gather), ("stats", p_stats),
+                         ("combine", p_combine), ("backward", p_backward)):
+            dist.barrier()
+            m[name] = slowest(median_ms(fn, args.reps))
+        floor = 2 * N * Vl * 2 / bw * 1e3
+        target = 1.15 * m["single"] + m["gather"]
+        row = dict(N=N, V=V, k=k, V_local=Vl, dtype="bf16", copy_bw_TBps=bw / 1e12, floor_ms=floor, **{f"{a}_ms": b for a, b in m.items()},
+                   target_ms=target, ratio_to_target_base=m["vp"] / (m["single"] + m["gather"]),
+                   met=m["vp"] <= target)
+        rows.append(row)
+        del xs, leaves, single_leaves
+        torch.cuda.empty_cache()
+    if r == 0:
+        print(f"bench_vp: {k} x {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, copy {bw / 1e12:.2f} TB/s, FL_COMMIT={os.environ.get('FL_COMMIT', '?')}")
+        print(f"{'shape':>16} {'floor':>7} {'single':>7} {'gather':>7} {'vp':>7} {'stats':>7} {'comb':>6} {'bwd':>7}"
+              f" {'vp/(single+gather)':>19} target(1.15x)")
+        for w in rows:
+            print(f"{w['N']}x{w['V']:>7} {w['floor_ms']:7.3f} {w['single_ms']:7.3f} {w['gather_ms']:7.3f} {w['vp_ms']:7.3f}"
+                  f" {w['stats_ms']:7.3f} {w['combine_ms']:6.3f} {w['backward_ms']:7.3f} {w['ratio_to_target_base']:19.3f}"
+                  f"  {'met' if w['met'] else 'MISSED'}")
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump(rows, fh, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
