@@ -362,6 +362,9 @@ if want vp && have build/test_vocab_parallel_cuda vp; then
                     build/test_vocab_parallel_cuda --small | tail -3 || rc=1
             done
         fi
+        echo "### pytest python/tests/test_vocab_parallel.py (CUDA cases)"
+        PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so timeout 120 python3 -m pytest -q -x -k cuda \
+            python/tests/test_vocab_parallel.py 2>&1 | tail -4 || rc=1
         ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
         if [ "$ngpu" -ge 2 ]; then
             export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" FUSEDLOSS_LIBRARY=$PWD/build/libfusedloss.so NCCL_NVLS_ENABLE=0

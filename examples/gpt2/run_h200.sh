@@ -18,6 +18,8 @@
 #                      the same measurements
 #   correctness-short  on vs off vs calibration, 50 steps of GPT-2 B=16 T=1024 on the KJV text
 #   bench-compile      GPT-2 B=16 T=1024 with torch.compile on the model in both runs (+ profiles)
+#   bench-gelu         GPT-2 B=16 T=1024 eager, 'on' with the fused bias-GeLU MLP too (--fused-gelu on;
+#                      not in the default set)
 #   correctness        the full check: 200 steps (not in the default set: ~2 minutes of its own)
 # Env: OUT (default /tmp/out), STEPS, BUDGET (seconds, default 530), FL_COMMIT (recorded in every
 #      JSON; the machine's copy may have no .git), GPU_ARCH (90), FORCE_BUILD=1 (always make lib),
@@ -95,6 +97,8 @@ want correctness-short && run correctness-short 170 $TRAIN --mode correctness --
     --batch 16 --seq 1024 --steps 50 --tag gpt2_real_B16_T1024_50steps $TRAIN_ARGS
 want bench-compile && run bench-compile 300 $TRAIN --mode bench --model gpt2 --batch 16 \
     --seq 1024 --compile --profile $TRAIN_ARGS
+want bench-gelu && run bench-gelu 150 $TRAIN --mode bench --model gpt2 --batch 16 --seq 1024 \
+    --fused-gelu on --max-batch off --tag gpt2_real_B16_T1024_gelu $TRAIN_ARGS
 want correctness && run correctness 400 $TRAIN --mode correctness --model gpt2 --batch 16 \
     --seq 1024 --steps 200 $TRAIN_ARGS
 
@@ -112,3 +116,7 @@ for f in "$O"/correctness*.log; do
 done
 echo
 printf '%s\n' "${SUMMARY[@]}"
+# the device returns only a few files: everything of this run in one archive (TAR=0 keeps the tree)
+if [ "${TAR:-1}" = 1 ]; then
+    tar czf "$OUT/gpt2.tgz" -C "$OUT" gpt2 && rm -rf "$O" && echo "-> $OUT/gpt2.tgz"
+fi

@@ -620,7 +620,8 @@ def print_train_summary(s):
 
 # ---- mode bench -----------------------------------------------------------------------------------
 def time_head(tr, torch, device, reps=5):
-    """The lm_head + loss alone, forward + backward (eager, under the same autocast), on random
+    """The lm_head + loss alone, forward + backward (under the same autocast; with --compile the
+    loss function is torch.compile'd too, as the model's own lm_head + loss is then), on random
     hidden states of the final norm's dtype (fp32): ms (median) and peak GiB above the rest."""
     m = tr.base
     H = m.config.hidden_size
@@ -636,6 +637,8 @@ def time_head(tr, torch, device, reps=5):
     else:
         def loss_fn(h, labels):
             return m.loss_function(m.lm_head(h), labels, vocab_size=m.config.vocab_size)
+    if tr.args.compile:
+        loss_fn = torch.compile(loss_fn)
     times = []
     free_memory(torch, device)
     base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
@@ -652,6 +655,35 @@ def time_head(tr, torch, device, reps=5):
     del h, labels, loss
     free_memory(torch, device)
     return statistics.median(times[2:]), extra
+
+
+def time_gemms(tr, torch, device, reps=10):
+    """The floor of the lm_head + loss: its three GEMMs alone (logits = h W^T, dh = g W, dW = g^T h)
+    in the autocast dtype with V rounded up to a multiple of 64 (cuBLAS's odd-V cliff left out),
+    N = B T rows: ms (median), or None on the CPU."""
+    if device.type != "cuda":
+        return None
+    m = tr.base
+    H, V = m.config.hidden_size, m.config.vocab_size
+    Vp = (V + 63) // 64 * 64
+    N = tr.args.batch * tr.args.seq
+    dt = torch.bfloat16
+    h = torch.randn(N, H, device=device, dtype=dt)
+    W = torch.randn(Vp, H, device=device, dtype=dt) * 0.02
+    g = torch.randn(N, Vp, device=device, dtype=dt) * 1e-4
+    times = []
+    for _ in range(reps + 2):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        h @ W.t()
+        g @ W
+        g.t() @ h
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    del h, W, g
+    free_memory(torch, device)
+    return statistics.median(times[2:])
 
 
 def search_largest(fits, b0, limit):
@@ -808,10 +840,12 @@ def bench_one(args):
         profile_steps(tr, torch, device, res["profile"])
         log(f"   profile: {res['profile']}")
     head_ms, head_gib = time_head(tr, torch, device)
-    res.update(head_ms=head_ms, head_extra_gib=head_gib, head_share=head_ms / med)
+    gemm_ms = time_gemms(tr, torch, device)
+    res.update(head_ms=head_ms, head_extra_gib=head_gib, head_share=head_ms / med, gemm_ms=gemm_ms)
     save(False)
-    log(f"   lm_head + loss alone (eager fwd+bwd): {head_ms:.2f} ms ({100 * head_ms / med:.0f}% of "
-        "the step)" + ("" if head_gib is None else f", {head_gib:.2f} GiB above the rest"))
+    log(f"   lm_head + loss alone ({'compiled' if args.compile else 'eager'} fwd+bwd): {head_ms:.2f} ms "
+        f"({100 * head_ms / med:.0f}% of the step)" + ("" if head_gib is None else f", {head_gib:.2f} GiB above the rest")
+        + ("" if gemm_ms is None else f"; its 3 GEMMs alone (V to x64): {gemm_ms:.2f} ms"))
     do_search = args.max_batch == "on" or (args.max_batch == "auto" and not args.compile)
     if device.type != "cuda":
         res["max_batch"], res["max_batch_note"] = None, "skipped: needs CUDA"
@@ -875,7 +909,8 @@ def mode_bench(args):
                        ("peak_gib", "peak GiB", "{:.2f}"),
                        ("max_batch", f"largest micro-batch in {args.mem_budget_gib:g} GiB", "{}"),
                        ("head_ms", "lm_head + loss alone, ms", "{:.2f}"),
-                       ("head_share", "  share of the step", "{:.0%}")):
+                       ("head_share", "  share of the step", "{:.0%}"),
+                       ("gemm_ms", "  its 3 GEMMs alone (V to x64), ms", "{:.2f}")):
         r = ratio(k)
         tgt, ok = verdict(k, r)
         rows.append([name, num(off.get(k), f), num(on.get(k), f), num(r, "{:.2f}x"), tgt, ok])
@@ -884,6 +919,14 @@ def mode_bench(args):
              f"{args.steps} timed steps after {args.warmup}; {env.get('gpu', 'CPU')}, torch "
              f"{env['torch']}, transformers {env['transformers']}, commit {env['commit']}, {env['date']}")
     text = table(rows, ["", "off", "on", "on/off", "target (issue 7)", ""])
+    # what the loss alone can give: off's step with its lm_head + loss replaced by the bare GEMMs
+    if off.get("gemm_ms") and off.get("head_ms") and off.get("median_step_ms"):
+        rest = off["median_step_ms"] - off["head_ms"]
+        if rest > 0:
+            bound = off["median_step_ms"] / (rest + off["gemm_ms"])
+            text += (f"\nbound: off's step {off['median_step_ms']:.2f} ms less its lm_head + loss "
+                     f"({off['head_ms']:.2f} ms) plus the 3 GEMMs alone ({off['gemm_ms']:.2f} ms) = "
+                     f"{rest + off['gemm_ms']:.2f} ms: at most {bound:.2f}x tokens/s from the loss alone")
     print("\n" + title + "\n" + on["model_desc"] + "\n" + on["data_desc"] + "\n" + text)
     out = {"title": title, "off": off, "on": on,
            "ratios": {k: ratio(k) for k in ("tokens_per_s", "peak_gib", "max_batch", "median_step_ms")},
