@@ -373,7 +373,9 @@ if want vp && have build/test_vocab_parallel_cuda vp; then
             echo "### torchrun bench_vp.py (2 GPUs)"
             timeout 150 torchrun --standalone --nproc_per_node 2 bench/bench_vp.py --out "$OUT/vp-bench-$DATE.json" 2>&1 | grep -v "^W1\|OMP_NUM_THREADS\|^\*\*\*" || rc=1
         else
-            echo "### one GPU: the NCCL test and bench need nvidia-h200-x2 (skipped)"
+            echo "### one GPU: the NCCL test needs nvidia-h200-x2 (skipped); bench_vp.py --simulate"
+            PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so timeout 150 python3 bench/bench_vp.py --simulate \
+                --out "$OUT/vp-bench-sim-$DATE.json" || rc=1
         fi
         exit $rc
     '
@@ -423,7 +425,7 @@ if [ -f "$OUT/lce.log" ] && grep -qE '^SUMMARY|^LCE' "$OUT/lce.log"; then
     echo; echo "---- linear CE ----"; grep -E '^SUMMARY|^LCE' "$OUT/lce.log" | sed 's/^SUMMARY //'
 fi
 if [ -f "$OUT/vp.log" ] && grep -q '^bench_vp' "$OUT/vp.log"; then
-    echo; echo "---- vocab-parallel bench ----"; sed -n '/^bench_vp/,/^ *[0-9]*x[0-9 ]*.*\(met\|MISSED\)$/p' "$OUT/vp.log" | head -8
+    echo; echo "---- vocab-parallel bench ----"; grep -A4 "^bench_vp" "$OUT/vp.log" | head -8
 fi
 if [ -f "$OUT/peers.log" ] && grep -q '^PEERS' "$OUT/peers.log"; then
     echo; echo "---- peers (fwd+bwd, ratio to the floor) ----"; grep '^PEERS' "$OUT/peers.log" | sed 's/^PEERS //'
