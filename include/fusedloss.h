@@ -549,7 +549,8 @@ FL_API fl_status fl_gelu_backward_cuda(void* dx, void* dbias, const void* dy, co
  *
  *    1. fl_vp_ce_local_stats_*()  on every rank: stats[N][4] fp32 per row from its shard:
  *         (m, s, wz, zt) = (max_j z_j, sum_j exp(z_j - m), sum_j w_j z_j, z_t if t is in this shard
- *         else 0), j over the shard, z as in section 5 (w_j = 1 without class weights); m is the
+ *         else 0), j over the shard, z as in section 5 (w_j = 1 without class weights; wz is
+ *         only formed with label smoothing, which alone needs it, and is 0 otherwise); m is the
  *         fp32 value stored and s is relative to that stored m (so m's rounding cancels in step 3);
  *         a shard whose z are all -inf gives (-inf, 0, ...).
  *    2. the caller all-gathers the k stats arrays IN RANK ORDER (shard order: rank r's slice

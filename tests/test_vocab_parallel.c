@@ -269,6 +269,7 @@ static void check_stats(const prob_t* p, int64_t vs, int64_t V_local, const floa
             swz += fabsl(w * z);
             if (vs + j == t) zt = z;
         }
+        if (!(p->o.label_smoothing > 0.0f)) wz = swz = 0.0L;  /* formed only for smoothing */
         if (!isfinite((double)m)) continue;           /* the +-inf rows: compared with CE instead */
         const float* q = stats + 4 * i;
         const double lse_l = (double)(m + logl(S)), got = (double)q[0] + log((double)q[1]);

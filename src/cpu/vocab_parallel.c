@@ -64,7 +64,7 @@ fl_status fl_vp_ce_local_stats_cpu(float* stats, const void* logits, const void*
         else if (m == -INFINITY) s = 0.0;
         st[0] = mf;
         st[1] = (float)s;
-        st[2] = (float)wz;
+        st[2] = p.label_smoothing > 0.0f ? (float)wz : 0.0f;  /* only smoothing uses it (as CUDA) */
         st[3] = (float)zt;
     }
     return FL_OK;
