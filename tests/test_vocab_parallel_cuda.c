@@ -21,6 +21,8 @@
  *   loss, lse: atol 1e-5, rtol 1e-5.
  *   dlogits: fp32 rtol 3e-5; fp16/bf16 at most 1 ulp apart; plus atol = 1e-5 |G| w_max
  *   ([j == t] + eps/V) (the cancelling entries, see the CE test) and a floor (fp16 2^-24).
+ *   With a softcap, fp32 also rtol 2^-21 / (1 - r^2), r = tanh(scale x / cap): the cancellation
+ *   of the softcap derivative where |r| -> 1.
  *
  * Build: make test-cuda (cc ... tests/test_vocab_parallel_cuda.c build/libfusedloss.a -lcudart ...)
  * Run:   build/test_vocab_parallel_cuda [--small] [seed]   (--small: shapes for compute-sanitizer)
@@ -357,9 +359,18 @@ static int compare(const prob_t* p, void* const* hs, const vp_out* c, const vp_o
                 const double a = tu_load(g->dl[q], p->dt, e), b = tu_load(c->dl[q], p->dt, e);
                 const double atol = TOL_DL_FLOOR[di] +
                                     1e-5 * G * wmax * ((p->start[q] + j == t ? 1.0 : 0.0) + p->o.label_smoothing / p->V);
+                /* softcap: the factor 1 - r^2 (r = z / cap = tanh(.)) cancels where |r| -> 1; the
+                 * GPU's fp32 r (tanhf, ~1 ulp) then carries 2^-23 / (1 - r^2) relative error into
+                 * the element (the CE CUDA test's caps, >= 8 with moderate logits, never get there;
+                 * "logit_scale 2 + softcap 2.5" does) */
+                double rt_cap = 0.0;
+                if (p->o.softcap > 0.0f) {
+                    const double r = tanh(p->o.logit_scale * tu_load(hs[q], p->dt, e) / p->o.softcap);
+                    rt_cap = 4.0 / 8388608.0 / fmax(1.0 - r * r, 1e-30);
+                }
                 int ok;
                 if (isnan(b) || isnan(a)) ok = isnan(a) && isnan(b);
-                else if (p->dt == FL_DTYPE_F32) ok = fabs(a - b) <= atol + TOL_DL32_RTOL * fabs(b);
+                else if (p->dt == FL_DTYPE_F32) ok = fabs(a - b) <= atol + (TOL_DL32_RTOL + rt_cap) * fabs(b);
                 else {
                     const int32_t ua = ord16((uint16_t)tu_bits(g->dl[q], p->dt, e));
                     const int32_t ub = ord16((uint16_t)tu_bits(c->dl[q], p->dt, e));
