@@ -18,9 +18,11 @@
 #                      the same measurements
 #   correctness-short  on vs off vs calibration, 50 steps of GPT-2 B=16 T=1024 on the KJV text
 #   bench-compile      GPT-2 B=16 T=1024 with torch.compile on the model in both runs (+ profiles)
-#   bench-gelu         GPT-2 B=16 T=1024 eager, 'on' with the fused bias-GeLU MLP too (--fused-gelu on;
-#                      not in the default set)
-#   bench-compile-gelu the same under torch.compile; correctness-gelu: correctness-short with it
+#   (--fusedloss on is the whole patch: linear CE + the fused bias-GeLU MLP for GPT-2, train.py's
+#    --fused-gelu auto; the *-lce steps below measure the linear cross-entropy alone)
+#   bench-lce          GPT-2 B=16 T=1024 eager, 'on' = the linear CE only (--fused-gelu off; not in
+#                      the default set); bench-compile-lce the same under torch.compile;
+#                      correctness-lce: correctness-short with it
 #   correctness        the full check: 200 steps (not in the default set: ~2 minutes of its own)
 # Env: OUT (default /tmp/out), STEPS, BUDGET (seconds, default 530), FL_COMMIT (recorded in every
 #      JSON; the machine's copy may have no .git), GPU_ARCH (90), FORCE_BUILD=1 (always make lib),
@@ -98,12 +100,12 @@ want correctness-short && run correctness-short 170 $TRAIN --mode correctness --
     --batch 16 --seq 1024 --steps 50 --tag gpt2_real_B16_T1024_50steps $TRAIN_ARGS
 want bench-compile && run bench-compile 300 $TRAIN --mode bench --model gpt2 --batch 16 \
     --seq 1024 --compile --profile $TRAIN_ARGS
-want bench-gelu && run bench-gelu 150 $TRAIN --mode bench --model gpt2 --batch 16 --seq 1024 \
-    --fused-gelu on --max-batch off --tag gpt2_real_B16_T1024_gelu $TRAIN_ARGS
-want bench-compile-gelu && run bench-compile-gelu 300 $TRAIN --mode bench --model gpt2 --batch 16 \
-    --seq 1024 --compile --fused-gelu on --tag gpt2_real_B16_T1024_compile_gelu $TRAIN_ARGS
-want correctness-gelu && run correctness-gelu 170 $TRAIN --mode correctness --model gpt2 \
-    --batch 16 --seq 1024 --steps 50 --fused-gelu on --tag gpt2_real_B16_T1024_50steps_gelu $TRAIN_ARGS
+want bench-lce && run bench-lce 150 $TRAIN --mode bench --model gpt2 --batch 16 --seq 1024 \
+    --fused-gelu off --max-batch off --tag gpt2_real_B16_T1024_lce $TRAIN_ARGS
+want bench-compile-lce && run bench-compile-lce 300 $TRAIN --mode bench --model gpt2 --batch 16 \
+    --seq 1024 --compile --fused-gelu off --tag gpt2_real_B16_T1024_compile_lce $TRAIN_ARGS
+want correctness-lce && run correctness-lce 170 $TRAIN --mode correctness --model gpt2 \
+    --batch 16 --seq 1024 --steps 50 --fused-gelu off --tag gpt2_real_B16_T1024_50steps_lce $TRAIN_ARGS
 want correctness && run correctness 400 $TRAIN --mode correctness --model gpt2 --batch 16 \
     --seq 1024 --steps 200 $TRAIN_ARGS
 

@@ -47,10 +47,12 @@ Modes:
                rounding of the weights causes over the same steps). README.md "Correctness"
                says why these numbers.
 
---fused-gelu on (with --fusedloss on; gpt2 only; default off) asks the patch for the fused
-bias-GeLU MLP as well (fusedloss.patch.apply(model, gelu=True): each GPT2MLP's c_fc bias add and
-GeLU in one fusedloss.gelu, forward and backward); in bench / correctness it applies to the 'on'
-variant. Recorded as fused_gelu in the JSONs and the CSV, and as "gelu" in the tag.
+--fused-gelu auto|on|off: the patch's fused bias-GeLU MLP as well (fusedloss.patch.apply(model,
+gelu=True): each GPT2MLP's c_fc bias add and GeLU in one fusedloss.gelu, forward and backward).
+auto (default) = on for gpt2 with --fusedloss on ("fused GeLU where available": the Llama-style
+MLP has none), so --fusedloss on is the whole patch; off measures the linear cross-entropy alone.
+In bench / correctness it applies to the 'on' variant. Recorded as fused_gelu in the JSONs and
+the CSV, and as "gelu" in the tag.
 
 Files go to --out (default $OUT if set, else examples/gpt2/runs/), named <tag>_<on|off>.*, the tag
 from the model, data, batch, context and options (or --tag).
@@ -99,9 +101,9 @@ def parse_args(argv=None):
                         "tokens (default for llama-style)")
     p.add_argument("--fusedloss", choices=("on", "off", "both"), default=None,
                    help="train: on (default) or off; bench/correctness: both (default) or one")
-    p.add_argument("--fused-gelu", choices=("on", "off"), default="off",
+    p.add_argument("--fused-gelu", choices=("auto", "on", "off"), default="auto",
                    help="with --fusedloss on: also the patch's fused bias-GeLU MLP "
-                        "(apply(model, gelu=True); gpt2 only); default off")
+                        "(apply(model, gelu=True); gpt2 only); auto (default): on for gpt2")
     p.add_argument("--steps", type=int, default=None,
                    help="train/correctness: training steps (default 200); bench: timed steps "
                         "(default 20)")
@@ -152,6 +154,8 @@ def parse_args(argv=None):
         args.fusedloss = "on" if args.mode == "train" else "both"
     if args.mode == "train" and args.fusedloss == "both":
         p.error("--mode train runs one variant: --fusedloss on or off")
+    if args.fused_gelu == "auto":
+        args.fused_gelu = "on" if args.model == "gpt2" and args.fusedloss != "off" else "off"
     args.fused_gelu = args.fused_gelu == "on"
     if args.fused_gelu and args.fusedloss == "off":
         p.error("--fused-gelu on is part of --fusedloss on")
@@ -205,8 +209,8 @@ def child_argv(args, **override):
     for key in ("grad_ckpt", "compile", "tiny", "profile", "no_progress", "quiet_summary"):
         if a[key]:
             out.append("--" + key.replace("_", "-"))
-    if a["fused_gelu"] and a["fusedloss"] != "off":   # part of the 'on' variant only
-        out += ["--fused-gelu", "on"]
+    if a["fusedloss"] != "off":   # part of the 'on' variant only (auto resolves off for 'off')
+        out += ["--fused-gelu", "on" if a["fused_gelu"] else "off"]
     return out
 
 
