@@ -580,8 +580,8 @@ FL_API fl_status fl_gelu_backward_cuda(void* dx, void* dbias, const void* dy, co
  *  sync, graph-capturable. Step 1 reads the shard once (section 5's streaming forward kernel), step
  *  3 is one thread per row plus section 5's reduce kernel, step 4 is section 5's backward (one read,
  *  one write). Step 2 is the caller's collective on the same stream (or one ordered after it).
- *  Not built yet (issue 9): a convenience entry taking an ncclComm_t and the linear-CE variant
- *  (weight rows sharded).
+ *  fl_vp_cross_entropy_nccl() does steps 1-4 with NCCL's all-gather (below). Not built yet
+ *  (issue 9): the linear-CE variant (weight rows sharded).
  ******************************************************************************/
 
 /*! fl_vp_ce_local_stats_{cpu,cuda}() :
@@ -625,6 +625,184 @@ FL_API fl_status fl_vp_ce_backward_cuda(void* dlogits, const void* logits, const
                                         int64_t ld, int64_t vocab_start, int64_t V, fl_dtype dtype,
                                         fl_index_dtype index_dtype, const fl_ce_options* opts, void* workspace,
                                         size_t workspace_bytes, fl_stream stream);
+
+/*! fl_vp_cross_entropy_nccl() : steps 1-4 on every rank of an NCCL communicator, on `stream`.
+ *  nccl_comm : the caller's ncclComm_t (passed as void*: this header does not include nccl.h),
+ *         one rank per vocabulary shard, communicator rank r holding shard r (shards in rank order,
+ *         as above); k = ncclCommCount(comm). NCCL is found at run time (dlopen: the process's
+ *         libnccl.so.2, e.g. PyTorch's, or FUSEDLOSS_NCCL_LIBRARY); not a link dependency.
+ *  loss, lse : as fl_vp_ce_combine (lse may be NULL: then kept in the workspace).
+ *  dlogits : NULL for the loss only; else this shard's gradient, formed in the same call from the
+ *         upstream gradient given up front (grad_loss / grad_scale as section 5's fused call);
+ *         dlogits == logits (in place) allowed.
+ *  Every rank must make the same call (same N, V, options); an argument error returns before
+ *  the collective on the rank that has it (the others then wait in NCCL: check arguments the
+ *  same way on every rank). Workspace: fl_vp_cross_entropy_nccl_workspace_size(N, V_local, V,
+ *  dtype, k) bytes of device memory (section 5's workspace, the stats, the gathered stats, lse).
+ *  Moves 16 N bytes per rank (NCCL all-gather), never O(N V).
+ * @return : FL_OK or an error status (FL_ERR_UNSUPPORTED when NCCL cannot be loaded). */
+FL_API fl_status fl_vp_cross_entropy_nccl_workspace_size(size_t* bytes, int64_t N, int64_t V_local, int64_t V,
+                                                         fl_dtype dtype, int k, const fl_ce_options* opts);
+FL_API fl_status fl_vp_cross_entropy_nccl(float* loss, float* lse, void* dlogits, const void* logits,
+                                          const void* targets, const float* grad_loss, float grad_scale, int64_t N,
+                                          int64_t V_local, int64_t ld, int64_t vocab_start, int64_t V,
+                                          fl_dtype dtype, fl_index_dtype index_dtype, const fl_ce_options* opts,
+                                          void* nccl_comm, void* workspace, size_t workspace_bytes,
+                                          fl_stream stream);
+
+/*-****************************************************************************
+ *  9. Elementwise losses: sigmoid focal, BCE with logits
+ *
+ *  Two losses of one logit x and one target y each (targets are probabilities: any real y in
+ *  [0, 1], soft labels included; same shape and dtype as the logits). Per element, with
+ *  sp = log1p(exp(-|x|)) and the binary cross-entropy on logits in PyTorch's operation order
+ *  (F.binary_cross_entropy_with_logits: (1 - y) x - log_sigmoid(x) log_weight):
+ *
+ *    bce(x, y, pw) = (1 - y) * x + (1 + (pw - 1) * y) * (sp + max(-x, 0))
+ *
+ *  (= max(x, 0) - x y + sp for pw = 1, the usual stable form; PyTorch's order is used because
+ *  it does not cancel for large x and y near 1.)
+ *
+ *  SIGMOID FOCAL (torchvision.ops.sigmoid_focal_loss, = detectron / fvcore), pw = 1:
+ *    p = sigmoid(x), q = 1 - p_t = p (1 - y) + (1 - p) y,  a = alpha y + (1 - alpha)(1 - y)
+ *    l = a * (bce(x, y, 1) * q^gamma)             (a = 1 when alpha < 0: no alpha weighting)
+ *    gamma >= 0 (0: l = a * bce), any finite alpha (torchvision's default 0.25; < 0 disables).
+ *    dl/dx = a * [ (p - y) q^gamma + gamma * bce * (1 - 2y) p (1 - p) q^(gamma - 1) ]
+ *    evaluated as a * q^gamma * [ d + gamma * bce * (1 - 2y) * (p (1 - p) / q) ] with
+ *    d = p (1 - y) - (1 - p) y (= p - y without its cancellation) and p (1 - p) / q <= 1.
+ *    Where q == 0 in fp32 (the sigmoid saturated: y = 1 and x > ~104, or y = 0 and x < ~-104;
+ *    never for soft y in (0, 1)) the derivative of q^gamma is q^(gamma-1) = inf for gamma < 1;
+ *    the gradient is then exactly what PyTorch's autograd gives for torchvision's expression:
+ *      gamma == 0     : a * (p - y)           (torch's pow backward is 0 for exponent 0)
+ *      0 < gamma < 1  : NaN                   (torch: 0 * inf, checked in float64 and fp32)
+ *      gamma == 1     : a * (q + bce * (1 - 2y) p (1 - p)) = 0 (NaN if bce is NaN)
+ *      gamma > 1      : 0                     (NaN if bce is NaN)
+ *    This deliberately follows PyTorch (the "focal loss NaN" of gamma < 1) rather than taking the
+ *    limit 0: a drop-in must not hide what the reference does. Note fp32 saturates later
+ *    (|x| ~ 104, subnormals kept) than PyTorch's fp32 sigmoid (1 - p_t rounds to 0 at |x| ~ 17)
+ *    and float64's (|x| ~ 37), so between those points PyTorch may give NaN where this is finite.
+ *    q^gamma is q*q for gamma == 2, q for 1, 1 for 0 (as torch's pow), else powf.
+ *
+ *  BCE WITH LOGITS (torch.nn.functional.binary_cross_entropy_with_logits):
+ *    logits, targets viewed as [N, C] row-major contiguous (C = the last dimension);
+ *    weight [C] and pos_weight [C] fp32 (host for _cpu, device for _cuda), each optional (NULL:
+ *    all ones), broadcast over the rows (only this layout: a weight of another broadcast shape
+ *    is the caller's multiply, as fusedloss.binary_cross_entropy_with_logits does it):
+ *    l[i, c] = weight[c] * bce(x, y, pos_weight[c])
+ *    dl/dx = weight[c] * ((pw y + 1 - y) sigmoid(x) - pw y)     (PyTorch's backward formula)
+ *    evaluated as weight[c] * (p (1 - y) - pw y (1 - p)) (no cancellation for y in {0, 1}).
+ *    Values of weight / pos_weight are not checked (PyTorch allows any).
+ *
+ *  NaN / inf: as PyTorch: e.g. x = +inf with y = 1 gives bce = 0 * inf = NaN (PyTorch too).
+ *
+ *  Reductions (n = number of elements; n = N*C for BCE):
+ *    NONE : loss[k] = l_k, [n] fp32.   SUM : loss[0] = sum_k l_k.   MEAN : loss[0] = sum / n
+ *    (n == 0: SUM 0, MEAN NaN, as PyTorch). Sums in double (CPU: fixed contiguous blocks;
+ *    CUDA: fp32 per 8 elements, then double per thread, block trees and one reduce kernel), so
+ *    the result is deterministic and does not depend on the thread count or the GPU.
+ *
+ *  Gradients: dlogits[k] = g_k * dl_k/dx_k, rounded once to dtype, where the upstream gradient
+ *    g_k = grad_scale * (grad_loss ? grad_loss[r] : 1) [/ n for MEAN], r = k for NONE, 0
+ *    otherwise (fp32; host memory for _cpu, device memory for _cuda: no host sync); exactly as
+ *    section 5's cross-entropy. grad_scale must be finite. No gradient w.r.t. the targets.
+ *
+ *  Numerics: inputs converted exactly to fp32, every operation in fp32 (expf, log1pf, powf, no
+ *  fast-math; both backends the same operations, so they differ only in those functions' last
+ *  bits), the loss fp32, dlogits in the logits' dtype. Elements are independent: any n
+ *  (including 0 and > 2^31; 64-bit offsets).
+ *  Dtypes: logits / targets / dlogits fp32, fp16, bf16 (targets in the logits' dtype).
+ *  Aliasing: dlogits == logits is allowed (in place; each element is read before it is written);
+ *  no other overlap of an output with anything (FL_ERR_INVALID_ARGUMENT).
+ *  Workspace: MEAN / SUM forward and fused need fl_{sigmoid_focal,bce_with_logits}_workspace_size()
+ *  bytes (CUDA: device memory, 256-byte aligned; content ignored, clobbered); NONE and backward
+ *  need none (pass NULL, 0).
+ *  CUDA: one grid-stride kernel (16-byte vector accesses when logits, targets and the other arrays
+ *  share their alignment; a scalar head / tail; else a scalar path) plus, for MEAN / SUM, one
+ *  small reduce kernel; the grid depends only on n. Asynchronous on `stream`, no allocation, no
+ *  host sync, graph-capturable.
+ ******************************************************************************/
+
+/*! fl_sigmoid_focal_workspace_size() / fl_bce_with_logits_workspace_size() :
+ *  Bytes of workspace a MEAN / SUM forward or fused call needs for n (= N*C) elements, either
+ *  backend; never 0, at most 8448.
+ * @return : FL_OK or FL_ERR_INVALID_ARGUMENT. */
+FL_API fl_status fl_sigmoid_focal_workspace_size(size_t* bytes, int64_t n);
+FL_API fl_status fl_bce_with_logits_workspace_size(size_t* bytes, int64_t N, int64_t C);
+
+/*! fl_sigmoid_focal_forward_{cpu,cuda}() :
+ *  loss : fp32, [n] for reduction NONE, [1] otherwise; overwritten; required.
+ *  logits, targets : [n] of dtype. n >= 0; gamma >= 0 and finite; alpha finite (< 0: off).
+ * @return : FL_OK or an error status (fl_last_error() has the detail). */
+FL_API fl_status fl_sigmoid_focal_forward_cpu(float* loss, const void* logits, const void* targets, int64_t n,
+                                              fl_dtype dtype, float alpha, float gamma, fl_reduction reduction,
+                                              void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_sigmoid_focal_forward_cuda(float* loss, const void* logits, const void* targets, int64_t n,
+                                               fl_dtype dtype, float alpha, float gamma, fl_reduction reduction,
+                                               void* workspace, size_t workspace_bytes, fl_stream stream);
+
+/*! fl_sigmoid_focal_backward_{cpu,cuda}() :
+ *  dlogits [n] (dtype, overwritten) from logits, targets and grad_loss / grad_scale (above).
+ *  dlogits == logits allowed. No workspace.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_sigmoid_focal_backward_cpu(void* dlogits, const void* logits, const void* targets,
+                                               const float* grad_loss, float grad_scale, int64_t n,
+                                               fl_dtype dtype, float alpha, float gamma, fl_reduction reduction);
+FL_API fl_status fl_sigmoid_focal_backward_cuda(void* dlogits, const void* logits, const void* targets,
+                                                const float* grad_loss, float grad_scale, int64_t n,
+                                                fl_dtype dtype, float alpha, float gamma, fl_reduction reduction,
+                                                fl_stream stream);
+
+/*! fl_sigmoid_focal_fused_{cpu,cuda}() :
+ *  loss (as forward) and dlogits (as backward) in one pass, the upstream gradient known up front
+ *  (grad_loss may be a device pointer computed on the device). dlogits == logits allowed.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_sigmoid_focal_fused_cpu(float* loss, void* dlogits, const void* logits, const void* targets,
+                                            const float* grad_loss, float grad_scale, int64_t n, fl_dtype dtype,
+                                            float alpha, float gamma, fl_reduction reduction,
+                                            void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_sigmoid_focal_fused_cuda(float* loss, void* dlogits, const void* logits, const void* targets,
+                                             const float* grad_loss, float grad_scale, int64_t n, fl_dtype dtype,
+                                             float alpha, float gamma, fl_reduction reduction,
+                                             void* workspace, size_t workspace_bytes, fl_stream stream);
+
+/*! fl_bce_with_logits_forward_{cpu,cuda}() :
+ *  loss : fp32, [N*C] for reduction NONE, [1] otherwise; overwritten; required.
+ *  logits, targets : [N, C] contiguous of dtype; weight, pos_weight : fp32 [C] or NULL.
+ *  N >= 0, C >= 1.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_bce_with_logits_forward_cpu(float* loss, const void* logits, const void* targets,
+                                                const float* weight, const float* pos_weight, int64_t N, int64_t C,
+                                                fl_dtype dtype, fl_reduction reduction,
+                                                void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_bce_with_logits_forward_cuda(float* loss, const void* logits, const void* targets,
+                                                 const float* weight, const float* pos_weight, int64_t N, int64_t C,
+                                                 fl_dtype dtype, fl_reduction reduction,
+                                                 void* workspace, size_t workspace_bytes, fl_stream stream);
+
+/*! fl_bce_with_logits_backward_{cpu,cuda}() :
+ *  dlogits [N, C] (dtype, overwritten); grad_loss / grad_scale as above. No workspace.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_bce_with_logits_backward_cpu(void* dlogits, const void* logits, const void* targets,
+                                                 const float* weight, const float* pos_weight,
+                                                 const float* grad_loss, float grad_scale, int64_t N, int64_t C,
+                                                 fl_dtype dtype, fl_reduction reduction);
+FL_API fl_status fl_bce_with_logits_backward_cuda(void* dlogits, const void* logits, const void* targets,
+                                                  const float* weight, const float* pos_weight,
+                                                  const float* grad_loss, float grad_scale, int64_t N, int64_t C,
+                                                  fl_dtype dtype, fl_reduction reduction, fl_stream stream);
+
+/*! fl_bce_with_logits_fused_{cpu,cuda}() : loss and dlogits in one pass (as the focal fused).
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_bce_with_logits_fused_cpu(float* loss, void* dlogits, const void* logits, const void* targets,
+                                              const float* weight, const float* pos_weight,
+                                              const float* grad_loss, float grad_scale, int64_t N, int64_t C,
+                                              fl_dtype dtype, fl_reduction reduction,
+                                              void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_bce_with_logits_fused_cuda(float* loss, void* dlogits, const void* logits, const void* targets,
+                                               const float* weight, const float* pos_weight,
+                                               const float* grad_loss, float grad_scale, int64_t N, int64_t C,
+                                               fl_dtype dtype, fl_reduction reduction,
+                                               void* workspace, size_t workspace_bytes, fl_stream stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -362,6 +362,10 @@ if want vp && have build/test_vocab_parallel_cuda vp; then
                     build/test_vocab_parallel_cuda --small | tail -3 || rc=1
             done
         fi
+        NCCL_LIB=$(ls /usr/local/cuda/lib64/libnccl.so.2 /usr/local/cuda/lib/libnccl.so.2 2>/dev/null | head -1)
+        [ -z "$NCCL_LIB" ] && NCCL_LIB=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], \"lib\", \"libnccl.so.2\"))" 2>/dev/null)
+        echo "### test_vp_nccl_cuda (NCCL: ${NCCL_LIB:-not found})"
+        FUSEDLOSS_NCCL_LIBRARY="$NCCL_LIB" NCCL_NVLS_ENABLE=0 timeout 90 build/test_vp_nccl_cuda || rc=1
         echo "### pytest python/tests/test_vocab_parallel.py (CUDA cases)"
         PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so timeout 120 python3 -m pytest -q -x -k cuda \
             python/tests/test_vocab_parallel.py 2>&1 | tail -4 || rc=1

@@ -119,3 +119,76 @@ fl_status fl_vp_ce_backward_cuda(void* dlogits, const void* logits, const void* 
     (void)workspace; (void)workspace_bytes; (void)stream;
     return FL_NOT_BUILT("fl_vp_ce_backward_cuda");
 }
+
+fl_status fl_vp_cross_entropy_nccl_workspace_size(size_t* bytes, int64_t N, int64_t V_local, int64_t V,
+                                                  fl_dtype dtype, int k, const fl_ce_options* opts) {
+    (void)bytes; (void)N; (void)V_local; (void)V; (void)dtype; (void)k; (void)opts;
+    return FL_NOT_BUILT("fl_vp_cross_entropy_nccl_workspace_size");
+}
+
+fl_status fl_vp_cross_entropy_nccl(float* loss, float* lse, void* dlogits, const void* logits, const void* targets,
+                                   const float* grad_loss, float grad_scale, int64_t N, int64_t V_local, int64_t ld,
+                                   int64_t vocab_start, int64_t V, fl_dtype dtype, fl_index_dtype index_dtype,
+                                   const fl_ce_options* opts, void* nccl_comm, void* workspace,
+                                   size_t workspace_bytes, fl_stream stream) {
+    (void)loss; (void)lse; (void)dlogits; (void)logits; (void)targets; (void)grad_loss; (void)grad_scale; (void)N;
+    (void)V_local; (void)ld; (void)vocab_start; (void)V; (void)dtype; (void)index_dtype; (void)opts;
+    (void)nccl_comm; (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_vp_cross_entropy_nccl");
+}
+
+/* ---- section 9: elementwise losses (sigmoid focal, BCE with logits) --------------------------- */
+
+fl_status fl_sigmoid_focal_forward_cuda(float* loss, const void* logits, const void* targets, int64_t n,
+                                        fl_dtype dtype, float alpha, float gamma, fl_reduction reduction,
+                                        void* workspace, size_t workspace_bytes, fl_stream stream) {
+    (void)loss; (void)logits; (void)targets; (void)n; (void)dtype; (void)alpha; (void)gamma; (void)reduction;
+    (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_sigmoid_focal_forward_cuda");
+}
+
+fl_status fl_sigmoid_focal_backward_cuda(void* dlogits, const void* logits, const void* targets,
+                                         const float* grad_loss, float grad_scale, int64_t n, fl_dtype dtype,
+                                         float alpha, float gamma, fl_reduction reduction, fl_stream stream) {
+    (void)dlogits; (void)logits; (void)targets; (void)grad_loss; (void)grad_scale; (void)n; (void)dtype;
+    (void)alpha; (void)gamma; (void)reduction; (void)stream;
+    return FL_NOT_BUILT("fl_sigmoid_focal_backward_cuda");
+}
+
+fl_status fl_sigmoid_focal_fused_cuda(float* loss, void* dlogits, const void* logits, const void* targets,
+                                      const float* grad_loss, float grad_scale, int64_t n, fl_dtype dtype,
+                                      float alpha, float gamma, fl_reduction reduction, void* workspace,
+                                      size_t workspace_bytes, fl_stream stream) {
+    (void)loss; (void)dlogits; (void)logits; (void)targets; (void)grad_loss; (void)grad_scale; (void)n;
+    (void)dtype; (void)alpha; (void)gamma; (void)reduction; (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_sigmoid_focal_fused_cuda");
+}
+
+fl_status fl_bce_with_logits_forward_cuda(float* loss, const void* logits, const void* targets, const float* weight,
+                                          const float* pos_weight, int64_t N, int64_t C, fl_dtype dtype,
+                                          fl_reduction reduction, void* workspace, size_t workspace_bytes,
+                                          fl_stream stream) {
+    (void)loss; (void)logits; (void)targets; (void)weight; (void)pos_weight; (void)N; (void)C; (void)dtype;
+    (void)reduction; (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_bce_with_logits_forward_cuda");
+}
+
+fl_status fl_bce_with_logits_backward_cuda(void* dlogits, const void* logits, const void* targets,
+                                           const float* weight, const float* pos_weight, const float* grad_loss,
+                                           float grad_scale, int64_t N, int64_t C, fl_dtype dtype,
+                                           fl_reduction reduction, fl_stream stream) {
+    (void)dlogits; (void)logits; (void)targets; (void)weight; (void)pos_weight; (void)grad_loss; (void)grad_scale;
+    (void)N; (void)C; (void)dtype; (void)reduction; (void)stream;
+    return FL_NOT_BUILT("fl_bce_with_logits_backward_cuda");
+}
+
+fl_status fl_bce_with_logits_fused_cuda(float* loss, void* dlogits, const void* logits, const void* targets,
+                                        const float* weight, const float* pos_weight, const float* grad_loss,
+                                        float grad_scale, int64_t N, int64_t C, fl_dtype dtype,
+                                        fl_reduction reduction, void* workspace, size_t workspace_bytes,
+                                        fl_stream stream) {
+    (void)loss; (void)dlogits; (void)logits; (void)targets; (void)weight; (void)pos_weight; (void)grad_loss;
+    (void)grad_scale; (void)N; (void)C; (void)dtype; (void)reduction; (void)workspace; (void)workspace_bytes;
+    (void)stream;
+    return FL_NOT_BUILT("fl_bce_with_logits_fused_cuda");
+}

@@ -1,0 +1,123 @@
+/* elementwise_math.h — internals of the elementwise losses (include/fusedloss.h section 9): the
+ * resolved parameters, the shared validator and work plan (src/common/elementwise_validate.c),
+ * and the per-element fp32 math, compiled into both backends from this one source (C for
+ * src/cpu/elementwise_loss.c, __host__ __device__ for src/cuda/elementwise_loss.cu), so the two
+ * differ only in the last bits of expf / log1pf / powf (C library vs libdevice) and in nvcc's
+ * fma contraction. Internal, not installed.
+ * SPDX-License-Identifier: MIT
+ */
+#ifndef FL_CPU_ELEMENTWISE_MATH_H
+#define FL_CPU_ELEMENTWISE_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "../internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { FL__EW_FOCAL = 0, FL__EW_BCE = 1 } fl__ew_op;
+
+typedef struct {
+    fl__ew_op    op;
+    fl_reduction reduction;
+    float        alpha;      /* focal */
+    float        gamma;      /* focal */
+    int          use_alpha;  /* focal: alpha >= 0 */
+    int          gamma_kind; /* focal: 0 (gamma == 0), 1, 2, 3 (other: powf) */
+    const float* weight;     /* bce: [C] or NULL */
+    const float* pos_weight; /* bce: [C] or NULL */
+    int64_t      n;          /* elements */
+    int64_t      C;          /* bce: columns (1 for focal) */
+} fl__ew_params;
+
+/* Reduction blocks for n elements (0 for n <= 0): min(1024, ceil(n / 4096)). The CUDA grid (256
+ * threads a block, grid-stride) and the CPU's fixed contiguous blocks both use it, so neither
+ * depends on the device or the thread count. */
+#define FL__EW_MAX_BLOCKS 1024
+int64_t fl__ew_blocks(int64_t n);
+/* Workspace bytes of a MEAN / SUM forward or fused call: 256 + align256(8 * blocks). */
+size_t fl__ew_workspace_bytes(int64_t n);
+
+/* Validate every argument of an elementwise-loss entry point (either backend) and resolve *p.
+ * op: focal (N = n, C = 1, weight = pos_weight = NULL) or bce. pass: which outputs exist
+ * (forward: loss; backward: dlogits, grad_loss; fused: both). Checks sizes, dtype, reduction,
+ * alpha / gamma (focal), grad_scale (backward, fused), NULLs, element alignment, 64-bit extent,
+ * the workspace (forward / fused with MEAN / SUM; 256-byte aligned when is_cuda) and aliasing
+ * (only dlogits == logits). */
+fl_status fl__ew_validate(const char* fn, fl__ew_op op, fl__pass pass, int is_cuda, const float* loss,
+                          const void* dlogits, const void* logits, const void* targets, const float* weight,
+                          const float* pos_weight, const float* grad_loss, float grad_scale, int64_t N,
+                          int64_t C, fl_dtype dtype, float alpha, float gamma, fl_reduction reduction,
+                          const void* workspace, size_t workspace_bytes, fl__ew_params* p);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* ---- per-element math (fp32) ----------------------------------------------------------------- */
+#ifdef __CUDACC__
+#  define FL_EW_HD static __host__ __device__ __forceinline__
+#else
+#  define FL_EW_HD static inline
+#endif
+
+/* Shared first steps: e = exp(-|x|), sp = log1p(e), p = sigmoid(x), pm = 1 - p = sigmoid(-x)
+ * (both without cancellation: r = 1 / (1 + e) is the larger, e r the smaller). */
+FL_EW_HD void fl__ew_sigmoid(float x, float* sp, float* p, float* pm) {
+    const float e = expf(-fabsf(x));
+    const float r = 1.0f / (1.0f + e);
+    const float er = e * r;
+    *sp = log1pf(e);
+    *p = x >= 0.0f ? r : er;
+    *pm = x >= 0.0f ? er : r;
+}
+
+/* Sigmoid focal loss of one element: *l = loss, *d = dloss/dx (formulas: header section 9). */
+FL_EW_HD void fl__ew_focal(float x, float y, float alpha, int use_alpha, float gamma, int gk, float* l,
+                           float* d) {
+    float sp, p, pm;
+    fl__ew_sigmoid(x, &sp, &p, &pm);
+    const float omy = 1.0f - y;
+    const float bce = omy * x + (sp + fmaxf(-x, 0.0f));   /* PyTorch's BCE-with-logits order */
+    const float q = p * omy + pm * y;                      /* 1 - p_t */
+    const float qg = gk == 0 ? 1.0f : gk == 1 ? q : gk == 2 ? q * q : powf(q, gamma);
+    const float a = use_alpha ? alpha * y + (1.0f - alpha) * omy : 1.0f;
+    *l = a * (bce * qg);
+    const float dce = p * omy - pm * y;                    /* p - y without cancellation */
+    if (gk == 0) {
+        *d = a * dce;                                      /* torch: pow backward is 0 for exponent 0 */
+        return;
+    }
+    const float c = gamma * bce * (1.0f - 2.0f * y);
+    float t2;
+    if (q > 0.0f) {
+        t2 = c * ((p * pm) / q) * qg;                      /* p pm / q <= 1: no overflow */
+    } else {
+        /* q == 0 (or NaN): q^(gamma-1) = inf / 1 / 0 as torch's pow; p pm == 0 here, so
+         * gamma < 1 gives 0 * inf = NaN, exactly as PyTorch's autograd */
+        const float qd = gamma < 1.0f ? INFINITY : gamma == 1.0f ? 1.0f : 0.0f;
+        t2 = (c * (p * pm)) * qd;
+    }
+    *d = a * (dce * qg + t2);
+}
+
+/* BCE with logits of one element: weight w (1 if none), pos_weight pw (has_pw: given). */
+FL_EW_HD void fl__ew_bce(float x, float y, float w, int has_w, float pw, int has_pw, float* l, float* d) {
+    float sp, p, pm;
+    fl__ew_sigmoid(x, &sp, &p, &pm);
+    const float omy = 1.0f - y;
+    const float nls = sp + fmaxf(-x, 0.0f);                /* -log_sigmoid(x) */
+    float v = has_pw ? omy * x + ((pw - 1.0f) * y + 1.0f) * nls : omy * x + nls;
+    float g = has_pw ? p * omy - (pw * y) * pm : p * omy - y * pm;
+    if (has_w) {
+        v = v * w;
+        g = g * w;
+    }
+    *l = v;
+    *d = g;
+}
+
+#endif /* FL_CPU_ELEMENTWISE_MATH_H */
