@@ -66,6 +66,7 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default="8192x128256,8192x256000")
     ap.add_argument("--simulate", action="store_true")
+    ap.add_argument("--lce", default="8192x4096x128256", help="linear CE shapes NxHxV ('' to skip)")
     args = ap.parse_args()
     sim = args.simulate
     if sim:
@@ -172,6 +173,38 @@ def main():
         rows.append(row)
         del xs, leaves, single_leaves
         torch.cuda.empty_cache()
+    lrows = []
+    for shape in [s for s in args.lce.split(",") if s]:
+        N, H, V = (int(x) for x in shape.split("x"))
+        Vl = V // k
+        start, end = r * Vl, ((r + 1) * Vl if r < k - 1 else V)
+        Vl = end - start
+        g = torch.Generator(device=dev).manual_seed(3)
+        h = (torch.randn(N, H, device=dev, generator=g) * 0.5).to(torch.bfloat16).requires_grad_(True)
+        W = (torch.randn(Vl, H, device=dev, generator=g) * 0.02).to(torch.bfloat16).requires_grad_(True)
+        t = torch.randint(0, V, (N,), device=dev, generator=torch.Generator(device=dev).manual_seed(7))
+        tl = t.clamp_max(Vl - 1)
+
+        def lce_single():
+            h.grad = W.grad = None
+            fusedloss.linear_cross_entropy(h, W, tl).backward()
+
+        def lce_vp():
+            h.grad = W.grad = None
+            if sim:  # one rank over [0, Vl) as its whole vocabulary: the loop without the collectives
+                fusedloss.vocab_parallel_linear_cross_entropy(h, W, tl, 0, Vl).backward()
+            else:
+                fusedloss.vocab_parallel_linear_cross_entropy(h, W, t, start, end, vocab_size=V).backward()
+
+        m = {}
+        for name, fn in (("single", lce_single), ("vp", lce_vp)):
+            if not sim:
+                dist.barrier()
+            m[name] = slowest(median_ms(fn, max(10, args.reps // 5)))
+        lrows.append(dict(N=N, H=H, V=V, k=k, V_local=Vl, simulated=sim, single_ms=m["single"], vp_ms=m["vp"],
+                          ratio=m["vp"] / m["single"], met=m["vp"] <= 1.2 * m["single"]))
+        del h, W
+        torch.cuda.empty_cache()
     if r == 0:
         print(f"bench_vp{' SIMULATED (one GPU; gather = device copies)' if sim else ''}: {k} x {torch.cuda.get_device_name()}, torch {torch.__version__}, "
               f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, copy {bw / 1e12:.2f} TB/s, FL_COMMIT={os.environ.get('FL_COMMIT', '?')}")
@@ -182,9 +215,13 @@ def main():
                   f" {w['raw_ms']:7.3f} {w['stats_ms']:7.3f} {w['combine_ms']:6.3f} {w['backward_ms']:7.3f}"
                   f" {w['ratio_vp']:9.3f} {w['ratio_raw']:9.3f}  {'met' if w['met_vp'] else 'MISSED'}, "
                   f"{'met' if w['met_raw'] else 'MISSED'}")
+        for w in lrows:
+            print(f"linear CE {w['N']}x{w['H']}x{w['V']} TP={w['k']}{' (SIMULATED: one rank, no collectives)' if w['simulated'] else ''}: "
+                  f"vp {w['vp_ms']:.3f} ms vs single-GPU linear CE at V/{w['k']} {w['single_ms']:.3f} ms = {w['ratio']:.3f}x "
+                  f"(target <= 1.2x: {'met' if w['met'] else 'MISSED'})")
         if args.out:
             with open(args.out, "w") as fh:
-                json.dump(rows, fh, indent=1)
+                json.dump({"ce": rows, "linear_ce": lrows}, fh, indent=1)
     if not sim:
         dist.destroy_process_group()
 

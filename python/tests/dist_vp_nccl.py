@@ -98,6 +98,37 @@ def run_case(N, V, dtype, opts, uneven, seed, device):
     check(red != "none" or loss.shape == (N,), f"{what}: shape")
 
 
+def linear_case(N, H, V, dtype, opts, uneven, seed, device):
+    """vocab_parallel_linear_cross_entropy on the shard vs fusedloss.linear_cross_entropy on the
+    whole weight (same GPU): loss, hidden's gradient (all-reduced), this rank's weight rows."""
+    k, r = dist.get_world_size(), dist.get_rank()
+    start, end = shard_bounds(V, k, r, uneven)
+    g = torch.Generator().manual_seed(seed)
+    h = (torch.randn(N, H, generator=g) * 0.5).to(dtype).to(device)
+    W = (torch.randn(V, H, generator=g) * 0.05).to(dtype).to(device)
+    t = torch.randint(0, V, (N,), generator=g)
+    t[torch.rand(N, generator=g) < 0.1] = -100
+    t = t.to(device)
+    o = dict(opts)
+    if o.get("class_weight") is True:
+        o["class_weight"] = (torch.rand(V, generator=torch.Generator().manual_seed(5)) + 0.2).to(device)
+    what = f"linear N={N} H={H} V={V} {dtype} {opts} [{start}, {end})"
+    hl, Wl = h.clone().requires_grad_(True), W[start:end].clone().requires_grad_(True)
+    loss = fusedloss.vocab_parallel_linear_cross_entropy(hl, Wl, t, start, end, vocab_size=V, **o)
+    gup = (torch.rand(loss.shape, generator=torch.Generator().manual_seed(9)) + 0.5).to(device)
+    loss.backward(gup)
+    hf, Wf = h.clone().requires_grad_(True), W.clone().requires_grad_(True)
+    lf = fusedloss.linear_cross_entropy(hf, Wf, t, **o)
+    lf.backward(gup)
+    tol = (1e-4, 1e-4) if dtype == torch.float32 else (1e-3, 1e-2)
+    ok, msg = close(loss, lf, (1e-4, 1e-4))
+    check(ok, f"{what}: loss vs single-GPU linear CE ({msg})")
+    ok, msg = close(hl.grad, hf.grad, tol)
+    check(ok, f"{what}: dhidden vs single-GPU ({msg})")
+    ok, msg = close(Wl.grad, Wf.grad[start:end], tol)
+    check(ok, f"{what}: dweight shard vs single-GPU ({msg})")
+
+
 def compile_case(device):
     k, r = dist.get_world_size(), dist.get_rank()
     V, N = 50257, 512
@@ -189,6 +220,12 @@ def main():
                     run_case(1024 if V > 100000 else 2048, V, dtype, opts, uneven, seed, device)
     run_case(8192, 256000, torch.bfloat16, dict(), False, 7, device)
     run_case(300, 151936, torch.float16, dict(label_smoothing=0.1), True, 8, device)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for dtype in (torch.float32, torch.bfloat16):
+        for opts in (dict(), dict(reduction="none"), dict(label_smoothing=0.1, class_weight=True),
+                     dict(z_loss=1e-3, reduction="sum")):
+            seed += 1
+            linear_case(1024, 256, 50257, dtype, opts, True, seed, device)
     compile_case(device)
     graph_case(device)
     bad_target_case(device)

@@ -81,7 +81,8 @@ FL_EW_HD void fl__ew_focal(float x, float y, float alpha, int use_alpha, float g
     float sp, p, pm;
     fl__ew_sigmoid(x, &sp, &p, &pm);
     const float omy = 1.0f - y;
-    const float bce = omy * x + (sp + fmaxf(-x, 0.0f));   /* PyTorch's BCE-with-logits order */
+    /* bce = max(x, 0) - x y + sp as a sum of non-negative terms (no cancellation for y in [0, 1]) */
+    const float bce = (x >= 0.0f ? x * omy : -x * y) + sp;
     const float q = p * omy + pm * y;                      /* 1 - p_t */
     const float qg = gk == 0 ? 1.0f : gk == 1 ? q : gk == 2 ? q * q : powf(q, gamma);
     const float a = use_alpha ? alpha * y + (1.0f - alpha) * omy : 1.0f;
@@ -109,8 +110,10 @@ FL_EW_HD void fl__ew_bce(float x, float y, float w, int has_w, float pw, int has
     float sp, p, pm;
     fl__ew_sigmoid(x, &sp, &p, &pm);
     const float omy = 1.0f - y;
-    const float nls = sp + fmaxf(-x, 0.0f);                /* -log_sigmoid(x) */
-    float v = has_pw ? omy * x + ((pw - 1.0f) * y + 1.0f) * nls : omy * x + nls;
+    /* (1 - y) x + lw (sp + max(-x, 0)), lw = 1 + (pw - 1) y, as non-negative terms (pw, y >= 0):
+     * x >= 0: x (1 - y) + lw sp;  x < 0: -x (pw y) + lw sp  (since lw - (1 - y) = pw y) */
+    const float lw = has_pw ? (pw - 1.0f) * y + 1.0f : 1.0f;
+    float v = (x >= 0.0f ? x * omy : -x * (has_pw ? pw * y : y)) + (has_pw ? lw * sp : sp);
     float g = has_pw ? p * omy - (pw * y) * pm : p * omy - y * pm;
     if (has_w) {
         v = v * w;
