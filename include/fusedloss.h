@@ -730,7 +730,8 @@ FL_API fl_status fl_sigmoid_focal_workspace_size(size_t* bytes, int64_t n);
 FL_API fl_status fl_bce_with_logits_workspace_size(size_t* bytes, int64_t N, int64_t C);
 
 /*! fl_sigmoid_focal_forward_{cpu,cuda}() :
- *  loss : fp32, [n] for reduction NONE, [1] otherwise; overwritten; required.
+ *  loss : fp32, [n] for reduction NONE, [1] otherwise; overwritten; required (may be NULL only
+ *         for NONE with n == 0).
  *  logits, targets : [n] of dtype. n >= 0; gamma >= 0 and finite; alpha finite (< 0: off).
  * @return : FL_OK or an error status (fl_last_error() has the detail). */
 FL_API fl_status fl_sigmoid_focal_forward_cpu(float* loss, const void* logits, const void* targets, int64_t n,

@@ -23,11 +23,13 @@ from . import autograd  # noqa: E402,F401
 from .ops import check_errors, set_debug, is_debug  # noqa: E402
 from .functional import cross_entropy, gelu, linear_cross_entropy  # noqa: E402
 from .functional import vocab_parallel_cross_entropy  # noqa: E402
+from .zoo import sigmoid_focal_loss, binary_cross_entropy_with_logits  # noqa: E402  (header section 9)
 from .vocab_parallel_linear import vocab_parallel_linear_cross_entropy  # noqa: E402
 from . import functional, nn, patch  # noqa: E402,F401
 
 __all__ = ["cross_entropy", "gelu", "linear_cross_entropy", "vocab_parallel_cross_entropy",
            "vocab_parallel_linear_cross_entropy", "nn",
            "patch", "functional", "check_errors", "set_debug", "is_debug", "FusedLossError",
-           "TargetOutOfRangeError", "NotBuiltError", "cuda_built", "__version__"]
+           "TargetOutOfRangeError", "NotBuiltError", "cuda_built", "__version__",
+           "sigmoid_focal_loss", "binary_cross_entropy_with_logits"]
 

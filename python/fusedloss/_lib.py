@@ -164,6 +164,39 @@ _SIGNATURES = {
     "fl_vp_ce_combine_cpu": (_INT, _VP_COMBINE),
     "fl_vp_ce_backward_cpu": (_INT, _VP_BWD),
 }
+# ---- section 9: elementwise losses (sigmoid focal, BCE with logits; used by fusedloss.zoo) ----
+# focal forward: loss, logits, targets, n, dtype, alpha, gamma, reduction, workspace, bytes[, stream]
+_FOCAL_FWD = [_P, _P, _P, _I64, _INT, _F32, _F32, _INT, _P, _SZ]
+# focal backward: dlogits, logits, targets, grad_loss, grad_scale, n, dtype, alpha, gamma, reduction[, stream]
+_FOCAL_BWD = [_P, _P, _P, _P, _F32, _I64, _INT, _F32, _F32, _INT]
+# focal fused: loss, dlogits, logits, targets, grad_loss, grad_scale, n, dtype, alpha, gamma, reduction,
+# workspace, bytes[, stream]
+_FOCAL_FUSED = [_P, _P, _P, _P, _P, _F32, _I64, _INT, _F32, _F32, _INT, _P, _SZ]
+# bce forward: loss, logits, targets, weight, pos_weight, N, C, dtype, reduction, workspace, bytes[, stream]
+_BCE_FWD = [_P, _P, _P, _P, _P, _I64, _I64, _INT, _INT, _P, _SZ]
+# bce backward: dlogits, logits, targets, weight, pos_weight, grad_loss, grad_scale, N, C, dtype,
+# reduction[, stream]
+_BCE_BWD = [_P, _P, _P, _P, _P, _P, _F32, _I64, _I64, _INT, _INT]
+# bce fused: loss, dlogits, logits, targets, weight, pos_weight, grad_loss, grad_scale, N, C, dtype,
+# reduction, workspace, bytes[, stream]
+_BCE_FUSED = [_P, _P, _P, _P, _P, _P, _P, _F32, _I64, _I64, _INT, _INT, _P, _SZ]
+_SIGNATURES.update({
+    "fl_sigmoid_focal_workspace_size": (_INT, [ctypes.POINTER(_SZ), _I64]),
+    "fl_bce_with_logits_workspace_size": (_INT, [ctypes.POINTER(_SZ), _I64, _I64]),
+    "fl_sigmoid_focal_forward_cpu": (_INT, _FOCAL_FWD),
+    "fl_sigmoid_focal_forward_cuda": (_INT, _FOCAL_FWD + [_P]),
+    "fl_sigmoid_focal_backward_cpu": (_INT, _FOCAL_BWD),
+    "fl_sigmoid_focal_backward_cuda": (_INT, _FOCAL_BWD + [_P]),
+    "fl_sigmoid_focal_fused_cpu": (_INT, _FOCAL_FUSED),
+    "fl_sigmoid_focal_fused_cuda": (_INT, _FOCAL_FUSED + [_P]),
+    "fl_bce_with_logits_forward_cpu": (_INT, _BCE_FWD),
+    "fl_bce_with_logits_forward_cuda": (_INT, _BCE_FWD + [_P]),
+    "fl_bce_with_logits_backward_cpu": (_INT, _BCE_BWD),
+    "fl_bce_with_logits_backward_cuda": (_INT, _BCE_BWD + [_P]),
+    "fl_bce_with_logits_fused_cpu": (_INT, _BCE_FUSED),
+    "fl_bce_with_logits_fused_cuda": (_INT, _BCE_FUSED + [_P]),
+})
+# ---- end of section 9 ----------------------------------------------------------------------------
 # Symbols a library may lack: bound when present, else None in _optional (optional_symbol()).
 # The CUDA vocab-parallel steps (section 8: "the CPU steps' arguments plus a stream") are not
 # written yet (issue 9); once they exist (in every build: a CPU-only build answers

@@ -81,7 +81,8 @@ fl_status fl__ew_validate(const char* fn, fl__ew_op op, fl__pass pass, int is_cu
         return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: grad_scale (%g) must be finite", fn, (double)grad_scale);
 
     /* pointers */
-    if (has_loss && !loss) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: loss is NULL", fn);
+    if (has_loss && !loss && (n > 0 || reduction != FL_REDUCTION_NONE))   /* NONE with n == 0: nothing to write */
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: loss is NULL", fn);
     if (n > 0 && !logits) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: logits is NULL", fn);
     if (n > 0 && !targets) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: targets is NULL", fn);
     if (has_grad && n > 0 && !dlogits) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: dlogits is NULL", fn);

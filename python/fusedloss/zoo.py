@@ -1,0 +1,377 @@
+"""fusedloss.zoo — the elementwise losses of include/fusedloss.h section 9 as PyTorch drop-ins:
+
+    loss = fusedloss.sigmoid_focal_loss(logits, targets, alpha=0.25, gamma=2.0, reduction="none")
+    loss = fusedloss.binary_cross_entropy_with_logits(logits, targets, pos_weight=pw)
+
+sigmoid_focal_loss mirrors torchvision.ops.sigmoid_focal_loss; binary_cross_entropy_with_logits
+mirrors torch.nn.functional.binary_cross_entropy_with_logits (same signature, same results within
+fp32 rounding; see the notes on each). All layers of this op family live in this one module:
+custom ops (torch.library, CPU and CUDA kernels calling fl_*_cpu / fl_*_cuda on the current
+stream, fake kernels for torch.compile / meta tensors), their autograd (register_autograd), and
+the functional drop-ins. Ops (namespace "fusedloss"):
+
+  sigmoid_focal_forward(x, y, alpha, gamma, reduction) -> loss         (fl_sigmoid_focal_forward_*)
+  sigmoid_focal_backward(grad, x, y, alpha, gamma, reduction) -> dx    (fl_sigmoid_focal_backward_*)
+  bce_with_logits_forward(x, y, weight?, pos_weight?, reduction) -> loss
+  bce_with_logits_backward(grad, x, y, weight?, pos_weight?, reduction) -> dx
+      x, y: contiguous, same shape and dtype (float32 / float16 / bfloat16); weight, pos_weight
+      float32 (C,) with C = x.shape[-1]; reduction the fl_reduction number (0 none, 1 mean, 2
+      sum); loss float32 of x's shape (none) or 0-d; dx of x's dtype and shape; grad float32
+      of the loss's shape.
+
+Forward saves only the inputs; backward is one more pass over x and y (read x, y, write dx).
+The functional wrappers return the loss in the input's dtype, as PyTorch does (the kernels
+compute it in fp32). Cases the kernels do not serve fall back to the PyTorch formula itself
+(float64 or other dtypes, devices other than cpu/cuda, targets / weight / pos_weight requiring
+grad, weight or pos_weight not of a [C]-broadcast layout) so the functions stay drop-ins.
+Double backward is not supported (RuntimeError).
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import _lib
+from ._lib import REDUCTIONS, _check
+
+__all__ = ["sigmoid_focal_loss", "binary_cross_entropy_with_logits"]
+
+_fl = _lib.lib
+_DTYPES = {torch.float32: _lib.FL_DTYPE_F32, torch.float16: _lib.FL_DTYPE_F16,
+           torch.bfloat16: _lib.FL_DTYPE_BF16}
+_NONE = _lib.FL_REDUCTION_NONE
+
+
+def _ptr(t):
+    return t.data_ptr() if t is not None else None
+
+
+def _loss_shape(x, reduction):
+    return x.shape if reduction == _NONE else ()
+
+
+def _workspace(nbytes, device):
+    buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return buf, buf.data_ptr(), nbytes
+
+
+def _stream(x):
+    return torch.cuda.current_stream(x.device).cuda_stream
+
+
+def _grad_ptr(grad, x, reduction):
+    """fp32 contiguous upstream gradient of the loss's shape, or raise."""
+    shape = _loss_shape(x, reduction)
+    if tuple(grad.shape) != tuple(shape):
+        raise ValueError(f"fusedloss: grad must have the loss's shape {tuple(shape)}, got {tuple(grad.shape)}")
+    return grad.to(device=x.device, dtype=torch.float32).contiguous()
+
+
+def _check_xy(op, x, y):
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"fusedloss::{op}: dtype {x.dtype} not supported (float32, float16, bfloat16)")
+    if y.dtype != x.dtype or y.shape != x.shape or y.device != x.device:
+        raise ValueError(f"fusedloss::{op}: targets must match logits ({x.dtype} {tuple(x.shape)} on {x.device}), "
+                         f"got {y.dtype} {tuple(y.shape)} on {y.device}")
+    if not (x.is_contiguous() and y.is_contiguous()):
+        raise ValueError(f"fusedloss::{op}: logits and targets must be contiguous")
+
+
+def _nc(x):
+    C = x.shape[-1] if x.dim() >= 1 else 1
+    if C == 0:
+        return 0, 1
+    return x.numel() // C, C
+
+
+# ---- sigmoid focal ------------------------------------------------------------------------------
+
+def _run_focal(pass_, x, y, grad, alpha, gamma, reduction):
+    _check_xy("sigmoid_focal", x, y)
+    dt = _DTYPES[x.dtype]
+    n = x.numel()
+    loss = dx = None
+    if pass_ != 1:
+        loss = torch.empty(_loss_shape(x, reduction), dtype=torch.float32, device=x.device)
+    if pass_ != 0:
+        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        grad = _grad_ptr(grad, x, reduction)
+    ws = (None, None, 0)
+    if pass_ != 1 and reduction != _NONE:
+        ws = _workspace(_lib_ws_focal(n), x.device)
+    cuda = x.device.type == "cuda"
+    tail = [_stream(x)] if cuda else []
+    sfx = "cuda" if cuda else "cpu"
+    if pass_ == 0:
+        name = f"fl_sigmoid_focal_forward_{sfx}"
+        st = getattr(_fl, name)(loss.data_ptr(), x.data_ptr(), y.data_ptr(), n, dt, alpha, gamma, reduction,
+                                ws[1], ws[2], *tail)
+    else:
+        name = f"fl_sigmoid_focal_backward_{sfx}"
+        st = getattr(_fl, name)(dx.data_ptr(), x.data_ptr(), y.data_ptr(), grad.data_ptr(), 1.0, n, dt, alpha,
+                                gamma, reduction, *tail)
+    _check(st, name)
+    return loss if pass_ == 0 else dx
+
+
+def _lib_ws_focal(n):
+    import ctypes
+    out = ctypes.c_size_t(0)
+    _check(_fl.fl_sigmoid_focal_workspace_size(ctypes.byref(out), int(n)), "fl_sigmoid_focal_workspace_size")
+    return out.value
+
+
+def _lib_ws_bce(N, C):
+    import ctypes
+    out = ctypes.c_size_t(0)
+    _check(_fl.fl_bce_with_logits_workspace_size(ctypes.byref(out), int(N), int(C)),
+           "fl_bce_with_logits_workspace_size")
+    return out.value
+
+
+@torch.library.custom_op("fusedloss::sigmoid_focal_forward", mutates_args=(), device_types=("cpu", "cuda"))
+def sigmoid_focal_forward(x: Tensor, y: Tensor, alpha: float, gamma: float, reduction: int) -> Tensor:
+    """torchvision's sigmoid focal loss (fl_sigmoid_focal_forward_*); fp32 loss."""
+    return _run_focal(0, x, y, None, alpha, gamma, reduction)
+
+
+@sigmoid_focal_forward.register_fake
+def _(x, y, alpha, gamma, reduction):
+    return x.new_empty(_loss_shape(x, reduction), dtype=torch.float32)
+
+
+@torch.library.custom_op("fusedloss::sigmoid_focal_backward", mutates_args=(), device_types=("cpu", "cuda"))
+def sigmoid_focal_backward(grad: Tensor, x: Tensor, y: Tensor, alpha: float, gamma: float,
+                           reduction: int) -> Tensor:
+    """dx = grad * dloss/dx (fl_sigmoid_focal_backward_*); x's dtype."""
+    return _run_focal(1, x, y, grad, alpha, gamma, reduction)
+
+
+@sigmoid_focal_backward.register_fake
+def _(grad, x, y, alpha, gamma, reduction):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _focal_setup(ctx, inputs, output):
+    x, y, alpha, gamma, reduction = inputs
+    ctx.save_for_backward(x, y)
+    ctx.args = (alpha, gamma, reduction)
+
+
+def _focal_bwd(ctx, grad):
+    x, y = ctx.saved_tensors
+    if not ctx.needs_input_grad[0]:
+        return None, None, None, None, None
+    dx = torch.ops.fusedloss.sigmoid_focal_backward(grad.float().contiguous(), x, y, *ctx.args)
+    return dx, None, None, None, None
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("fusedloss.zoo: double backward (differentiating the gradient) is not supported")
+
+
+def _no_setup(ctx, inputs, output):
+    pass
+
+
+sigmoid_focal_forward.register_autograd(_focal_bwd, setup_context=_focal_setup)
+sigmoid_focal_backward.register_autograd(_no_double_backward, setup_context=_no_setup)
+
+
+# ---- BCE with logits ----------------------------------------------------------------------------
+
+def _run_bce(pass_, x, y, w, pw, grad, reduction):
+    _check_xy("bce_with_logits", x, y)
+    N, C = _nc(x)
+    for name, t in (("weight", w), ("pos_weight", pw)):
+        if t is not None and (t.dtype != torch.float32 or t.shape != (C,) or t.device != x.device
+                              or not t.is_contiguous()):
+            raise ValueError(f"fusedloss::bce_with_logits: {name} must be a contiguous float32 ({C},) tensor on "
+                             f"{x.device}, got {t.dtype} {tuple(t.shape)} on {t.device}")
+    dt = _DTYPES[x.dtype]
+    loss = dx = None
+    if pass_ != 1:
+        loss = torch.empty(_loss_shape(x, reduction), dtype=torch.float32, device=x.device)
+    if pass_ != 0:
+        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        grad = _grad_ptr(grad, x, reduction)
+    ws = (None, None, 0)
+    if pass_ != 1 and reduction != _NONE:
+        ws = _workspace(_lib_ws_bce(N, C), x.device)
+    cuda = x.device.type == "cuda"
+    tail = [_stream(x)] if cuda else []
+    sfx = "cuda" if cuda else "cpu"
+    if pass_ == 0:
+        name = f"fl_bce_with_logits_forward_{sfx}"
+        st = getattr(_fl, name)(loss.data_ptr(), x.data_ptr(), y.data_ptr(), _ptr(w), _ptr(pw), N, C, dt, reduction,
+                                ws[1], ws[2], *tail)
+    else:
+        name = f"fl_bce_with_logits_backward_{sfx}"
+        st = getattr(_fl, name)(dx.data_ptr(), x.data_ptr(), y.data_ptr(), _ptr(w), _ptr(pw), grad.data_ptr(), 1.0,
+                                N, C, dt, reduction, *tail)
+    _check(st, name)
+    return loss if pass_ == 0 else dx
+
+
+@torch.library.custom_op("fusedloss::bce_with_logits_forward", mutates_args=(), device_types=("cpu", "cuda"))
+def bce_with_logits_forward(x: Tensor, y: Tensor, weight: Optional[Tensor], pos_weight: Optional[Tensor],
+                            reduction: int) -> Tensor:
+    """F.binary_cross_entropy_with_logits (fl_bce_with_logits_forward_*); fp32 loss."""
+    return _run_bce(0, x, y, weight, pos_weight, None, reduction)
+
+
+@bce_with_logits_forward.register_fake
+def _(x, y, weight, pos_weight, reduction):
+    return x.new_empty(_loss_shape(x, reduction), dtype=torch.float32)
+
+
+@torch.library.custom_op("fusedloss::bce_with_logits_backward", mutates_args=(), device_types=("cpu", "cuda"))
+def bce_with_logits_backward(grad: Tensor, x: Tensor, y: Tensor, weight: Optional[Tensor],
+                             pos_weight: Optional[Tensor], reduction: int) -> Tensor:
+    """dx = grad * dloss/dx (fl_bce_with_logits_backward_*); x's dtype."""
+    return _run_bce(1, x, y, weight, pos_weight, grad, reduction)
+
+
+@bce_with_logits_backward.register_fake
+def _(grad, x, y, weight, pos_weight, reduction):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _bce_setup(ctx, inputs, output):
+    x, y, w, pw, reduction = inputs
+    ctx.save_for_backward(x, y, w, pw)
+    ctx.reduction = reduction
+
+
+def _bce_bwd(ctx, grad):
+    x, y, w, pw = ctx.saved_tensors
+    if not ctx.needs_input_grad[0]:
+        return None, None, None, None, None
+    dx = torch.ops.fusedloss.bce_with_logits_backward(grad.float().contiguous(), x, y, w, pw, ctx.reduction)
+    return dx, None, None, None, None
+
+
+bce_with_logits_forward.register_autograd(_bce_bwd, setup_context=_bce_setup)
+bce_with_logits_backward.register_autograd(_no_double_backward, setup_context=_no_setup)
+
+
+# ---- functional drop-ins ---------------------------------------------------------------------------
+
+def _served(x):
+    return isinstance(x, Tensor) and x.dtype in _DTYPES and x.device.type in ("cpu", "cuda")
+
+
+def _reference_focal(inputs, targets, alpha, gamma, reduction):
+    """torchvision.ops.sigmoid_focal_loss, operation for operation (the fallback)."""
+    p = torch.sigmoid(inputs)
+    ce_loss = F.binary_cross_entropy_with_logits(inputs, targets, reduction="none")
+    p_t = p * targets + (1 - p) * (1 - targets)
+    loss = ce_loss * ((1 - p_t) ** gamma)
+    if alpha >= 0:
+        alpha_t = alpha * targets + (1 - alpha) * (1 - targets)
+        loss = alpha_t * loss
+    if reduction == "mean":
+        loss = loss.mean()
+    elif reduction == "sum":
+        loss = loss.sum()
+    return loss
+
+
+def sigmoid_focal_loss(inputs, targets, alpha: float = 0.25, gamma: float = 2.0, reduction: str = "none"):
+    r"""torchvision.ops.sigmoid_focal_loss, fused: one pass forward, one pass backward.
+
+    ``loss = alpha_t * (1 - p_t)^gamma * BCEWithLogits(inputs, targets)`` with ``p = sigmoid(inputs)``,
+    ``p_t = p t + (1 - p)(1 - t)``, ``alpha_t = alpha t + (1 - alpha)(1 - t)`` (``alpha < 0``: no
+    alpha weighting). Soft targets in [0, 1] allowed. ``reduction``: ``'none'`` (default, as
+    torchvision), ``'mean'`` (over all elements), ``'sum'``. Inputs of any shape, float32 / float16 /
+    bfloat16 (computed in float32; the loss is returned in the inputs' dtype); targets are cast
+    to the inputs' dtype and broadcast to their shape. Gradient w.r.t. ``inputs`` only (targets
+    requiring grad fall back to torchvision's formula in torch ops). Where ``1 - p_t`` is exactly 0
+    in fp32 and ``0 < gamma < 1`` the gradient is NaN, as PyTorch's autograd of torchvision's
+    expression (include/fusedloss.h section 9). Works under torch.compile(fullgraph=True).
+    """
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"Invalid Value for arg 'reduction': '{reduction} \n Supported reduction modes: "
+                         "'none', 'mean', 'sum'")
+    if not isinstance(inputs, Tensor) or not isinstance(targets, Tensor):
+        raise TypeError("sigmoid_focal_loss: inputs and targets must be Tensors")
+    alpha, gamma = float(alpha), float(gamma)
+    if not _served(inputs) or targets.requires_grad or not (gamma >= 0 and gamma < float("inf")) \
+            or not (-float("inf") < alpha < float("inf")):
+        return _reference_focal(inputs, targets, alpha, gamma, reduction)
+    y = targets
+    if y.dtype != inputs.dtype:
+        y = y.to(inputs.dtype)
+    if y.shape != inputs.shape:
+        y = y.expand(inputs.shape)
+    loss = torch.ops.fusedloss.sigmoid_focal_forward(inputs.contiguous(), y.contiguous(), alpha, gamma,
+                                                     REDUCTIONS[reduction])
+    return loss if loss.dtype == inputs.dtype else loss.to(inputs.dtype)
+
+
+def _as_c_vector(t, C, device):
+    """t as a float32 (C,) vector if it broadcasts along the last dim only (shape (C,), (1,), (),
+    or with leading 1s), else None."""
+    if t.dim() > 0 and any(s != 1 for s in t.shape[:-1]):
+        return None
+    last = t.shape[-1] if t.dim() > 0 else 1
+    if last not in (1, C):
+        return None
+    return t.reshape(-1).to(device=device, dtype=torch.float32).expand(C).contiguous()
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
+                                     reduction: str = "mean", pos_weight=None):
+    r"""torch.nn.functional.binary_cross_entropy_with_logits, fused (same signature and semantics).
+
+    ``loss = weight * [(1 - t) x + (1 + (pos_weight - 1) t) * softplus(-x)]``; ``weight`` and
+    ``pos_weight`` broadcast along the last dimension (C = input.shape[-1]) and are applied in
+    float32 by the kernel; a ``weight`` of another broadcastable shape is multiplied onto the
+    unreduced loss here (then reduced in torch). float32 / float16 / bfloat16 inputs, computed in
+    float32 without the cancellation of PyTorch's own fp32 order (so within fp32 rounding of the
+    exact value, slightly closer to it than PyTorch); loss in the input's dtype. Gradient w.r.t.
+    ``input`` only: target / weight / pos_weight requiring grad, float64, or a pos_weight not of a
+    [C] layout fall back to F.binary_cross_entropy_with_logits.
+    """
+    if size_average is not None or reduce is not None:
+        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    if not isinstance(input, Tensor) or not isinstance(target, Tensor):
+        raise TypeError("binary_cross_entropy_with_logits: input and target must be Tensors")
+    if target.size() != input.size():
+        raise ValueError(f"Target size ({target.size()}) must be the same as input size ({input.size()})")
+
+    def fallback():
+        return F.binary_cross_entropy_with_logits(input, target, weight, reduction=reduction, pos_weight=pos_weight)
+    if not _served(input) or target.requires_grad:
+        return fallback()
+    for t in (weight, pos_weight):
+        if t is not None and (not isinstance(t, Tensor) or t.requires_grad or t.device != input.device):
+            return fallback()
+    N, C = _nc(input)
+    pw = None
+    if pos_weight is not None:
+        pw = _as_c_vector(pos_weight, C, input.device)
+        if pw is None:
+            return fallback()
+    w = None
+    post_w = None
+    if weight is not None:
+        w = _as_c_vector(weight, C, input.device)
+        if w is None:
+            try:
+                torch.broadcast_shapes(weight.shape, input.shape)
+            except RuntimeError:
+                return fallback()   # torch raises its own error
+            post_w = weight
+    y = target if target.dtype == input.dtype else target.to(input.dtype)
+    x = input.contiguous()
+    y = y.contiguous()
+    if post_w is not None:
+        l = torch.ops.fusedloss.bce_with_logits_forward(x, y, None, pw, _NONE) * post_w
+        l = l.mean() if reduction == "mean" else l.sum() if reduction == "sum" else l
+    else:
+        l = torch.ops.fusedloss.bce_with_logits_forward(x, y, w, pw, REDUCTIONS[reduction])
+    return l if l.dtype == input.dtype else l.to(input.dtype)

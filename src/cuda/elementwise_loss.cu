@@ -1,0 +1,392 @@
+/* elementwise_loss.cu — CUDA backend of the elementwise losses: sigmoid focal (torchvision
+ * semantics) and BCE with logits (PyTorch semantics), forward / backward / fused.
+ *
+ * Semantics: include/fusedloss.h section 9; the CPU backend src/cpu/elementwise_loss.c is the
+ * specification and tests/test_elementwise_loss_cuda.c checks this file against it. The element
+ * math is the same source (src/cpu/elementwise_math.h, __host__ __device__ here): fp32, CUDA's
+ * own expf / log1pf / powf (no fast-math; nvcc may contract a*b+c into fma, the CPU does not,
+ * so the two differ by a few fp32 ulps at most).
+ * Dtypes built: logits / targets / dlogits fp32, fp16, bf16; loss and grad_loss fp32.
+ *
+ * Work decomposition: a grid of fl__ew_blocks(n) CTAs of 256 threads (a function of n only:
+ * the reduction order, and so the bits of a MEAN / SUM, are the same on every GPU), grid-stride
+ * over 16-byte vectors (VEC = 16 / sizeof(T) elements: LDG.128 / STG.128) when logits, targets
+ * and every other per-element array have the same address phase modulo 16 bytes; the < VEC
+ * elements before the first aligned vector (head) and after the last (tail) are done by the
+ * first threads one element each. Otherwise (mismatched phases) the same kernel with VEC = 1.
+ * Streaming cache hints (__ldcs / __stcs): every byte is touched once.
+ * MEAN / SUM: each thread adds its elements' fp32 losses (a vector's VEC values summed in fp32
+ * first) into a double; the CTA reduces its 256 doubles in a fixed tree (warp shuffles, then the
+ * 8 warp sums in order) into workspace[blockIdx.x]; one 256-thread reduce kernel adds those in a
+ * fixed order and writes loss[0]. No float atomics: deterministic.
+ * Launches per call: 1 (NONE, backward) or 2 (MEAN / SUM). No allocation, no host sync; all on
+ * `stream`: graph-capturable. 64-bit element offsets throughout (n may exceed 2^31).
+ * SPDX-License-Identifier: MIT
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "../internal.h"
+#include "../cpu/elementwise_math.h"
+#include "common.cuh"
+
+// ---------------------------------------------------------------------------------------------
+// device helpers
+
+#define EW_THREADS 256
+
+struct EwArgs {
+    float* loss;            // NONE: [n]; else unused (partials go to part)
+    void* dx;
+    const void* x;
+    const void* y;
+    const float* gl;        // grad_loss or NULL
+    const float* w;         // bce weight [C] or NULL
+    const float* pw;        // bce pos_weight [C] or NULL
+    double* part;           // [gridDim.x] per-CTA partial sums (MEAN / SUM forward / fused)
+    int64_t n, head, nvec;  // head elements, then nvec vectors of VEC, then the tail
+    int64_t C;
+    float gscale;
+    float alpha, gamma;
+    int use_alpha, gk;
+    int none;               // reduction NONE
+    int mean;
+};
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec {
+    T v[V];
+};
+
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> vload(const T* p) {
+    Vec<T, V> r;
+    if constexpr (sizeof(T) * V == 16) {
+        uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));  // read once: evict first
+        r = *reinterpret_cast<Vec<T, V>*>(&u);
+    } else {
+        r.v[0] = p[0];
+    }
+    return r;
+}
+template <typename T, int V>
+__device__ __forceinline__ void vstore(T* p, const Vec<T, V>& r) {
+    if constexpr (sizeof(T) * V == 16) {
+        __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&r));
+    } else {
+        p[0] = r.v[0];
+    }
+}
+// V fp32 values at p (16-byte aligned when V >= 4): float4 accesses
+template <int V>
+__device__ __forceinline__ void fload(float (&d)[V], const float* p) {
+    if constexpr (V >= 4) {
+#pragma unroll
+        for (int k = 0; k < V; k += 4) {
+            const float4 u = __ldcs(reinterpret_cast<const float4*>(p + k));
+            d[k] = u.x; d[k + 1] = u.y; d[k + 2] = u.z; d[k + 3] = u.w;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < V; k++) d[k] = p[k];
+    }
+}
+template <int V>
+__device__ __forceinline__ void fstore(float* p, const float (&d)[V]) {
+    if constexpr (V >= 4) {
+#pragma unroll
+        for (int k = 0; k < V; k += 4) __stcs(reinterpret_cast<float4*>(p + k), make_float4(d[k], d[k + 1], d[k + 2], d[k + 3]));
+    } else {
+#pragma unroll
+        for (int k = 0; k < V; k++) p[k] = d[k];
+    }
+}
+
+// V consecutive elements starting at k (column j of the first, bce): losses l[], gradients d[]
+template <int OP, int V>
+__device__ __forceinline__ void elems(const EwArgs& a, const float (&xv)[V], const float (&yv)[V], int64_t j,
+                                      float (&l)[V], float (&d)[V]) {
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        if constexpr (OP == FL__EW_FOCAL) {
+            fl__ew_focal(xv[v], yv[v], a.alpha, a.use_alpha, a.gamma, a.gk, &l[v], &d[v]);
+        } else {
+            fl__ew_bce(xv[v], yv[v], a.w ? a.w[j] : 1.0f, a.w != nullptr, a.pw ? a.pw[j] : 1.0f, a.pw != nullptr,
+                       &l[v], &d[v]);
+            if (++j == a.C) j = 0;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// kernels
+
+// PASS: FL__PASS_FORWARD / BACKWARD / FUSED. One thread: its grid-stride vectors, then at most
+// one head and one tail element.
+template <typename T, int V, int OP, int PASS>
+__global__ void __launch_bounds__(EW_THREADS) ew_kernel(const EwArgs a) {
+    constexpr bool LOSS = PASS != FL__PASS_BACKWARD, GRAD = PASS != FL__PASS_FORWARD;
+    const T* x = static_cast<const T*>(a.x);
+    const T* y = static_cast<const T*>(a.y);
+    T* dx = static_cast<T*>(a.dx);
+    const int64_t tid = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;   // 64-bit: n may exceed 2^31
+    const int64_t nthreads = (int64_t)gridDim.x * EW_THREADS;
+    // SUM / MEAN upstream gradient: one value for all elements (device memory: no host sync)
+    float g0 = 0.0f;
+    if (GRAD && !a.none) {
+        g0 = a.gscale * (a.gl ? a.gl[0] : 1.0f);
+        if (a.mean) g0 = (float)((double)g0 / (double)a.n);
+    }
+    double acc = 0.0;
+    // body: vectors [head + i V, head + (i + 1) V)
+    for (int64_t i = tid; i < a.nvec; i += nthreads) {
+        const int64_t k = a.head + i * V;
+        const Vec<T, V> xr = vload<T, V>(x + k);
+        const Vec<T, V> yr = vload<T, V>(y + k);
+        float xv[V], yv[V], l[V], d[V];
+#pragma unroll
+        for (int v = 0; v < V; v++) { xv[v] = to_float(xr.v[v]); yv[v] = to_float(yr.v[v]); }
+        elems<OP, V>(a, xv, yv, OP == FL__EW_BCE && a.C > 1 ? k % a.C : 0, l, d);
+        if constexpr (LOSS) {
+            if (a.none) {
+                fstore<V>(a.loss + k, l);
+            } else {
+                float s = 0.0f;   // fp32 over the V values, then double
+#pragma unroll
+                for (int v = 0; v < V; v++) s += l[v];
+                acc += (double)s;
+            }
+        }
+        if constexpr (GRAD) {
+            float g[V];
+            if (a.none) {
+                if (a.gl) {
+                    fload<V>(g, a.gl + k);
+#pragma unroll
+                    for (int v = 0; v < V; v++) g[v] *= a.gscale;
+                } else {
+#pragma unroll
+                    for (int v = 0; v < V; v++) g[v] = a.gscale;
+                }
+            } else {
+#pragma unroll
+                for (int v = 0; v < V; v++) g[v] = g0;
+            }
+            Vec<T, V> o;
+#pragma unroll
+            for (int v = 0; v < V; v++) o.v[v] = from_float<T>(g[v] * d[v]);
+            vstore<T, V>(dx + k, o);   // in place (dx == x): this thread read x[k..] above
+        }
+    }
+    // head [0, head) and tail [head + nvec V, n): fewer than V elements each, one per thread
+    const int64_t tail0 = a.head + a.nvec * V;
+    for (int side = 0; side < 2; side++) {
+        const int64_t k = side == 0 ? tid : tail0 + tid;
+        if (side == 0 ? tid >= a.head : k >= a.n) continue;
+        float xv[1] = {to_float(x[k])}, yv[1] = {to_float(y[k])}, l[1], d[1];
+        elems<OP, 1>(a, xv, yv, OP == FL__EW_BCE && a.C > 1 ? k % a.C : 0, l, d);
+        if constexpr (LOSS) {
+            if (a.none) a.loss[k] = l[0];
+            else acc += (double)l[0];
+        }
+        if constexpr (GRAD) {
+            const float g = a.none ? a.gscale * (a.gl ? a.gl[k] : 1.0f) : g0;
+            dx[k] = from_float<T>(g * d[0]);
+        }
+    }
+    if constexpr (LOSS) {
+        if (!a.none) {
+            // CTA sum in a fixed tree: warp shuffles, then the 8 warp sums in order
+            __shared__ double ws[EW_THREADS / 32];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+            if ((threadIdx.x & 31) == 0) ws[threadIdx.x >> 5] = acc;
+            __syncthreads();   // the warp sums are in shared memory
+            if (threadIdx.x == 0) {
+                double s = 0.0;
+                for (int w = 0; w < EW_THREADS / 32; w++) s += ws[w];
+                a.part[blockIdx.x] = s;
+            }
+        }
+    }
+}
+
+// loss[0] = sum of part[0, nb) in a fixed order (/ n for MEAN; n == 0: SUM 0, MEAN NaN)
+__global__ void __launch_bounds__(EW_THREADS) ew_reduce_kernel(float* loss, const double* part, int64_t nb, int64_t n,
+                                                               int mean) {
+    __shared__ double ws[EW_THREADS / 32];
+    double s = 0.0;
+    for (int64_t b = threadIdx.x; b < nb; b += EW_THREADS) s += part[b];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) ws[threadIdx.x >> 5] = s;
+    __syncthreads();   // the warp sums are in shared memory
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int w = 0; w < EW_THREADS / 32; w++) t += ws[w];
+        if (mean) t = n > 0 ? t / (double)n : __longlong_as_double(0x7ff8000000000000ll);
+        loss[0] = (float)t;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// launchers
+
+template <typename T, int V, int OP>
+static const void* pick_pass(int pass) {
+    switch (pass) {
+        case FL__PASS_FORWARD: return (const void*)ew_kernel<T, V, OP, FL__PASS_FORWARD>;
+        case FL__PASS_BACKWARD: return (const void*)ew_kernel<T, V, OP, FL__PASS_BACKWARD>;
+        default: return (const void*)ew_kernel<T, V, OP, FL__PASS_FUSED>;
+    }
+}
+template <typename T>
+static const void* pick(int vec, int op, int pass) {
+    constexpr int VV = 16 / sizeof(T);
+    if (vec == 1) return op == FL__EW_FOCAL ? pick_pass<T, 1, FL__EW_FOCAL>(pass) : pick_pass<T, 1, FL__EW_BCE>(pass);
+    return op == FL__EW_FOCAL ? pick_pass<T, VV, FL__EW_FOCAL>(pass) : pick_pass<T, VV, FL__EW_BCE>(pass);
+}
+
+static int aligned16(const void* p, int64_t off_bytes) { return p == NULL || (((uintptr_t)p + (uintptr_t)off_bytes) & 15u) == 0; }
+
+static fl_status ew_cuda(const char* fn, const fl__ew_params* p, fl__pass pass, float* loss, void* dx, const void* x,
+                         const void* y, const float* gl, float gscale, fl_dtype dt, void* workspace,
+                         cudaStream_t stream) {
+    const int64_t n = p->n;
+    const int want_loss = pass != FL__PASS_BACKWARD, want_grad = pass != FL__PASS_FORWARD;
+    const int none = p->reduction == FL_REDUCTION_NONE;
+    const int64_t nb = fl__ew_blocks(n);
+    double* part = (want_loss && !none) ? (double*)((char*)workspace + 256) : nullptr;
+    if (n > 0) {
+        const size_t es = fl__dtype_size(dt);
+        const int VV = (int)(16 / es);
+        // vector path: every per-element array has the same phase as x (head elements to 16 B)
+        const int64_t head = (int64_t)(((16u - ((uintptr_t)x & 15u)) & 15u) / es);
+        int vec = head < n;
+        vec = vec && aligned16(y, head * (int64_t)es);
+        if (want_grad) vec = vec && aligned16(dx, head * (int64_t)es) && (!none || aligned16(gl, head * 4));
+        if (want_loss && none) vec = vec && aligned16(loss, head * 4);
+        EwArgs a;
+        a.loss = none ? loss : nullptr;
+        a.dx = dx;
+        a.x = x;
+        a.y = y;
+        a.gl = gl;
+        a.w = p->weight;
+        a.pw = p->pos_weight;
+        a.part = part;
+        a.n = n;
+        a.head = vec ? head : 0;
+        a.nvec = vec ? (n - head) / VV : n;
+        a.C = p->C;
+        a.gscale = gscale;
+        a.alpha = p->alpha;
+        a.gamma = p->gamma;
+        a.use_alpha = p->use_alpha;
+        a.gk = p->gamma_kind;
+        a.none = none;
+        a.mean = p->reduction == FL_REDUCTION_MEAN;
+        const int v = vec ? VV : 1;
+        const void* k;
+        switch (dt) {
+            case FL_DTYPE_F32: k = pick<float>(v, p->op, pass); break;
+            case FL_DTYPE_F16: k = pick<__half>(v, p->op, pass); break;
+            default: k = pick<__nv_bfloat16>(v, p->op, pass); break;
+        }
+        void* args[1] = {(void*)&a};
+        FL_CUDA_TRY(cudaLaunchKernel(k, dim3((unsigned)nb), dim3(EW_THREADS), args, 0, stream));
+    }
+    if (want_loss && !none) {
+        ew_reduce_kernel<<<1, EW_THREADS, 0, stream>>>(loss, part, nb, n, p->reduction == FL_REDUCTION_MEAN);
+        FL_CUDA_TRY(cudaGetLastError());
+    }
+    return FL_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// entry points
+
+extern "C" {
+
+fl_status fl_sigmoid_focal_forward_cuda(float* loss, const void* logits, const void* targets, int64_t n,
+                                        fl_dtype dtype, float alpha, float gamma, fl_reduction reduction,
+                                        void* workspace, size_t workspace_bytes, fl_stream stream) {
+    static const char* fn = "fl_sigmoid_focal_forward_cuda";
+    fl__clear_error();
+    fl__ew_params p;
+    FL_CHECK(fl__ew_validate(fn, FL__EW_FOCAL, FL__PASS_FORWARD, 1, loss, NULL, logits, targets, NULL, NULL, NULL,
+                             1.0f, n, 1, dtype, alpha, gamma, reduction, workspace, workspace_bytes, &p));
+    return ew_cuda(fn, &p, FL__PASS_FORWARD, loss, NULL, logits, targets, NULL, 1.0f, dtype, workspace,
+                   (cudaStream_t)stream);
+}
+
+fl_status fl_sigmoid_focal_backward_cuda(void* dlogits, const void* logits, const void* targets,
+                                         const float* grad_loss, float grad_scale, int64_t n, fl_dtype dtype,
+                                         float alpha, float gamma, fl_reduction reduction, fl_stream stream) {
+    static const char* fn = "fl_sigmoid_focal_backward_cuda";
+    fl__clear_error();
+    fl__ew_params p;
+    FL_CHECK(fl__ew_validate(fn, FL__EW_FOCAL, FL__PASS_BACKWARD, 1, NULL, dlogits, logits, targets, NULL, NULL,
+                             grad_loss, grad_scale, n, 1, dtype, alpha, gamma, reduction, NULL, 0, &p));
+    return ew_cuda(fn, &p, FL__PASS_BACKWARD, NULL, dlogits, logits, targets, grad_loss, grad_scale, dtype, NULL,
+                   (cudaStream_t)stream);
+}
+
+fl_status fl_sigmoid_focal_fused_cuda(float* loss, void* dlogits, const void* logits, const void* targets,
+                                      const float* grad_loss, float grad_scale, int64_t n, fl_dtype dtype,
+                                      float alpha, float gamma, fl_reduction reduction, void* workspace,
+                                      size_t workspace_bytes, fl_stream stream) {
+    static const char* fn = "fl_sigmoid_focal_fused_cuda";
+    fl__clear_error();
+    fl__ew_params p;
+    FL_CHECK(fl__ew_validate(fn, FL__EW_FOCAL, FL__PASS_FUSED, 1, loss, dlogits, logits, targets, NULL, NULL,
+                             grad_loss, grad_scale, n, 1, dtype, alpha, gamma, reduction, workspace, workspace_bytes,
+                             &p));
+    return ew_cuda(fn, &p, FL__PASS_FUSED, loss, dlogits, logits, targets, grad_loss, grad_scale, dtype, workspace,
+                   (cudaStream_t)stream);
+}
+
+fl_status fl_bce_with_logits_forward_cuda(float* loss, const void* logits, const void* targets, const float* weight,
+                                          const float* pos_weight, int64_t N, int64_t C, fl_dtype dtype,
+                                          fl_reduction reduction, void* workspace, size_t workspace_bytes,
+                                          fl_stream stream) {
+    static const char* fn = "fl_bce_with_logits_forward_cuda";
+    fl__clear_error();
+    fl__ew_params p;
+    FL_CHECK(fl__ew_validate(fn, FL__EW_BCE, FL__PASS_FORWARD, 1, loss, NULL, logits, targets, weight, pos_weight,
+                             NULL, 1.0f, N, C, dtype, 0.0f, 0.0f, reduction, workspace, workspace_bytes, &p));
+    return ew_cuda(fn, &p, FL__PASS_FORWARD, loss, NULL, logits, targets, NULL, 1.0f, dtype, workspace,
+                   (cudaStream_t)stream);
+}
+
+fl_status fl_bce_with_logits_backward_cuda(void* dlogits, const void* logits, const void* targets,
+                                           const float* weight, const float* pos_weight, const float* grad_loss,
+                                           float grad_scale, int64_t N, int64_t C, fl_dtype dtype,
+                                           fl_reduction reduction, fl_stream stream) {
+    static const char* fn = "fl_bce_with_logits_backward_cuda";
+    fl__clear_error();
+    fl__ew_params p;
+    FL_CHECK(fl__ew_validate(fn, FL__EW_BCE, FL__PASS_BACKWARD, 1, NULL, dlogits, logits, targets, weight,
+                             pos_weight, grad_loss, grad_scale, N, C, dtype, 0.0f, 0.0f, reduction, NULL, 0, &p));
+    return ew_cuda(fn, &p, FL__PASS_BACKWARD, NULL, dlogits, logits, targets, grad_loss, grad_scale, dtype, NULL,
+                   (cudaStream_t)stream);
+}
+
+fl_status fl_bce_with_logits_fused_cuda(float* loss, void* dlogits, const void* logits, const void* targets,
+                                        const float* weight, const float* pos_weight, const float* grad_loss,
+                                        float grad_scale, int64_t N, int64_t C, fl_dtype dtype,
+                                        fl_reduction reduction, void* workspace, size_t workspace_bytes,
+                                        fl_stream stream) {
+    static const char* fn = "fl_bce_with_logits_fused_cuda";
+    fl__clear_error();
+    fl__ew_params p;
+    FL_CHECK(fl__ew_validate(fn, FL__EW_BCE, FL__PASS_FUSED, 1, loss, dlogits, logits, targets, weight, pos_weight,
+                             grad_loss, grad_scale, N, C, dtype, 0.0f, 0.0f, reduction, workspace, workspace_bytes,
+                             &p));
+    return ew_cuda(fn, &p, FL__PASS_FUSED, loss, dlogits, logits, targets, grad_loss, grad_scale, dtype, workspace,
+                   (cudaStream_t)stream);
+}
+
+}  // extern "C"
