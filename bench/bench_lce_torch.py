@@ -24,7 +24,6 @@ import datetime
 import gc
 import json
 import os
-import statistics
 import sys
 import traceback
 
@@ -38,19 +37,8 @@ DEFAULT_SHAPES = "8192x4096x128256,8192x768x50257,8192x2304x256000"
 ALL = ["fusedloss", "fusedloss-lean", "eager", "compile", "liger"]
 
 
-def timed(fn, reps, warmup):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts), min(ts)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_timing import timed  # noqa: E402
 
 
 def main():

@@ -20,8 +20,8 @@ NCCL, and `vp` is not measured): the compute side of the target, labelled SIMULA
 """
 import argparse
 import json
+import sys
 import os
-import statistics
 import time
 
 import torch
@@ -29,27 +29,8 @@ import torch.distributed as dist
 
 import fusedloss
 
-
-def median_ms(fn, reps, warm=5):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
-
-
-def copy_bw(device):
-    x = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    y = torch.empty_like(x)
-    ms = median_ms(lambda: y.copy_(x), 20)
-    return 2 * x.numel() / (ms * 1e-3)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_timing import copy_bw, median_ms  # noqa: E402
 
 
 def slowest(v):
@@ -164,8 +145,6 @@ def main():
             m[name] = slowest(median_ms(fn, args.reps))
         floor = 2 * N * Vl * 2 / bw * 1e3
         target = 1.15 * m["single"] + m["gather"]
-        best = m["raw"] if sim else min(m["vp"], m["raw"])
-        used = "raw" if sim or m["raw"] < m["vp"] else "vp"
         row = dict(N=N, V=V, k=k, V_local=Vl, dtype="bf16", simulated=sim, copy_bw_TBps=bw / 1e12, floor_ms=floor,
                    **{f"{a}_ms": b for a, b in m.items()}, target_ms=target,
                    ratio_vp=m["vp"] / (m["single"] + m["gather"]), ratio_raw=m["raw"] / (m["single"] + m["gather"]),

@@ -11,7 +11,8 @@ BCE with logits 8192x1000 fp32 with pos_weight and weight, and 8x19x512x1024 fp3
 """
 import argparse
 import json
-import statistics
+import os
+import sys
 import time
 
 import torch
@@ -19,26 +20,8 @@ import torch.nn.functional as F
 
 import fusedloss
 
-
-def median_ms(fn, reps, warm=5):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
-
-
-def copy_bw():
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    return 2 * x.numel() / (median_ms(lambda: y.copy_(x), 20) * 1e-3)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_timing import copy_bw, median_ms  # noqa: E402
 
 
 def tv_focal(inputs, targets, alpha=0.25, gamma=2.0, reduction="mean"):
