@@ -164,7 +164,19 @@ static int run_case(const cfg_t* c, uint64_t seed, int graph) {
     if (want_grad) {
         for (int64_t k = 0; k < n; k++) { a[k] = tu_load(gdxh, c->dt, k); b[k] = tu_load(hdx, c->dt, k); }
         snprintf(nm, sizeof nm, "%s dx", name);
-        check_close(nm, a, b, n, ATOL[c->dt], RTOL[c->dt]);
+        if (!check_close(nm, a, b, n, ATOL[c->dt], RTOL[c->dt])) {
+            /* the inputs of the first mismatches, to reproduce them on the CPU */
+            int shown = 0;
+            for (int64_t k = 0; k < n && shown < 3; k++) {
+                if (fabs(a[k] - b[k]) <= ATOL[c->dt] + RTOL[c->dt] * fabs(b[k]) || (isnan(a[k]) && isnan(b[k])))
+                    continue;
+                const int64_t j = k % c->C;
+                printf("  input of dx[%lld]: x %.9g y %.9g w %.9g pw %.9g -> gpu %.9g cpu %.9g\n", (long long)k,
+                       (double)tu_load(hx, c->dt, k), (double)tu_load(hyp, c->dt, k), (double)hw[j], (double)hpw[j],
+                       a[k], b[k]);
+                shown++;
+            }
+        }
         if (!c->inplace) CHECK(tu_is_poison(gdxh, es, n), "%s: dx guard overwritten", name);
     }
     /* determinism and graph replay (not in place: the inputs must survive) */
