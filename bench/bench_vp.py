@@ -89,12 +89,15 @@ def main():
         stats = torch.empty(N, 4, device=dev)
         gathered = torch.empty(k * N, 4, device=dev)
 
-        def gather():
+        def gather_into(out, st):  # step 2: NCCL, or (simulated) this rank's stats copied k times
             if sim:
-                gathered[:N].copy_(stats)
-                gathered[N:].copy_(stats)
+                for q in range(k):
+                    out[q * N:(q + 1) * N].copy_(st)
             else:
-                dist.all_gather_into_tensor(gathered, stats)
+                dist.all_gather_into_tensor(out, st)
+
+        def gather():
+            gather_into(gathered, stats)
 
         ce = (-100, fusedloss._lib.REDUCTIONS["mean"], 0.0, 0.0, 0.0, 1.0)  # ignore_index, reduction, eps, z, softcap, scale
 
@@ -105,11 +108,7 @@ def main():
 
         st = p_stats()
         gathered_kn = torch.empty(k * N, 4, device=dev)
-        if sim:
-            gathered_kn[:N].copy_(st)
-            gathered_kn[N:].copy_(st)
-        else:
-            dist.all_gather_into_tensor(gathered_kn, st)
+        gather_into(gathered_kn, st)
         gk = gathered_kn.view(k, N, 4)
         loss, lse = torch.ops.fusedloss.vp_ce_combine(gk, t, None, V, *ce)
         gl = torch.ones((), device=dev)
@@ -126,11 +125,7 @@ def main():
             x = xs[it[0] & 1]
             it[0] += 1
             s1 = torch.ops.fusedloss.vp_ce_local_stats(x, t, None, start, V, *ce)
-            if sim:
-                gathered[:N].copy_(s1)
-                gathered[N:].copy_(s1)
-            else:
-                dist.all_gather_into_tensor(gathered, s1)
+            gather_into(gathered, s1)
             _, l2 = torch.ops.fusedloss.vp_ce_combine(gathered.view(k, N, 4), t, None, V, *ce)
             torch.ops.fusedloss.vp_ce_backward(gl.reshape(1), x, t, l2, None, start, V, *ce, 1.0)
 

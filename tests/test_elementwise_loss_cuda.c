@@ -35,14 +35,7 @@ static const double ATOL[3] = {1e-30, 6e-8, 1e-30};
 static const double RTOL[3] = {4e-6, 9.8e-4, 7.9e-3};
 static const double RTOL_LOSS = 4e-6;
 
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);      \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
+#include "cuda_check.h"
 
 static int g_small = 0;
 static cudaStream_t g_stream;

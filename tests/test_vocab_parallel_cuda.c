@@ -40,14 +40,7 @@
 #include "test_util.h"
 #include "ce_configs.h"
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(2);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "cuda_check.h"
 
 typedef struct { double atol, rtol; } tol2;
 static const tol2 TOL_LOSS = {1e-5, 1e-5};

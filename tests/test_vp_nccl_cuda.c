@@ -25,14 +25,7 @@
 #include "fusedloss.h"
 #include "test_util.h"
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(2);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "cuda_check.h"
 
 typedef int (*init_all_fn)(void** comms, int ndev, const int* devlist);
 typedef int (*destroy_fn)(void* comm);

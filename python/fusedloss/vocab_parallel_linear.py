@@ -47,6 +47,24 @@ def _chunk_logits(h, W, b):
     return z.contiguous()
 
 
+def _grad_buffers(h, W, b, need_h, need_w, need_b, cdt):
+    """dh (compute dtype), dW and db (fp32 accumulators) where wanted, else None."""
+    dh = torch.empty(h.shape, dtype=cdt, device=h.device) if need_h else None
+    dW = torch.zeros(W.shape, dtype=_F32, device=h.device) if need_w else None
+    db = torch.zeros(W.shape[0], dtype=_F32, device=h.device) if (b is not None and need_b) else None
+    return dh, dW, db
+
+
+def _chunk_grads(dz, hc, Wc, r0, r1, dh, dW, db):
+    """One chunk's share of the gradients from its dlogits dz: dh rows, dW and db accumulated."""
+    if dh is not None:
+        dh[r0:r1] = dz @ Wc
+    if dW is not None:
+        dW += (dz.t() @ hc).to(_F32)
+    if db is not None:
+        db += dz.sum(0, dtype=_F32)
+
+
 class _VPLinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, W, b, t, cw, vocab_start, V, ce, group, k, chunk, reduce_dh, cdt):
@@ -67,9 +85,7 @@ class _VPLinearCE(torch.autograd.Function):
         grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
         mode1 = grads and not none
         if mode1:
-            dh = torch.empty((N, H), dtype=cdt, device=h.device) if ctx.needs_input_grad[0] else None
-            dW = torch.zeros(W.shape, dtype=_F32, device=h.device) if ctx.needs_input_grad[1] else None
-            db = torch.zeros(W.shape[0], dtype=_F32, device=h.device) if (b is not None and ctx.needs_input_grad[2]) else None
+            dh, dW, db = _grad_buffers(h, W, b, *ctx.needs_input_grad[:3], cdt)
             # MEAN: 1 / D_w for every row (D_w = D_n without class weights; class weights and
             # z_loss together are refused for MEAN, see the module docstring)
             g_row = (1.0 / Dw if red == REDUCTIONS["mean"] else torch.ones((), device=h.device)).reshape(1).to(_F32)
@@ -84,12 +100,7 @@ class _VPLinearCE(torch.autograd.Function):
             if mode1:
                 g = g_row.expand(r1 - r0).contiguous()
                 dz = torch.ops.fusedloss.vp_ce_backward(g, z, tc, lsec, cw, vocab_start, V, *ce_rows, 1.0)
-                if dh is not None:
-                    dh[r0:r1] = dz @ Wc
-                if dW is not None:
-                    dW += (dz.t() @ hc).to(_F32)
-                if db is not None:
-                    db += dz.sum(0, dtype=_F32)
+                _chunk_grads(dz, hc, Wc, r0, r1, dh, dW, db)
         # the reduction: a_i = CE (+ smoothing) part, b_i = z-loss part (own denominator D_n)
         if none:
             loss = loss_rows
@@ -125,10 +136,7 @@ class _VPLinearCE(torch.autograd.Function):
         N, H = h.shape
         hc_all, Wc = h.to(cdt), W.to(cdt)
         bc = b.to(cdt) if b is not None else None
-        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-        dh = torch.empty((N, H), dtype=cdt, device=h.device) if need_h else None
-        dW = torch.zeros(W.shape, dtype=_F32, device=h.device) if need_w else None
-        db = torch.zeros(W.shape[0], dtype=_F32, device=h.device) if (b is not None and need_b) else None
+        dh, dW, db = _grad_buffers(h, W, b, *ctx.needs_input_grad[:3], cdt)
         g_all = gout.reshape(-1).to(_F32).contiguous()
         for r0 in range(0, N, chunk):
             r1 = min(N, r0 + chunk)
@@ -136,12 +144,7 @@ class _VPLinearCE(torch.autograd.Function):
             z = _chunk_logits(hc, Wc, bc)
             dz = torch.ops.fusedloss.vp_ce_backward(g_all[r0:r1].contiguous(), z, tc, lse[r0:r1].contiguous(), cw,
                                                     vocab_start, V, *ce_rows, 1.0)
-            if dh is not None:
-                dh[r0:r1] = dz @ Wc
-            if dW is not None:
-                dW += (dz.t() @ hc).to(_F32)
-            if db is not None:
-                db += dz.sum(0, dtype=_F32)
+            _chunk_grads(dz, hc, Wc, r0, r1, dh, dW, db)
         if dh is not None and reduce_dh and k > 1:
             torch.distributed.all_reduce(dh, group=group)
         return (None if dh is None else dh.to(hdt), None if dW is None else dW.to(wdt),

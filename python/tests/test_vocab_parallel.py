@@ -587,23 +587,29 @@ def _worker(rank, world, init_file, out_dir):
         dist.destroy_process_group()
 
 
-def test_process_groups_gloo(tmp_path):
-    """One spawn of 3 processes (gloo): every case on k = 3 and on two k = 2 subgroups."""
+def spawn_gloo(worker, world, tmp_path):
+    """mp.spawn of `world` processes running worker(rank, world, init_file, out_dir) (gloo, file://
+    init under tmp_path; one OpenMP thread each: several processes on a 2-core CI machine); skips
+    without gloo. Returns each rank's count, read from out_dir/rank<r>."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("torch.distributed with gloo is not available")
     old = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"  # 3 processes on a 2-core CI machine
+    os.environ["OMP_NUM_THREADS"] = "1"
     try:
-        mp.spawn(_worker, args=(WORLD, str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD,
-                 join=True)
+        mp.spawn(worker, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world, join=True)
     finally:
         if old is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = old
-    counts = [int((tmp_path / f"rank{r}").read_text()) for r in range(WORLD)]
+    return [int((tmp_path / f"rank{r}").read_text()) for r in range(world)]
+
+
+def test_process_groups_gloo(tmp_path):
+    """One spawn of 3 processes (gloo): every case on k = 3 and on two k = 2 subgroups."""
+    counts = spawn_gloo(_worker, WORLD, tmp_path)
     expect = [sum(r in GROUPS[c[0]][0] for c in _mp_cases())  # the cases of its groups
               + (r in GROUPS["01"][0])                         # torch.compile
               + 3 + (r in (0, 1)) + (r == 0)                   # the error cases

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fusedloss  # noqa: E402
-from test_vocab_parallel import assert_close, reference, shards  # noqa: E402
+from test_vocab_parallel import assert_close, reference, shards, spawn_gloo  # noqa: E402
 
 vp_lce = fusedloss.vocab_parallel_linear_cross_entropy
 HAS_CUDA = torch.cuda.is_available() and fusedloss.cuda_built()
@@ -152,19 +152,6 @@ def _worker(rank, world, init_file, out_dir):
 
 
 def test_process_groups_gloo(tmp_path):
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-    if not (dist.is_available() and dist.is_gloo_available()):
-        pytest.skip("torch.distributed with gloo is not available")
-    old = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        mp.spawn(_worker, args=(WORLD, str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
-    finally:
-        if old is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = old
-    counts = [int((tmp_path / f"rank{r}").read_text()) for r in range(WORLD)]
+    counts = spawn_gloo(_worker, WORLD, tmp_path)
     expect = [len(OPTS) * sum(r in GROUPS[gn][0] for gn in GROUPS) for r in range(WORLD)]
     assert counts == expect, (counts, expect)

@@ -1762,6 +1762,26 @@ static CeArgs make_args(const fl__ce_params& p, float* loss, float* lse_out, voi
 static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_params& p, fl_dtype dt, int chunk,
                            cudaStream_t stream);
 
+// What the CUDA kernels need beyond fl__ce_validate: dtype-aligned pointers, dlogits with the
+// logits' 16-byte phase (the vector sweeps share one row layout), V whose positions fit 32 bits.
+static fl_status check_cuda_layout(const char* fn, const void* dlogits, const void* logits, int64_t N, int64_t V,
+                                   fl_dtype dt) {
+    if ((uintptr_t)logits % fl__dtype_size(dt) || (dlogits && (uintptr_t)dlogits % fl__dtype_size(dt)))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: logits/dlogits not aligned to the dtype size", fn);
+    if (N > 0 && dlogits && dlogits != logits && ((uintptr_t)dlogits & 15u) != ((uintptr_t)logits & 15u))
+        return fl__fail(FL_ERR_UNSUPPORTED,
+                        "%s: dlogits (%p) and logits (%p) must have the same address modulo 16 bytes", fn, dlogits,
+                        logits);
+    if (V > INT32_MAX - 64)  // positions inside a row are 32-bit in the kernels
+        return fl__fail(FL_ERR_UNSUPPORTED, "%s: V (%lld) above 2^31 - 64 is not supported on CUDA", fn, (long long)V);
+    return FL_OK;
+}
+
+// The per-element option flags compiled into the kernels (template F) for these options.
+static int ce_flags(const fl__ce_params& p) {
+    return ((p.softcap > 0.0f || p.logit_scale != 1.0f) ? F_ZMAP : 0) | (p.label_smoothing > 0.0f ? F_SMOOTH : 0);
+}
+
 static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, void* dlogits,
                          const void* logits, const void* targets, const float* lse_in,
                          const float* grad_loss, float grad_scale, int64_t N, int64_t V, int64_t ld,
@@ -1773,16 +1793,7 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
                              logits, targets, grad_loss, N, V, ld, dt, it, opts, workspace, workspace_bytes, &p));
     if (pass != PASS_FORWARD && !isfinite(grad_scale))
         return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: grad_scale (%g) is not finite", fn, (double)grad_scale);
-    if ((uintptr_t)logits % fl__dtype_size(dt) || (dlogits && (uintptr_t)dlogits % fl__dtype_size(dt)))
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: logits/dlogits not aligned to the dtype size", fn);
-    if (N > 0 && dlogits && dlogits != logits &&
-        ((uintptr_t)dlogits & 15u) != ((uintptr_t)logits & 15u))
-        return fl__fail(FL_ERR_UNSUPPORTED,
-                        "%s: dlogits (%p) and logits (%p) must have the same address modulo 16 bytes", fn,
-                        dlogits, logits);
-
-    if (V > INT32_MAX - 64)  // positions inside a row are 32-bit in the kernels
-        return fl__fail(FL_ERR_UNSUPPORTED, "%s: V (%lld) above 2^31 - 64 is not supported on CUDA", fn, (long long)V);
+    FL_CHECK(check_cuda_layout(fn, dlogits, logits, N, V, dt));
 
     CeArgs a = make_args(p, loss, lse_out, dlogits, logits, targets, lse_in, grad_loss, grad_scale, N, V, ld, it,
                          workspace, N);
@@ -1809,8 +1820,7 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
     FL_CUDA_TRY(dev_info(&d));
     const int vec = 16 / (int)fl__dtype_size(dt);
 
-    const int flags = ((p.softcap > 0.0f || p.logit_scale != 1.0f) ? F_ZMAP : 0) |
-                      (p.label_smoothing > 0.0f ? F_SMOOTH : 0);
+    const int flags = ce_flags(p);
     Config none_cfg = {};
     none_cfg.C = 1;
 
@@ -1999,23 +2009,6 @@ static CeArgs vp_args(const fl__ce_params& p, void* dlogits, const void* logits,
     return a;
 }
 
-static fl_status vp_check_cuda(const char* fn, const void* dlogits, const void* logits, int64_t N, int64_t V,
-                               fl_dtype dt) {
-    if ((uintptr_t)logits % fl__dtype_size(dt) || (dlogits && (uintptr_t)dlogits % fl__dtype_size(dt)))
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: logits/dlogits not aligned to the dtype size", fn);
-    if (N > 0 && dlogits && dlogits != logits && ((uintptr_t)dlogits & 15u) != ((uintptr_t)logits & 15u))
-        return fl__fail(FL_ERR_UNSUPPORTED,
-                        "%s: dlogits (%p) and logits (%p) must have the same address modulo 16 bytes", fn, dlogits,
-                        logits);
-    if (V > INT32_MAX - 64)
-        return fl__fail(FL_ERR_UNSUPPORTED, "%s: V (%lld) above 2^31 - 64 is not supported on CUDA", fn, (long long)V);
-    return FL_OK;
-}
-
-static int vp_flags(const fl__ce_params& p) {
-    return ((p.softcap > 0.0f || p.logit_scale != 1.0f) ? F_ZMAP : 0) | (p.label_smoothing > 0.0f ? F_SMOOTH : 0);
-}
-
 extern "C" {
 
 fl_status fl_vp_ce_local_stats_cuda(float* stats, const void* logits, const void* targets, int64_t N,
@@ -2027,7 +2020,7 @@ fl_status fl_vp_ce_local_stats_cuda(float* stats, const void* logits, const void
     fl__ce_params p;
     FL_CHECK(fl__vp_validate_shard(fn, 0, 1, stats, NULL, logits, targets, NULL, NULL, 1.0f, N, V_local, ld,
                                    vocab_start, V, dtype, index_dtype, opts, workspace, workspace_bytes, &p));
-    FL_CHECK(vp_check_cuda(fn, NULL, logits, N, V, dtype));
+    FL_CHECK(check_cuda_layout(fn, NULL, logits, N, V, dtype));
     if (N == 0) return FL_OK;
     cudaStream_t s = (cudaStream_t)stream;
     DevInfo d;
@@ -2041,7 +2034,7 @@ fl_status fl_vp_ce_local_stats_cuda(float* stats, const void* logits, const void
     a.C = c.stream ? c.sC : c.C;
     if (!c.stream && N * (int64_t)c.C > INT32_MAX)
         return fl__fail(FL_ERR_UNSUPPORTED, "%s: N * chunks (%lld * %d) exceeds one launch", fn, (long long)N, c.C);
-    FL_CUDA_TRY(launch_pass(PASS_FORWARD, dtype, vp_flags(p), 2, a, c, 0, s));
+    FL_CUDA_TRY(launch_pass(PASS_FORWARD, dtype, ce_flags(p), 2, a, c, 0, s));
     vp_stats_kernel<<<(unsigned)((N + 255) / 256), 256, 0, s>>>(a, stats);
     FL_CUDA_TRY(cudaGetLastError());
     return FL_OK;
@@ -2087,7 +2080,7 @@ fl_status fl_vp_ce_backward_cuda(void* dlogits, const void* logits, const void* 
     fl__ce_params p;
     FL_CHECK(fl__vp_validate_shard(fn, 1, 1, NULL, dlogits, logits, targets, lse, grad_loss, grad_scale, N, V_local,
                                    ld, vocab_start, V, dtype, index_dtype, opts, workspace, workspace_bytes, &p));
-    FL_CHECK(vp_check_cuda(fn, dlogits, logits, N, V, dtype));
+    FL_CHECK(check_cuda_layout(fn, dlogits, logits, N, V, dtype));
     if (N == 0) return FL_OK;
     cudaStream_t s = (cudaStream_t)stream;
     CeArgs a = vp_args(p, dlogits, logits, targets, lse, grad_loss, grad_scale, N, V_local, ld, vocab_start, V,
@@ -2100,7 +2093,7 @@ fl_status fl_vp_ce_backward_cuda(void* dlogits, const void* logits, const void* 
     a.C = c.C;
     if (N * (int64_t)c.C > INT32_MAX)
         return fl__fail(FL_ERR_UNSUPPORTED, "%s: N * chunks (%lld * %d) exceeds one launch", fn, (long long)N, c.C);
-    FL_CUDA_TRY(launch_pass(PASS_BACKWARD, dtype, vp_flags(p), 0, a, c, 0, s));
+    FL_CUDA_TRY(launch_pass(PASS_BACKWARD, dtype, ce_flags(p), 0, a, c, 0, s));
     return FL_OK;
 }
 
