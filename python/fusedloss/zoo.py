@@ -12,28 +12,56 @@ the functional drop-ins. Ops (namespace "fusedloss"):
 
   sigmoid_focal_forward(x, y, alpha, gamma, reduction) -> loss         (fl_sigmoid_focal_forward_*)
   sigmoid_focal_backward(grad, x, y, alpha, gamma, reduction) -> dx    (fl_sigmoid_focal_backward_*)
+  sigmoid_focal_fused(x, y, alpha, gamma, reduction, inplace_backward=False) -> (loss, dx)
+                                                                       (fl_sigmoid_focal_fused_*)
   bce_with_logits_forward(x, y, weight?, pos_weight?, reduction) -> loss
   bce_with_logits_backward(grad, x, y, weight?, pos_weight?, reduction) -> dx
+  bce_with_logits_fused(x, y, weight?, pos_weight?, reduction, inplace_backward=False) -> (loss, dx)
       x, y: contiguous, same shape and dtype (float32 / float16 / bfloat16); weight, pos_weight
       float32 (C,) with C = x.shape[-1]; reduction the fl_reduction number (0 none, 1 mean, 2
       sum); loss float32 of x's shape (none) or 0-d; dx of x's dtype and shape; grad float32
-      of the loss's shape.
+      of the loss's shape. The fused ops' dx is the gradient for an upstream gradient of 1
+      (grad_loss NULL), not differentiable (mark_non_differentiable); their autograd returns dx
+      times the upstream gradient, scaling the op's own dx in place in eager mode when
+      inplace_backward (the functional wrappers pass True and drop dx; a caller keeping dx leaves
+      it False and gets an out-of-place multiply).
 
-Forward saves only the inputs; backward is one more pass over x and y (read x, y, write dx).
+Passes over memory (n elements of x's dtype; the loss of a scalar reduction is 4 bytes):
+  * reduction "mean" / "sum" with the input requiring grad (and grad mode on): the forward is
+    the fused op, ONE pass: read x, read y, write dx (the floor of forward + backward). Only dx
+    is held from the forward to the backward (x and y are not saved): the same bytes as the
+    gradient itself, which AccumulateGrad adopts as a leaf's .grad without a copy. The backward
+    scales dx by the real upstream gradient, a device scalar: in eager mode in place with
+    fl_scale_rows (ops.run_scale_rows), which reads the factor on the device (no host sync) and
+    touches nothing when it is exactly 1 (the usual loss.backward(): one tiny launch, 3 passes
+    in all); otherwise one more read + write of dx (5 passes, and a 16-bit dx is rounded twice:
+    by the kernel, then by the multiply in fp32). Traced (torch.compile) the backward is a plain
+    `dx * grad` that the tracer sees (one more read + write of dx). In eager mode this backward
+    can run only once per forward (a second backward through the same graph, retain_graph=True,
+    raises RuntimeError: dx was scaled in place and may be the leaf's .grad by then).
+  * reduction "none" (the per-element upstream gradient is not known in the forward): the
+    forward saves only the inputs (x, y; weight / pos_weight) and reads x, y, writes the loss;
+    backward is one more pass over x and y (read x, y, read grad, write dx): 5 passes over x's
+    bytes plus the loss and its gradient. Also the path of a weight not of a [C] layout
+    (multiplied onto the unreduced loss in torch), whatever the reduction.
+  * inputs not requiring grad (or grad mode off): the forward op only (read x, y); no dx, no
+    memory for it.
 The functional wrappers return the loss in the input's dtype, as PyTorch does (the kernels
 compute it in fp32). Cases the kernels do not serve fall back to the PyTorch formula itself
 (float64 or other dtypes, devices other than cpu/cuda, targets / weight / pos_weight requiring
 grad, weight or pos_weight not of a [C]-broadcast layout) so the functions stay drop-ins.
-Double backward is not supported (RuntimeError).
+Double backward is not supported: differentiating the gradient raises RuntimeError
+(backward(create_graph=True) itself is allowed, on every path).
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _lib
+from . import _lib, ops
 from ._lib import REDUCTIONS, _check
+from .autograd import eager_ok
 
 __all__ = ["sigmoid_focal_loss", "binary_cross_entropy_with_logits"]
 
@@ -87,32 +115,42 @@ def _nc(x):
 
 # ---- sigmoid focal ------------------------------------------------------------------------------
 
+_FWD, _BWD, _FUSED = 0, 1, 2   # pass_ of _run_focal / _run_bce
+
+
 def _run_focal(pass_, x, y, grad, alpha, gamma, reduction):
+    """_FWD: loss; _BWD: dx for the upstream gradient grad; _FUSED: (loss, dx) for an upstream
+    gradient of 1 (grad_loss NULL), one pass."""
     _check_xy("sigmoid_focal", x, y)
     dt = _DTYPES[x.dtype]
     n = x.numel()
     loss = dx = None
-    if pass_ != 1:
+    if pass_ != _BWD:
         loss = torch.empty(_loss_shape(x, reduction), dtype=torch.float32, device=x.device)
-    if pass_ != 0:
+    if pass_ != _FWD:
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if pass_ == _BWD:
         grad = _grad_ptr(grad, x, reduction)
     ws = (None, None, 0)
-    if pass_ != 1 and reduction != _NONE:
+    if pass_ != _BWD and reduction != _NONE:
         ws = _workspace(_lib_ws_focal(n), x.device)
     cuda = x.device.type == "cuda"
     tail = [_stream(x)] if cuda else []
     sfx = "cuda" if cuda else "cpu"
-    if pass_ == 0:
+    if pass_ == _FWD:
         name = f"fl_sigmoid_focal_forward_{sfx}"
         st = getattr(_fl, name)(loss.data_ptr(), x.data_ptr(), y.data_ptr(), n, dt, alpha, gamma, reduction,
                                 ws[1], ws[2], *tail)
-    else:
+    elif pass_ == _BWD:
         name = f"fl_sigmoid_focal_backward_{sfx}"
         st = getattr(_fl, name)(dx.data_ptr(), x.data_ptr(), y.data_ptr(), grad.data_ptr(), 1.0, n, dt, alpha,
                                 gamma, reduction, *tail)
+    else:
+        name = f"fl_sigmoid_focal_fused_{sfx}"
+        st = getattr(_fl, name)(loss.data_ptr(), dx.data_ptr(), x.data_ptr(), y.data_ptr(), None, 1.0, n, dt,
+                                alpha, gamma, reduction, ws[1], ws[2], *tail)
     _check(st, name)
-    return loss if pass_ == 0 else dx
+    return loss if pass_ == _FWD else dx if pass_ == _BWD else (loss, dx)
 
 
 def _lib_ws_focal(n):
@@ -133,7 +171,7 @@ def _lib_ws_bce(N, C):
 @torch.library.custom_op("fusedloss::sigmoid_focal_forward", mutates_args=(), device_types=("cpu", "cuda"))
 def sigmoid_focal_forward(x: Tensor, y: Tensor, alpha: float, gamma: float, reduction: int) -> Tensor:
     """torchvision's sigmoid focal loss (fl_sigmoid_focal_forward_*); fp32 loss."""
-    return _run_focal(0, x, y, None, alpha, gamma, reduction)
+    return _run_focal(_FWD, x, y, None, alpha, gamma, reduction)
 
 
 @sigmoid_focal_forward.register_fake
@@ -145,7 +183,7 @@ def _(x, y, alpha, gamma, reduction):
 def sigmoid_focal_backward(grad: Tensor, x: Tensor, y: Tensor, alpha: float, gamma: float,
                            reduction: int) -> Tensor:
     """dx = grad * dloss/dx (fl_sigmoid_focal_backward_*); x's dtype."""
-    return _run_focal(1, x, y, grad, alpha, gamma, reduction)
+    return _run_focal(_BWD, x, y, grad, alpha, gamma, reduction)
 
 
 @sigmoid_focal_backward.register_fake
@@ -179,6 +217,90 @@ sigmoid_focal_forward.register_autograd(_focal_bwd, setup_context=_focal_setup)
 sigmoid_focal_backward.register_autograd(_no_double_backward, setup_context=_no_setup)
 
 
+# ---- the fused ops' autograd: dx formed in the forward, scaled in the backward ------------------
+# setup_context keeps dx only (not x, y); dx is marked non-differentiable and no zeros are
+# materialised for its (unused) gradient. backward returns dx times the upstream gradient:
+#   traced (torch.compile, fake tensors, dispatch modes): dx * grad, a torch op the tracer sees;
+#   eager, backward(create_graph=True): dx * grad out of place through _ScaleNoDoubleBackward,
+#     whose own backward raises (differentiating the gradient is not supported);
+#   eager, inplace_backward=True (what the functional wrappers pass; they drop the op's dx
+#     output), scalar reduction: in place with ops.run_scale_rows (on the device, no host sync,
+#     nothing moved when grad == 1), returning a fresh alias of dx so that AccumulateGrad may
+#     adopt it as .grad without a copy; such a backward may run only once;
+#   eager otherwise (a direct op call, whose caller may hold dx; reduction none): dx * grad.
+def _times(dx, grad, reduction):
+    out = dx * (grad if reduction == _NONE else grad.reshape(()))
+    return out if out.dtype == dx.dtype else out.to(dx.dtype)
+
+
+class _ScaleNoDoubleBackward(torch.autograd.Function):
+    """apply(dx, grad, reduction, anchor) -> dx * grad, for backward(create_graph=True): anchor is a
+    leaf that requires grad, so the result has this node, whose backward raises, as the two-pass
+    path's backward op does when its result is differentiated."""
+
+    @staticmethod
+    def forward(ctx, dx, grad, reduction, anchor):
+        return _times(dx, grad, reduction)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        _no_double_backward(ctx)
+
+
+def _fused_setup(ctx, inputs, output):
+    _, dx = output
+    ctx.mark_non_differentiable(dx)
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(dx)
+    ctx.reduction = inputs[-2]
+    ctx.inplace = inputs[-1]
+    ctx.nargs = len(inputs)
+    ctx.used = False
+
+
+def _fused_bwd(ctx, grad, grad_dx):
+    nones = (None,) * (ctx.nargs - 1)
+    if grad is None or not ctx.needs_input_grad[0]:
+        return (None,) + nones
+    if ctx.used:
+        raise RuntimeError("fusedloss.zoo: this loss's backward can run only once (its gradient was formed in "
+                           "the forward and scaled in place by the first backward); a second backward through "
+                           "the same graph (retain_graph=True) is not supported; compute the loss with "
+                           "reduction='none' and reduce it in torch for that")
+    (dx,) = ctx.saved_tensors
+    if grad.device != dx.device:
+        grad = grad.to(dx.device)
+    red = ctx.reduction
+    if not (eager_ok(dx) and eager_ok(grad)):
+        return (_times(dx, grad, red),) + nones
+    if torch.is_grad_enabled():
+        anchor = torch.empty(0, device=dx.device, requires_grad=True)
+        return (_ScaleNoDoubleBackward.apply(dx, grad, red, anchor),) + nones
+    if not ctx.inplace or red == _NONE:
+        return (_times(dx, grad, red),) + nones
+    ctx.used = True
+    ops.run_scale_rows(dx, grad, False)
+    return (dx.detach(),) + nones
+
+
+@torch.library.custom_op("fusedloss::sigmoid_focal_fused", mutates_args=(), device_types=("cpu", "cuda"))
+def sigmoid_focal_fused(x: Tensor, y: Tensor, alpha: float, gamma: float, reduction: int,
+                        inplace_backward: bool = False) -> Tuple[Tensor, Tensor]:
+    """(loss, dx) in one pass (fl_sigmoid_focal_fused_*): dx = dloss/dx for an upstream gradient of 1,
+    x's dtype, not differentiable. inplace_backward=True: in eager mode the backward scales this dx
+    in place (the caller must not keep it); see the comment above."""
+    return _run_focal(_FUSED, x, y, None, alpha, gamma, reduction)
+
+
+@sigmoid_focal_fused.register_fake
+def _(x, y, alpha, gamma, reduction, inplace_backward=False):
+    return (x.new_empty(_loss_shape(x, reduction), dtype=torch.float32),
+            torch.empty_like(x, memory_format=torch.contiguous_format))
+
+
+sigmoid_focal_fused.register_autograd(_fused_bwd, setup_context=_fused_setup)
+
+
 # ---- BCE with logits ----------------------------------------------------------------------------
 
 def _run_bce(pass_, x, y, w, pw, grad, reduction):
@@ -191,34 +313,39 @@ def _run_bce(pass_, x, y, w, pw, grad, reduction):
                              f"{x.device}, got {t.dtype} {tuple(t.shape)} on {t.device}")
     dt = _DTYPES[x.dtype]
     loss = dx = None
-    if pass_ != 1:
+    if pass_ != _BWD:
         loss = torch.empty(_loss_shape(x, reduction), dtype=torch.float32, device=x.device)
-    if pass_ != 0:
+    if pass_ != _FWD:
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if pass_ == _BWD:
         grad = _grad_ptr(grad, x, reduction)
     ws = (None, None, 0)
-    if pass_ != 1 and reduction != _NONE:
+    if pass_ != _BWD and reduction != _NONE:
         ws = _workspace(_lib_ws_bce(N, C), x.device)
     cuda = x.device.type == "cuda"
     tail = [_stream(x)] if cuda else []
     sfx = "cuda" if cuda else "cpu"
-    if pass_ == 0:
+    if pass_ == _FWD:
         name = f"fl_bce_with_logits_forward_{sfx}"
         st = getattr(_fl, name)(loss.data_ptr(), x.data_ptr(), y.data_ptr(), _ptr(w), _ptr(pw), N, C, dt, reduction,
                                 ws[1], ws[2], *tail)
-    else:
+    elif pass_ == _BWD:
         name = f"fl_bce_with_logits_backward_{sfx}"
         st = getattr(_fl, name)(dx.data_ptr(), x.data_ptr(), y.data_ptr(), _ptr(w), _ptr(pw), grad.data_ptr(), 1.0,
                                 N, C, dt, reduction, *tail)
+    else:
+        name = f"fl_bce_with_logits_fused_{sfx}"
+        st = getattr(_fl, name)(loss.data_ptr(), dx.data_ptr(), x.data_ptr(), y.data_ptr(), _ptr(w), _ptr(pw), None,
+                                1.0, N, C, dt, reduction, ws[1], ws[2], *tail)
     _check(st, name)
-    return loss if pass_ == 0 else dx
+    return loss if pass_ == _FWD else dx if pass_ == _BWD else (loss, dx)
 
 
 @torch.library.custom_op("fusedloss::bce_with_logits_forward", mutates_args=(), device_types=("cpu", "cuda"))
 def bce_with_logits_forward(x: Tensor, y: Tensor, weight: Optional[Tensor], pos_weight: Optional[Tensor],
                             reduction: int) -> Tensor:
     """F.binary_cross_entropy_with_logits (fl_bce_with_logits_forward_*); fp32 loss."""
-    return _run_bce(0, x, y, weight, pos_weight, None, reduction)
+    return _run_bce(_FWD, x, y, weight, pos_weight, None, reduction)
 
 
 @bce_with_logits_forward.register_fake
@@ -230,7 +357,7 @@ def _(x, y, weight, pos_weight, reduction):
 def bce_with_logits_backward(grad: Tensor, x: Tensor, y: Tensor, weight: Optional[Tensor],
                              pos_weight: Optional[Tensor], reduction: int) -> Tensor:
     """dx = grad * dloss/dx (fl_bce_with_logits_backward_*); x's dtype."""
-    return _run_bce(1, x, y, weight, pos_weight, grad, reduction)
+    return _run_bce(_BWD, x, y, weight, pos_weight, grad, reduction)
 
 
 @bce_with_logits_backward.register_fake
@@ -256,10 +383,33 @@ bce_with_logits_forward.register_autograd(_bce_bwd, setup_context=_bce_setup)
 bce_with_logits_backward.register_autograd(_no_double_backward, setup_context=_no_setup)
 
 
+@torch.library.custom_op("fusedloss::bce_with_logits_fused", mutates_args=(), device_types=("cpu", "cuda"))
+def bce_with_logits_fused(x: Tensor, y: Tensor, weight: Optional[Tensor], pos_weight: Optional[Tensor],
+                          reduction: int, inplace_backward: bool = False) -> Tuple[Tensor, Tensor]:
+    """(loss, dx) in one pass (fl_bce_with_logits_fused_*), as fusedloss::sigmoid_focal_fused."""
+    return _run_bce(_FUSED, x, y, weight, pos_weight, None, reduction)
+
+
+@bce_with_logits_fused.register_fake
+def _(x, y, weight, pos_weight, reduction, inplace_backward=False):
+    return (x.new_empty(_loss_shape(x, reduction), dtype=torch.float32),
+            torch.empty_like(x, memory_format=torch.contiguous_format))
+
+
+bce_with_logits_fused.register_autograd(_fused_bwd, setup_context=_fused_setup)
+
+
 # ---- functional drop-ins ---------------------------------------------------------------------------
 
 def _served(x):
     return isinstance(x, Tensor) and x.dtype in _DTYPES and x.device.type in ("cpu", "cuda")
+
+
+def _fuse(x, reduction):
+    """The fused forward (loss and dx in one pass) serves a scalar reduction whose input needs a
+    gradient; reduction none (per-element upstream gradient unknown up front) and forward-only
+    calls keep the forward op (no dx, no memory for it)."""
+    return reduction != _NONE and x.requires_grad and torch.is_grad_enabled()
 
 
 def _reference_focal(inputs, targets, alpha, gamma, reduction):
@@ -279,7 +429,9 @@ def _reference_focal(inputs, targets, alpha, gamma, reduction):
 
 
 def sigmoid_focal_loss(inputs, targets, alpha: float = 0.25, gamma: float = 2.0, reduction: str = "none"):
-    r"""torchvision.ops.sigmoid_focal_loss, fused: one pass forward, one pass backward.
+    r"""torchvision.ops.sigmoid_focal_loss, fused: ``'mean'`` / ``'sum'`` with a gradient needed make
+    ONE pass (loss and gradient together in the forward; backward only scales the gradient by the
+    upstream gradient, free when it is 1); ``'none'``: one pass forward, one pass backward.
 
     ``loss = alpha_t * (1 - p_t)^gamma * BCEWithLogits(inputs, targets)`` with ``p = sigmoid(inputs)``,
     ``p_t = p t + (1 - p)(1 - t)``, ``alpha_t = alpha t + (1 - alpha)(1 - t)`` (``alpha < 0``: no
@@ -305,8 +457,12 @@ def sigmoid_focal_loss(inputs, targets, alpha: float = 0.25, gamma: float = 2.0,
         y = y.to(inputs.dtype)
     if y.shape != inputs.shape:
         y = y.expand(inputs.shape)
-    loss = torch.ops.fusedloss.sigmoid_focal_forward(inputs.contiguous(), y.contiguous(), alpha, gamma,
-                                                     REDUCTIONS[reduction])
+    red = REDUCTIONS[reduction]
+    if _fuse(inputs, red):   # loss and dx in one pass; backward scales dx
+        loss, _ = torch.ops.fusedloss.sigmoid_focal_fused(inputs.contiguous(), y.contiguous(), alpha, gamma, red,
+                                                          True)
+    else:
+        loss = torch.ops.fusedloss.sigmoid_focal_forward(inputs.contiguous(), y.contiguous(), alpha, gamma, red)
     return loss if loss.dtype == inputs.dtype else loss.to(inputs.dtype)
 
 
@@ -332,7 +488,9 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     float32 without the cancellation of PyTorch's own fp32 order (so within fp32 rounding of the
     exact value, slightly closer to it than PyTorch); loss in the input's dtype. Gradient w.r.t.
     ``input`` only: target / weight / pos_weight requiring grad, float64, or a pos_weight not of a
-    [C] layout fall back to F.binary_cross_entropy_with_logits.
+    [C] layout fall back to F.binary_cross_entropy_with_logits. Passes as sigmoid_focal_loss: one for
+    ``'mean'`` / ``'sum'`` with a gradient needed (except a weight not of a [C] layout: two), else
+    one forward and one backward.
     """
     if size_average is not None or reduce is not None:
         reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
@@ -372,6 +530,8 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     if post_w is not None:
         l = torch.ops.fusedloss.bce_with_logits_forward(x, y, None, pw, _NONE) * post_w
         l = l.mean() if reduction == "mean" else l.sum() if reduction == "sum" else l
+    elif _fuse(input, REDUCTIONS[reduction]):   # loss and dx in one pass; backward scales dx
+        l, _ = torch.ops.fusedloss.bce_with_logits_fused(x, y, w, pw, REDUCTIONS[reduction], True)
     else:
         l = torch.ops.fusedloss.bce_with_logits_forward(x, y, w, pw, REDUCTIONS[reduction])
     return l if l.dtype == input.dtype else l.to(input.dtype)

@@ -3,8 +3,12 @@ ops of include/fusedloss.h section 9) against torchvision's formula re-implement
 F.binary_cross_entropy_with_logits, both evaluated in float64 on the same (rounded) inputs:
 loss and input gradient, every dtype x reduction x option (alpha on/off, gamma 0 / 0.5 / 1 / 2,
 soft and hard targets, weight / pos_weight of [C] and other broadcast layouts), the gamma < 1
-saturation NaN rule (torch's own autograd, float64), torch.library.opcheck on the four ops,
-torch.compile(fullgraph=True), the fallbacks, errors. CUDA cases skip without a GPU.
+saturation NaN rule (torch's own autograd, float64), torch.library.opcheck on the six ops,
+torch.compile(fullgraph=True), the fallbacks, errors. The one-pass fused path (reduction mean /
+sum with a gradient: fusedloss::*_fused, dx formed in the forward and scaled in the backward) is
+checked against the two-pass path (the forward op + its backward op) and the float64 reference
+for upstream gradients 1 and != 1, gradient accumulation, which path each call takes, the
+backward-only-once and double-backward errors. CUDA cases skip without a GPU.
 
 Run (CPU, CI): make lib && PYTHONPATH=python python3 -m pytest -q python/tests/test_zoo.py
 """
@@ -166,10 +170,19 @@ def test_errors():
         torch.ops.fusedloss.sigmoid_focal_forward(x, y, 0.25, -1.0, 0)
     with pytest.raises(ValueError):
         torch.ops.fusedloss.bce_with_logits_forward(x, y, torch.ones(3), None, 1)
-    xg = x.clone().requires_grad_(True)
-    (g,) = torch.autograd.grad(fusedloss.sigmoid_focal_loss(xg, y, reduction="sum"), xg, create_graph=True)
-    with pytest.raises(RuntimeError, match="double backward"):
-        g.sum().backward()
+    # double backward: create_graph=True itself works (right gradient), differentiating it raises;
+    # "sum" / "mean" take the fused path, "none" the two-pass one
+    for fn in (lambda a, red: fusedloss.sigmoid_focal_loss(a, y, reduction=red),
+               lambda a, red: fusedloss.binary_cross_entropy_with_logits(a, y, reduction=red,
+                                                                         pos_weight=torch.ones(4))):
+        for red in ("sum", "mean", "none"):
+            xg = x.clone().requires_grad_(True)
+            (g,) = torch.autograd.grad(fn(xg, red).sum(), xg, create_graph=True)
+            (g1,) = torch.autograd.grad(fn(xg, red).sum(), xg)
+            torch.testing.assert_close(g.detach(), g1)
+            assert g.requires_grad
+            with pytest.raises(RuntimeError, match="double backward"):
+                g.sum().backward()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -182,6 +195,11 @@ def test_opcheck(device):
         grad = torch.randn(x.shape if red == 0 else (), device=device)
         torch.library.opcheck(torch.ops.fusedloss.sigmoid_focal_backward, (grad, x.detach(), y, 0.25, 0.5, red))
         torch.library.opcheck(torch.ops.fusedloss.bce_with_logits_backward, (grad, x.detach(), y, None, w, red))
+        for inplace in (False, True):
+            torch.library.opcheck(torch.ops.fusedloss.sigmoid_focal_fused,
+                                  (x.detach().requires_grad_(True), y, 0.25, 2.0, red, inplace))
+            torch.library.opcheck(torch.ops.fusedloss.bce_with_logits_fused,
+                                  (x.detach().requires_grad_(True), y, w, w + 1, red, inplace))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -209,3 +227,232 @@ def test_cuda_matches_cpu_bitwise_shapes():
         lc = fusedloss.sigmoid_focal_loss(x.float(), y.float(), reduction="sum")
         lg = fusedloss.sigmoid_focal_loss(x.float().cuda(), y.float().cuda(), reduction="sum")
         torch.testing.assert_close(lg.cpu(), lc, rtol=1e-5, atol=1e-6)
+
+
+# ---- the fused path (reduction mean / sum with a gradient: one pass) -----------------------------
+
+def _grad_fn_names(t):
+    """Names of the autograd nodes reachable from t's grad_fn."""
+    names, todo, seen = [], [t.grad_fn], set()
+    while todo:
+        fn = todo.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        names.append(type(fn).__name__)
+        todo.extend(f for f, _ in fn.next_functions)
+    return names
+
+
+def _uses(t, op):
+    return any(f"fusedloss_{op}_" in n for n in _grad_fn_names(t))
+
+
+def _upstream(loss, mode):
+    """Backward of loss with upstream gradient 1 ('one'), 3 ((loss * 3).backward()) or 0.5
+    (loss.backward(tensor(0.5))); returns the factor."""
+    if mode == "one":
+        loss.backward()
+        return 1.0
+    if mode == "times3":
+        (loss * 3).backward()
+        return 3.0
+    loss.backward(torch.tensor(0.5, dtype=loss.dtype, device=loss.device))
+    return 0.5
+
+
+FUSED_CASES = ["focal", "focal_noalpha", "bce", "bce_w", "bce_pw", "bce_both"]
+
+
+def _fused_case(case, device, C):
+    """(functional call, two-pass call, float64 reference, fused op name) for a FUSED_CASES entry."""
+    g = torch.Generator().manual_seed(11)
+    w = torch.rand(C, generator=g) + 0.2 if case in ("bce_w", "bce_both") else None
+    pw = 3 * torch.rand(C, generator=g) + 0.1 if case in ("bce_pw", "bce_both") else None
+    wd = w.to(device) if w is not None else None
+    pwd = pw.to(device) if pw is not None else None
+    if case.startswith("focal"):
+        alpha = 0.25 if case == "focal" else -1.0
+        return (lambda a, b, red: fusedloss.sigmoid_focal_loss(a, b, alpha=alpha, gamma=2.0, reduction=red),
+                lambda a, b, red: torch.ops.fusedloss.sigmoid_focal_forward(a, b, alpha, 2.0, zoo.REDUCTIONS[red]),
+                lambda a, b, red: tv_focal(a, b, alpha, 2.0, red), "sigmoid_focal")
+    return (lambda a, b, red: fusedloss.binary_cross_entropy_with_logits(a, b, weight=wd, reduction=red,
+                                                                         pos_weight=pwd),
+            lambda a, b, red: torch.ops.fusedloss.bce_with_logits_forward(a, b, wd, pwd, zoo.REDUCTIONS[red]),
+            lambda a, b, red: F.binary_cross_entropy_with_logits(
+                a, b, weight=w.double() if w is not None else None, reduction=red,
+                pos_weight=pw.double() if pw is not None else None), "bce_with_logits")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("case", FUSED_CASES)
+@pytest.mark.parametrize("up", ["one", "times3", "half"])
+def test_fused_matches_two_pass_and_reference(device, dtype, reduction, case, up):
+    x, y = make((13, 3, 17), dtype, device, soft=True, seed=3)
+    fn, two_pass, ref_fn, op = _fused_case(case, device, 17)
+    xf = x.clone().requires_grad_(True)
+    lf = fn(xf, y, reduction)
+    assert lf.dtype == dtype and lf.shape == ()
+    assert _uses(lf, f"{op}_fused") and not _uses(lf, f"{op}_forward")
+    k = _upstream(lf, up)
+    xt = x.clone().requires_grad_(True)
+    lt = two_pass(xt, y, reduction).to(dtype)
+    assert _uses(lt, f"{op}_forward")
+    _upstream(lt, up)
+    xd = x.detach().double().cpu().requires_grad_(True)
+    ref = ref_fn(xd, y.detach().double().cpu(), reduction)
+    (rdx,) = torch.autograd.grad(ref * k, xd)
+    assert xf.grad.dtype == dtype and xf.grad.shape == x.shape
+    # the same kernels' loss (bitwise); the gradient bitwise for an upstream 1 (the fused pass and
+    # the backward pass compute it the same way), else rounded twice (kernel, then the multiply)
+    assert torch.equal(lf, lt)
+    if up == "one":
+        assert torch.equal(xf.grad, xt.grad)
+    else:
+        close(xf.grad, xt.grad.double(), TOL[dtype], "dx vs two-pass")
+    close(lf, ref, TOL[dtype], "loss vs reference")
+    close(xf.grad, rdx, TOL[dtype], "dx vs reference")
+
+
+def _ref_grad_t(ref_fn, w, y):
+    """float64 reference gradient of ref_fn(w.t(), y, 'mean') w.r.t. w."""
+    wd = w.detach().double().cpu().requires_grad_(True)
+    (g,) = torch.autograd.grad(ref_fn(wd.t(), y.detach().double().cpu(), "mean"), wd)
+    return g
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["focal", "bce_both"])
+def test_fused_grad_accumulation(device, dtype, case):
+    x, y = make((9, 7), dtype, device, soft=False, seed=4)
+    fn, _, ref_fn, _ = _fused_case(case, device, 7)
+    xd = x.detach().double().cpu().requires_grad_(True)
+    (rdx,) = torch.autograd.grad(ref_fn(xd, y.detach().double().cpu(), "mean"), xd)
+    xg = x.clone().requires_grad_(True)
+    xg.grad = torch.full_like(x, 0.5)   # an existing .grad: accumulated into
+    fn(xg, y, "mean").backward()
+    close(xg.grad, rdx + 0.5, TOL[dtype], "first accumulation")
+    (fn(xg, y, "mean") * 2).backward()
+    close(xg.grad, 3 * rdx + 0.5, (TOL[dtype][0], 2 * TOL[dtype][1]), "second accumulation")
+    # a leaf without .grad: the gradient is adopted, then accumulated into, twice
+    xg.grad = None
+    fn(xg, y, "sum").backward()
+    fn(xg, y, "sum").backward(torch.tensor(0.5, dtype=dtype, device=device))
+    close(xg.grad, 1.5 * rdx * x.numel(), (TOL[dtype][0], 2 * TOL[dtype][1]), "adopted then accumulated")
+    # non-leaf input (the gradient flows on through torch ops) and a non-contiguous one
+    w = torch.randn(7, 9, generator=torch.Generator().manual_seed(2)).to(dtype).to(device).requires_grad_(True)
+    fn(w.t() * 1, y, "mean").backward(torch.tensor(0.25, device=device))
+    close(w.grad, 0.25 * _ref_grad_t(ref_fn, w, y), TOL[dtype], "non-leaf, transposed")
+
+
+def test_fused_path_selection(monkeypatch):
+    """Which kernels run: the fused pass only for mean / sum with a gradient; none keeps forward +
+    backward; no gradient (or no_grad / inference_mode) the forward only; a non-[C] weight the
+    unfused path."""
+    calls = []
+    for name in ("_run_focal", "_run_bce"):
+        real = getattr(zoo, name)
+        monkeypatch.setattr(zoo, name, lambda *a, _r=real, _n=name: calls.append((_n, a[0])) or _r(*a))
+    x, y = make((6, 5), torch.float32, "cpu", soft=True)
+    xg = x.clone().requires_grad_(True)
+    F_, B_, U_ = zoo._FWD, zoo._BWD, zoo._FUSED
+
+    def run(f, backward=True):
+        calls.clear()
+        loss = f()
+        if backward and loss.requires_grad:
+            loss.sum().backward()
+        return [c[1] for c in calls]
+    for f in (lambda a: fusedloss.sigmoid_focal_loss(a, y, reduction="mean"),
+              lambda a: fusedloss.binary_cross_entropy_with_logits(a, y, reduction="sum", weight=torch.rand(5))):
+        assert run(lambda: f(xg)) == [U_]
+        assert run(lambda: f(x)) == [F_]
+        with torch.no_grad():
+            assert run(lambda: f(xg)) == [F_]
+        with torch.inference_mode():
+            assert run(lambda: f(xg)) == [F_]
+    assert run(lambda: fusedloss.sigmoid_focal_loss(xg, y)) == [F_, B_]
+    assert run(lambda: fusedloss.binary_cross_entropy_with_logits(xg, y, reduction="none")) == [F_, B_]
+    rowwise = torch.rand(6, 1) + 0.5
+    assert run(lambda: fusedloss.binary_cross_entropy_with_logits(xg, y, weight=rowwise)) == [F_, B_]
+    # the fused op's dx is not differentiable, and the wrapper returns the loss only
+    loss, dx = torch.ops.fusedloss.sigmoid_focal_fused(xg, y, 0.25, 2.0, 1)
+    assert loss.requires_grad and not dx.requires_grad
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_op_direct(device):
+    """The raw fused ops: dx is the gradient for an upstream 1; with inplace_backward=False the
+    caller's dx is left alone by the backward, with True the backward scales it in place."""
+    x, y = make((8, 6), torch.float16, device, soft=True)
+    pw = torch.rand(6, device=device) + 0.5
+    for inplace in (False, True):
+        xg = x.clone().requires_grad_(True)
+        loss, dx = torch.ops.fusedloss.bce_with_logits_fused(xg, y, None, pw, 1, inplace)
+        l2 = torch.ops.fusedloss.bce_with_logits_forward(x, y, None, pw, 1)
+        assert torch.equal(loss, l2) and dx.dtype == torch.float16
+        (g1,) = torch.autograd.grad(torch.ops.fusedloss.bce_with_logits_forward(xg, y, None, pw, 1), xg)
+        assert torch.equal(dx, g1)
+        d0 = dx.clone()
+        loss.backward(torch.tensor(2.0, device=device))
+        assert torch.equal(xg.grad, d0 * 2)
+        assert torch.equal(dx, d0 * 2 if inplace else d0)
+    # reduction none through the fused op: dx * the per-element upstream gradient
+    xg = x.clone().requires_grad_(True)
+    loss, dx = torch.ops.fusedloss.sigmoid_focal_fused(xg, y, 0.25, 2.0, 0, True)
+    up = torch.rand(x.shape, device=device)
+    loss.backward(up)
+    torch.testing.assert_close(xg.grad, (dx.float() * up).half())
+
+
+def test_fused_backward_only_once():
+    x, y = make((5, 4), torch.float32, "cpu", soft=True)
+    for f in (lambda a: fusedloss.sigmoid_focal_loss(a, y, reduction="sum"),
+              lambda a: fusedloss.binary_cross_entropy_with_logits(a, y)):
+        xg = x.clone().requires_grad_(True)
+        loss = f(xg)
+        loss.backward(retain_graph=True)
+        with pytest.raises(RuntimeError, match="only once"):
+            loss.backward()
+    # the two-pass paths keep allowing it
+    xg = x.clone().requires_grad_(True)
+    for loss in (fusedloss.sigmoid_focal_loss(xg, y).sum(),
+                 fusedloss.binary_cross_entropy_with_logits(xg, y, reduction="none").mean()):
+        loss.backward(retain_graph=True)
+        loss.backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compile_fullgraph_fused(device, dtype):
+    """torch.compile(fullgraph=True) over the fused path, upstream gradient != 1, both reductions;
+    the Dynamo graph holds the fused ops (no graph break, no fallback)."""
+    from torch._dynamo.testing import EagerAndRecordGraphs
+    x, y = make((12, 9), dtype, device, soft=True, seed=8)
+    w = torch.rand(9, device=device) + 0.5
+
+    def f(a, b):
+        return fusedloss.sigmoid_focal_loss(a, b, reduction="sum") * 0.5 + \
+            fusedloss.binary_cross_entropy_with_logits(a, b, weight=w, reduction="mean") * 3
+    torch._dynamo.reset()
+    rec = EagerAndRecordGraphs()
+    torch.compile(f, fullgraph=True, backend=rec)(x.clone().requires_grad_(True), y)
+    targets = [str(n.target) for g in rec.graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert any("sigmoid_focal_fused" in t for t in targets) and any("bce_with_logits_fused" in t for t in targets)
+    torch._dynamo.reset()
+    cf = torch.compile(f, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
+    xa = x.clone().requires_grad_(True)
+    xb = x.clone().requires_grad_(True)
+    la, lb = f(xa, y), cf(xb, y)
+    la.backward(torch.tensor(0.7, dtype=dtype, device=device))
+    lb.backward(torch.tensor(0.7, dtype=dtype, device=device))
+    torch.testing.assert_close(la, lb)
+    torch.testing.assert_close(xa.grad, xb.grad)
+    # a second compiled step accumulates into .grad
+    cf(xb, y).backward()
+    f(xa, y).backward()
+    torch.testing.assert_close(xa.grad, xb.grad)
+
