@@ -27,6 +27,9 @@
 #   vp         vocab-parallel CE (issue 9): build/test_vocab_parallel_cuda, memcheck + racecheck on its
 #              --small grid; with >= 2 GPUs torchrun python/tests/dist_vp_nccl.py and bench/bench_vp.py
 #              (NCCL); all output in $OUT/vp.log
+#   zoo        loss zoo (issue 8): build/test_elementwise_loss_cuda and build/test_distill_cuda (+ memcheck /
+#              racecheck on their --small grids); unless ZOO_PY=0, bench/bench_zoo.py, bench/bench_distill.py
+#              and the CUDA cases of python/tests/test_zoo.py, test_distill.py; all output in $OUT/zoo.log
 #   pytest     the Python package's CUDA tests (PYTHONPATH=python, build/libfusedloss.so)
 # Every step's output goes to $OUT/<step>.log (OUT defaults to /tmp/out); stdout gets one line
 # per step, the tail of any failing log, the benchmark summaries, and last a summary table.
@@ -116,7 +119,7 @@ run_step() {
 
 # ---- environment -------------------------------------------------------------------------------
 : > "$OUT/build.log"
-for f in test-cpu test-cuda test-knobs sanitize bench bench-ab gelu lce vp pytest peers; do want "$f" && : > "$OUT/$f.log"; done
+for f in test-cpu test-cuda test-knobs sanitize bench bench-ab gelu lce vp zoo pytest peers; do want "$f" && : > "$OUT/$f.log"; done
 {
     echo "# gpu_check.sh $(date -u +%FT%TZ) commit $FL_COMMIT steps:$STEPS"
     nvidia-smi 2>&1 || echo "nvidia-smi not available"
@@ -392,6 +395,34 @@ if want vp && have build/test_vocab_parallel_cuda vp; then
         exit $rc
     '
     KEY[vp]="$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$OUT/vp.log" | head -1); $(grep -m1 "^vp-nccl" "$OUT/vp.log" | sed "s/ on .*)://")"
+fi
+
+# ---- loss zoo (issue 8) ---------------------------------------------------------------------------
+if want zoo && have build/test_elementwise_loss_cuda zoo; then
+    run_step zoo "${ZOO_CAP:-360}" '
+        rc=0
+        for t in test_elementwise_loss_cuda test_distill_cuda; do
+            [ -x build/$t ] || { echo "### build/$t missing"; continue; }
+            echo "### $t"; timeout 150 build/$t > "$OUT/$t.out" 2>&1 || rc=1; grep -m60 -E "FAIL|input of" "$OUT/$t.out"; tail -5 "$OUT/$t.out"
+            if [ -n "$SANITIZER" ]; then
+                for tool in memcheck racecheck; do
+                    echo "### $tool $t --small"
+                    timeout 90 "$SANITIZER" --tool $tool --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
+                done
+            fi
+        done
+        if [ "${ZOO_PY:-1}" != 0 ] && [ -e build/libfusedloss.so ]; then
+            export PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so
+            for b in bench_zoo bench_distill; do
+                [ -e bench/$b.py ] || continue
+                echo "### $b.py"; timeout 200 python3 bench/$b.py --out "$OUT/$b-$DATE.json" 2>&1 | tail -30 || rc=1
+            done
+            echo "### pytest test_zoo.py test_distill.py (CUDA cases)"
+            timeout 200 python3 -m pytest -q -x -k cuda $(ls python/tests/test_zoo.py python/tests/test_distill.py 2>/dev/null) 2>&1 | tail -6 || rc=1
+        fi
+        exit $rc
+    '
+    KEY[zoo]="$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$OUT/zoo.log" | tr "\n" ";" | cut -c1-120)"
 fi
 
 # ---- Python package on the GPU -------------------------------------------------------------------
