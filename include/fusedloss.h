@@ -805,6 +805,281 @@ FL_API fl_status fl_bce_with_logits_fused_cuda(float* loss, void* dlogits, const
                                                fl_dtype dtype, fl_reduction reduction,
                                                void* workspace, size_t workspace_bytes, fl_stream stream);
 
+/*-****************************************************************************
+ *  10. Distillation divergences on raw logits: KL, reverse KL, generalised JSD
+ *
+ *  Student logits s and teacher logits t, both [N, V] row-major with row strides ld_student,
+ *  ld_teacher >= V (columns V.. are neither read nor written). Per row i, temperature T > 0:
+ *
+ *    log q_j = s_j / T - log sum_k exp(s_k / T)        (student distribution Q)
+ *    log p_j = t_j / T - log sum_k exp(t_k / T)        (teacher distribution P)
+ *
+ *  and, with beta in [0, 1] (Liger-Kernel's LigerJSD convention, 0 log 0 = 0):
+ *
+ *    beta == 0 : l_i = KL(P || Q) = sum_j p_j (log p_j - log q_j)    forward KL (Hinton)
+ *    beta == 1 : l_i = KL(Q || P) = sum_j q_j (log q_j - log p_j)    reverse KL
+ *    otherwise : l_i = beta KL(P || M) + (1 - beta) KL(Q || M),  M = beta P + (1 - beta) Q
+ *
+ *  The general formula tends to 0 as beta -> 0 or 1; the two end points are the named KL
+ *  divergences (as in Liger), so l is not continuous in beta there. With opts->t2_scale != 0
+ *  every l_i is multiplied by T^2 (Hinton's scaling: gradient magnitudes independent of T).
+ *  F.kl_div(log_softmax(s/T), log_softmax(t/T), log_target=True, reduction="batchmean") * T^2
+ *  is beta = 0, t2_scale = 1, FL_REDUCTION_BATCHMEAN.
+ *
+ *  Ignored rows: labels (optional, [N] of label_dtype; NULL = no row ignored) with
+ *  labels[i] == opts->ignore_index: l_i = 0, gradient 0, neither row is read. Other label
+ *  values are not looked at (any value, no range check: they only mask rows).
+ *
+ *  Reductions:
+ *    NONE      : loss[i] = l_i (loss has N entries)
+ *    SUM       : loss[0] = sum_i l_i
+ *    MEAN      : loss[0] = sum_i l_i / (number of rows not ignored)   (Liger's JSD mean; NaN if
+ *                every row is ignored or N == 0, gradient then 0)
+ *    BATCHMEAN : loss[0] = sum_i l_i / N   (F.kl_div's "batchmean"; NaN if N == 0; 0 when every row
+ *                of N > 0 is ignored)
+ *
+ *  Gradient, w.r.t. the student logits only (the teacher is a constant):
+ *    dstudent[i, j] = g_i * d l_i / d s_j, with the upstream gradient
+ *    g_i = grad_scale * (grad_loss ? grad_loss[r] : 1) [/ D for MEAN, BATCHMEAN], r = i for NONE,
+ *    0 otherwise (fp32; device memory for _cuda, no host sync), as section 5. Per row (x T^2 with
+ *    t2_scale):
+ *      beta == 0 : d l / d s_j = (q_j - p_j) / T
+ *      beta == 1 : d l / d s_j = q_j (log q_j - log p_j - l) / T    (l the row's divergence before T^2)
+ *      otherwise : d l / d s_j = (h_j - q_j sum_k h_k) / T,  h_j = (1 - beta) q_j (log q_j - log m_j)
+ *  (sum_k h_k = (1 - beta) KL(Q || M)). grad_scale must be finite.
+ *
+ *  Numerics: inputs converted exactly to fp32; CUDA accumulates in fp32 (online max / sum of
+ *  exponentials per chunk of a row, chunks merged in a fixed order), the CPU backend in double
+ *  (the reference). The loss is fp32, dstudent has the student's dtype (rounded from the fp32
+ *  value; the CPU rounds its double to fp32, then to the dtype).
+ *  Deterministic on both backends (no order-dependent float atomics).
+ *  Dtypes: student fp32 / fp16 / bf16; teacher_dtype the student's dtype or FL_DTYPE_F32 (a
+ *  teacher kept in fp32); labels int32 / int64.
+ *  Alignment: every array aligned to its element size (FL_ERR_INVALID_ARGUMENT otherwise).
+ *  Infinite logits: -inf in the same columns of both inputs is a masked class (no NaN); a student
+ *  -inf where the teacher has mass gives forward KL +inf (as the mathematics), a teacher -inf where
+ *  the student has mass reverse KL +inf with a NaN gradient.
+ *  Aliasing: dstudent == student is allowed (in place, the student logits are destroyed); no
+ *  other overlap of an output with an input or another output.
+ *
+ *  Passes over memory (CUDA): rows are cut into chunks of a few thousand columns handled by
+ *  independent CTAs; per-chunk statistics are merged per row in the workspace. forward reads s
+ *  and t once for beta 0 / 1 and twice for the JSD (the JSD's row sums need both lse first);
+ *  fused adds one more read of s and t and writes dstudent once. The work is ordered so that
+ *  the re-reads of a row follow its first read closely (mostly L2 hits). One kernel per call
+ *  plus one small reduce kernel for SUM / MEAN / BATCHMEAN; no allocation, no host sync,
+ *  graph-capturable. 64-bit offsets (N * V may exceed 2^31).
+ ******************************************************************************/
+typedef struct fl_distill_options {
+    size_t        struct_size;  /* = sizeof(fl_distill_options); set by FL_DISTILL_OPTIONS_INIT */
+    float         temperature;  /* T, finite and > 0; default 1 */
+    float         beta;         /* in [0, 1]; 0 forward KL (default), 1 reverse KL, else JSD_beta */
+    int64_t       ignore_index; /* rows whose label equals it are ignored; default -100 */
+    fl_reduction  reduction;    /* NONE, SUM, MEAN (default) or FL_REDUCTION_BATCHMEAN */
+    int32_t       t2_scale;     /* != 0: multiply the loss (and gradient) by T^2; default 0 */
+} fl_distill_options;
+
+/* Reduction value accepted by the distillation entry points only (sum / N, F.kl_div's). */
+#define FL_REDUCTION_BATCHMEAN ((fl_reduction)3)
+
+#define FL_DISTILL_OPTIONS_INIT { sizeof(fl_distill_options), 1.0f, 0.0f, -100, FL_REDUCTION_MEAN, 0 }
+
+/*! fl_distill_workspace_size() :
+ *  Bytes of workspace every distillation entry point (both backends) needs for these
+ *  arguments: about 256 + 12 N + 32 N ceil(V / 8192) bytes (CUDA: device memory, 256-byte
+ *  aligned; content ignored and clobbered). opts may be NULL (defaults).
+ * @return : FL_OK or FL_ERR_INVALID_ARGUMENT. */
+FL_API fl_status fl_distill_workspace_size(size_t* bytes, int64_t N, int64_t V, fl_dtype dtype,
+                                           const fl_distill_options* opts);
+
+/*! fl_distill_forward_{cpu,cuda}() :
+ *  loss : fp32, [N] for NONE, [1] otherwise; overwritten; required.
+ *  student [N, ld_student] of dtype, teacher [N, ld_teacher] of teacher_dtype, labels [N] of
+ *  label_dtype or NULL. N >= 0, V >= 1. opts may be NULL (defaults).
+ * @return : FL_OK or an error status (fl_last_error() has the detail). */
+FL_API fl_status fl_distill_forward_cpu(float* loss, const void* student, int64_t ld_student,
+                                        const void* teacher, int64_t ld_teacher, fl_dtype teacher_dtype,
+                                        const void* labels, fl_index_dtype label_dtype,
+                                        int64_t N, int64_t V, fl_dtype dtype,
+                                        const fl_distill_options* opts,
+                                        void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_distill_forward_cuda(float* loss, const void* student, int64_t ld_student,
+                                         const void* teacher, int64_t ld_teacher, fl_dtype teacher_dtype,
+                                         const void* labels, fl_index_dtype label_dtype,
+                                         int64_t N, int64_t V, fl_dtype dtype,
+                                         const fl_distill_options* opts,
+                                         void* workspace, size_t workspace_bytes, fl_stream stream);
+
+/*! fl_distill_fused_{cpu,cuda}() :
+ *  The loss (optional: loss may be NULL) and dstudent ([N, ld_student] of dtype, first V
+ *  columns of every row overwritten, ignored rows with zeros) in one call, for the upstream
+ *  gradient grad_loss / grad_scale given up front. Also the backward of a NONE forward: pass the
+ *  per-row grad_loss and loss = NULL. dstudent == student allowed.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_distill_fused_cpu(float* loss, void* dstudent, const void* student, int64_t ld_student,
+                                      const void* teacher, int64_t ld_teacher, fl_dtype teacher_dtype,
+                                      const void* labels, fl_index_dtype label_dtype,
+                                      const float* grad_loss, float grad_scale,
+                                      int64_t N, int64_t V, fl_dtype dtype,
+                                      const fl_distill_options* opts,
+                                      void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_distill_fused_cuda(float* loss, void* dstudent, const void* student, int64_t ld_student,
+                                       const void* teacher, int64_t ld_teacher, fl_dtype teacher_dtype,
+                                       const void* labels, fl_index_dtype label_dtype,
+                                       const float* grad_loss, float grad_scale,
+                                       int64_t N, int64_t V, fl_dtype dtype,
+                                       const fl_distill_options* opts,
+                                       void* workspace, size_t workspace_bytes, fl_stream stream);
+
+/*-****************************************************************************
+ *  11. Margin softmax cross-entropy (CosFace / ArcFace / combined margins)
+ *
+ *  insightface's CombinedMarginLoss(s, m1, m2, m3) followed by cross-entropy, on cosine logits
+ *  x [N, C] (row stride ld >= C; values are cosines, clamped to [-1, 1] where the margin needs
+ *  theta) with class targets y. For row i with target y (theta = acos(clamp(x_y, -1, 1))):
+ *
+ *    phi = cos(m1 theta + m2) - m3            when the margin applies (below)
+ *    phi = x_y - m3 - m2 sin(m2)              otherwise, non-easy (insightface's "x - sinmm";
+ *                                               keeps phi monotonic where m1 theta + m2 > pi)
+ *    phi = x_y - m3                           otherwise, easy_margin
+ *    the margin applies: easy_margin ? x_y > 0 : m1 theta + m2 <= pi
+ *    z_j = s x_j (j != y),  z_y = s phi,  l_i = lse(z) - z_y
+ *
+ *  ArcFace = (m1, m2, m3) = (1, 0.5, 0); CosFace = (1, 0, 0.4) (then phi = x_y - m3 exactly, no
+ *  acos); SphereFace-style m1 > 1 allowed. Ignored rows (target == ignore_index): loss 0, gradient
+ *  0, the row is not read. Reductions NONE / SUM / MEAN (over rows not ignored; NaN if none).
+ *
+ *  Gradient: dz_j = g_i (p_j - [j == y]) with p = softmax(z) and g_i as section 5 (grad_loss [N] for
+ *  NONE else [1], times grad_scale, / D for MEAN); dx_j = s dz_j for j != y and
+ *    dx_y = s dz_y phi'(x_y), where with grad_mode
+ *      FL_MARGIN_GRAD_EXACT    : phi' = m1 sin(m1 theta + m2) / max(sin theta, 1e-6) where the margin
+ *                                applies (the derivative of cos(m1 acos x + m2); the clamp keeps
+ *                                x_y = +-1 finite: no NaN from sqrt(1 - x^2)), else 1;
+ *      FL_MARGIN_GRAD_STRAIGHT : phi' = 1 (the margin is a constant shift: insightface's newer
+ *                                arccos_ / cos_ under no_grad, "margin without gradient").
+ *
+ *  Numerics, dtypes, aliasing, workspace, CUDA behaviour (asynchronous, no allocation, graph-
+ *  capturable, deterministic) as section 10 (the CUDA work items and row merge are the same
+ *  machinery). dlogits == logits allowed (in place). Out-of-range targets: CPU
+ *  FL_ERR_TARGET_OUT_OF_RANGE before anything is written; CUDA: that row's loss and gradient NaN
+ *  and *error_flag = 1 when error_flag is non-NULL (as section 5).
+ ******************************************************************************/
+typedef enum { FL_MARGIN_GRAD_EXACT = 0, FL_MARGIN_GRAD_STRAIGHT = 1 } fl_margin_grad;
+
+typedef struct fl_margin_options {
+    size_t         struct_size;  /* = sizeof(fl_margin_options); set by FL_MARGIN_OPTIONS_INIT */
+    float          s;            /* scale, finite and > 0; default 64 */
+    float          m1;           /* multiplicative angular margin, finite and >= 1; default 1 */
+    float          m2;           /* additive angular margin, finite, in [0, pi); default 0.5 (ArcFace) */
+    float          m3;           /* additive cosine margin, finite, >= 0; default 0 */
+    int32_t        easy_margin;  /* default 0 */
+    fl_margin_grad grad_mode;    /* default FL_MARGIN_GRAD_EXACT */
+    int64_t        ignore_index; /* default -100 */
+    fl_reduction   reduction;    /* NONE, SUM or MEAN (default) */
+    int32_t*       error_flag;   /* CUDA: device int set to 1 on an out-of-range target; or NULL */
+} fl_margin_options;
+
+#define FL_MARGIN_OPTIONS_INIT { sizeof(fl_margin_options), 64.0f, 1.0f, 0.5f, 0.0f, 0, FL_MARGIN_GRAD_EXACT, \
+                                 -100, FL_REDUCTION_MEAN, NULL }
+
+/*! fl_margin_ce_workspace_size() : bytes of workspace of every margin entry point (both backends),
+ *  about 256 + 12 N + 32 N ceil(C / 8192). opts may be NULL.
+ * @return : FL_OK or FL_ERR_INVALID_ARGUMENT. */
+FL_API fl_status fl_margin_ce_workspace_size(size_t* bytes, int64_t N, int64_t C, fl_dtype dtype,
+                                             const fl_margin_options* opts);
+
+/*! fl_margin_ce_forward_{cpu,cuda}() :
+ *  loss : fp32 [N] (NONE) or [1]; required. lse : fp32 [N] log-sum-exp of z (0 for ignored rows)
+ *  or NULL. logits [N, ld] of dtype (cosines), targets [N] of index_dtype. N >= 0, C >= 1.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_margin_ce_forward_cpu(float* loss, float* lse, const void* logits, int64_t ld,
+                                          const void* targets, fl_index_dtype index_dtype, int64_t N, int64_t C,
+                                          fl_dtype dtype, const fl_margin_options* opts,
+                                          void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_margin_ce_forward_cuda(float* loss, float* lse, const void* logits, int64_t ld,
+                                           const void* targets, fl_index_dtype index_dtype, int64_t N, int64_t C,
+                                           fl_dtype dtype, const fl_margin_options* opts,
+                                           void* workspace, size_t workspace_bytes, fl_stream stream);
+
+/*! fl_margin_ce_fused_{cpu,cuda}() :
+ *  loss (optional, NULL allowed), lse (optional) and dlogits [N, ld] of dtype (first C columns of
+ *  every row; ignored rows zeros) for the upstream gradient grad_loss / grad_scale given up front;
+ *  also the backward of a NONE forward (per-row grad_loss, loss NULL). dlogits == logits allowed.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_margin_ce_fused_cpu(float* loss, float* lse, void* dlogits, const void* logits, int64_t ld,
+                                        const void* targets, fl_index_dtype index_dtype,
+                                        const float* grad_loss, float grad_scale, int64_t N, int64_t C,
+                                        fl_dtype dtype, const fl_margin_options* opts,
+                                        void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_margin_ce_fused_cuda(float* loss, float* lse, void* dlogits, const void* logits, int64_t ld,
+                                         const void* targets, fl_index_dtype index_dtype,
+                                         const float* grad_loss, float grad_scale, int64_t N, int64_t C,
+                                         fl_dtype dtype, const fl_margin_options* opts,
+                                         void* workspace, size_t workspace_bytes, fl_stream stream);
+
+/*-****************************************************************************
+ *  12. Softmax focal loss (multi-class, rows and N x C x d layouts)
+ *
+ *  Logits [N, C, d]: element (n, c, k) at n * ld + c * d + k (d >= 1 positions per sample, class
+ *  stride d, batch stride ld >= C * d; d = 1 is plain rows [N, C] with row stride ld; NCHW
+ *  segmentation maps are d = H * W, ld = C * d). Targets [N, d] contiguous (position (n, k) at
+ *  n * d + k). Per position with target y, p = softmax over the C classes at that position:
+ *
+ *    l = -alpha_y (1 - p_y)^gamma log p_y
+ *
+ *  alpha: fp32 [C] per-class weights (kornia / MONAI semantics) or NULL (all 1); gamma >= 0 (0: the
+ *  alpha-weighted cross-entropy). 1 - p_y is formed as -expm1(log p_y) (no cancellation near 1).
+ *  Ignored positions (target == ignore_index): loss 0, gradient 0, not read.
+ *  Reductions: NONE loss[n * d + k] ([N * d]); SUM; MEAN over positions not ignored (NaN if none;
+ *  NOT divided by the alpha sum, unlike a weighted cross-entropy: kornia's mean).
+ *  Gradient: dx_c = g alpha_y F (delta_cy - p_c),  F = gamma (1 - p_y)^(gamma - 1) p_y log p_y - (1 - p_y)^gamma,
+ *  with the limit F = 0 - (1 - p_y)^gamma for the first term where 1 - p_y == 0 (gamma > 0: a
+ *  finite 0, not autograd's 0 * inf = NaN for gamma < 1); g as section 5 (grad_loss [N * d] for
+ *  NONE). alpha values are not checked.
+ *  Numerics, dtypes, aliasing (dlogits == logits allowed), workspace, determinism and the CUDA
+ *  behaviour as section 10; out-of-range targets as section 11.
+ ******************************************************************************/
+typedef struct fl_focal_options {
+    size_t        struct_size;   /* = sizeof(fl_focal_options); set by FL_FOCAL_OPTIONS_INIT */
+    float         gamma;         /* >= 0, finite; default 2 */
+    const float*  alpha;         /* fp32 [C] or NULL; default NULL */
+    int64_t       ignore_index;  /* default -100 */
+    fl_reduction  reduction;     /* NONE, SUM or MEAN (default) */
+    int32_t*      error_flag;    /* CUDA: device int set to 1 on an out-of-range target; or NULL */
+} fl_focal_options;
+
+#define FL_FOCAL_OPTIONS_INIT { sizeof(fl_focal_options), 2.0f, NULL, -100, FL_REDUCTION_MEAN, NULL }
+
+/*! fl_softmax_focal_workspace_size() : bytes of workspace of every softmax focal entry point (both
+ *  backends) for N samples of C classes at d positions; opts may be NULL.
+ * @return : FL_OK or FL_ERR_INVALID_ARGUMENT. */
+FL_API fl_status fl_softmax_focal_workspace_size(size_t* bytes, int64_t N, int64_t C, int64_t d, fl_dtype dtype,
+                                                 const fl_focal_options* opts);
+
+/*! fl_softmax_focal_forward_{cpu,cuda}() / fl_softmax_focal_fused_{cpu,cuda}() :
+ *  As the margin entries: loss fp32 ([N * d] for NONE, else [1]; required for forward, optional for
+ *  fused), dlogits of dtype in the logits' layout (fused; == logits allowed), targets [N * d].
+ *  N >= 0, C >= 1, d >= 1, ld >= C * d.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_softmax_focal_forward_cpu(float* loss, const void* logits, int64_t ld, const void* targets,
+                                              fl_index_dtype index_dtype, int64_t N, int64_t C, int64_t d,
+                                              fl_dtype dtype, const fl_focal_options* opts,
+                                              void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_softmax_focal_forward_cuda(float* loss, const void* logits, int64_t ld, const void* targets,
+                                               fl_index_dtype index_dtype, int64_t N, int64_t C, int64_t d,
+                                               fl_dtype dtype, const fl_focal_options* opts,
+                                               void* workspace, size_t workspace_bytes, fl_stream stream);
+FL_API fl_status fl_softmax_focal_fused_cpu(float* loss, void* dlogits, const void* logits, int64_t ld,
+                                            const void* targets, fl_index_dtype index_dtype,
+                                            const float* grad_loss, float grad_scale, int64_t N, int64_t C,
+                                            int64_t d, fl_dtype dtype, const fl_focal_options* opts,
+                                            void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_softmax_focal_fused_cuda(float* loss, void* dlogits, const void* logits, int64_t ld,
+                                             const void* targets, fl_index_dtype index_dtype,
+                                             const float* grad_loss, float grad_scale, int64_t N, int64_t C,
+                                             int64_t d, fl_dtype dtype, const fl_focal_options* opts,
+                                             void* workspace, size_t workspace_bytes, fl_stream stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

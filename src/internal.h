@@ -303,6 +303,96 @@ fl_status fl__ce_cuda_chunk_rows(int pass, const fl__ce_params* p, int64_t r0, i
 fl_status fl__ce_cuda_chunk_end(const fl__ce_params* p, float* loss, const void* targets, int64_t N, int64_t V,
                                 fl_index_dtype it, void* ce_ws, fl_stream stream);
 
+/* ---- distillation divergences (include/fusedloss.h section 10) ---------------------------- */
+
+#define FL__DISTILL_CHUNK 8192  /* columns per chunk of a row: the CUDA work item; sizes the workspace */
+
+typedef enum { FL__DISTILL_FKL = 0, FL__DISTILL_RKL = 1, FL__DISTILL_JSD = 2 } fl__distill_mode;
+
+typedef struct {
+    int64_t          N, V, ld_s, ld_t;
+    fl_dtype         dtype, teacher_dtype;
+    fl_index_dtype   label_dtype;
+    const void*      labels;        /* NULL: no row ignored */
+    int64_t          ignore_index;
+    float            temperature;   /* T */
+    float            beta;
+    fl__distill_mode mode;          /* from beta: 0 -> FKL, 1 -> RKL, else JSD */
+    float            loss_scale;    /* T^2 with t2_scale, else 1 */
+    fl_reduction     reduction;     /* NONE, SUM, MEAN or FL_REDUCTION_BATCHMEAN */
+    int64_t          chunks;        /* ceil(V / FL__DISTILL_CHUNK) */
+} fl__distill_params;
+
+/* Workspace bytes of every distillation entry point (both backends). Layout (CUDA; the CPU uses
+ * [256, 256 + 8 N) as double per-row losses):
+ *   [0, 256)                         header (denominator, counters)
+ *   [256, +align256(4 N))            fp32 per-row losses
+ *   then align256(8 N)               two int32 per row (work-item completion counters)
+ *   then align256(32 N chunks)       per-(row, chunk) statistics: 8 fp32 each */
+size_t fl__distill_workspace_bytes(int64_t N, int64_t V);
+
+/* Validate every argument of a distillation entry point (either backend) and resolve the options
+ * into *p. pass: FL__PASS_FORWARD (dstudent, grad_loss NULL) or FL__PASS_FUSED (loss may be NULL).
+ * is_cuda: CUDA-only limits (teacher_dtype the student's or fp32: FL_ERR_UNSUPPORTED otherwise;
+ * 256-byte aligned workspace). Messages name `fn` and the offending value. */
+fl_status fl__distill_validate(const char* fn, fl__pass pass, int is_cuda, const float* loss, const void* dstudent,
+                               const void* student, int64_t ld_student, const void* teacher, int64_t ld_teacher,
+                               fl_dtype teacher_dtype, const void* labels, fl_index_dtype label_dtype,
+                               const float* grad_loss, float grad_scale, int64_t N, int64_t V, fl_dtype dtype,
+                               const fl_distill_options* opts, const void* workspace, size_t workspace_bytes,
+                               fl__distill_params* p);
+
+/* ---- margin softmax cross-entropy (header section 11) ------------------------------------- */
+
+typedef struct {
+    int64_t          N, C, ld;
+    fl_dtype         dtype;
+    fl_index_dtype   index_dtype;
+    float            s, m1, m2, m3;
+    int              easy_margin;
+    fl_margin_grad   grad_mode;
+    int64_t          ignore_index;
+    fl_reduction     reduction;     /* NONE, SUM or MEAN */
+    int32_t*         error_flag;
+    int              cosface;       /* m1 == 1 and m2 == 0: phi = x_y - m3, no acos */
+    float            theta_max;     /* (pi - m2) / m1: the margin applies for theta <= theta_max (non-easy) */
+    float            sinmm;         /* m2 * sin(m2) */
+    int64_t          chunks;        /* ceil(C / FL__DISTILL_CHUNK) */
+} fl__margin_params;
+
+/* Same layout as fl__distill_workspace_bytes (N rows of C columns). */
+size_t fl__margin_workspace_bytes(int64_t N, int64_t C);
+/* pass FL__PASS_FORWARD (dlogits, grad_loss NULL) or FL__PASS_FUSED (loss may be NULL). Checks as
+ * section 5's (targets range only on the CPU, by the backend) plus the options' ranges. */
+fl_status fl__margin_validate(const char* fn, fl__pass pass, int is_cuda, const float* loss, const float* lse,
+                              const void* dlogits, const void* logits, int64_t ld, const void* targets,
+                              fl_index_dtype index_dtype, const float* grad_loss, float grad_scale, int64_t N,
+                              int64_t C, fl_dtype dtype, const fl_margin_options* opts, const void* workspace,
+                              size_t workspace_bytes, fl__margin_params* p);
+
+/* ---- softmax focal (header section 12) ------------------------------------------------------ */
+
+typedef struct {
+    int64_t          N, C, d, ld;
+    fl_dtype         dtype;
+    fl_index_dtype   index_dtype;
+    float            gamma;
+    const float*     alpha;
+    int64_t          ignore_index;
+    fl_reduction     reduction;
+    int32_t*         error_flag;
+    int64_t          positions;     /* N * d */
+    int64_t          chunks;        /* d == 1: ceil(C / FL__DISTILL_CHUNK); else 1 */
+} fl__focal_params;
+
+/* Layout: 256 + align256(4 P) + align256(8 P) + align256(32 P chunks), P = N * d positions. */
+size_t fl__focal_workspace_bytes(int64_t N, int64_t C, int64_t d);
+fl_status fl__focal_validate(const char* fn, fl__pass pass, int is_cuda, const float* loss, const void* dlogits,
+                             const void* logits, int64_t ld, const void* targets, fl_index_dtype index_dtype,
+                             const float* grad_loss, float grad_scale, int64_t N, int64_t C, int64_t d,
+                             fl_dtype dtype, const fl_focal_options* opts, const void* workspace,
+                             size_t workspace_bytes, fl__focal_params* p);
+
 #ifdef __cplusplus
 }
 #endif

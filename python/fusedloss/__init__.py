@@ -8,6 +8,7 @@
     loss = fusedloss.linear_cross_entropy(hidden, lm_head.weight, target)  # lm head + loss, no logits
     loss = fusedloss.vocab_parallel_cross_entropy(shard, target, start, end, group=tp_group)
     fusedloss.patch.apply(model)                            # HF GPT-2 / Llama: fused training loss
+    loss = fusedloss.distillation_loss(student_logits, teacher_logits, temperature=2.0, t2_scale=True)
 
 Layers (STYLE.md section 7): _lib (ctypes, no torch) -> ops (torch.library custom ops) ->
 autograd -> functional -> nn -> patch (Hugging Face transformers models; transformers is
@@ -24,12 +25,16 @@ from .ops import check_errors, set_debug, is_debug  # noqa: E402
 from .functional import cross_entropy, gelu, linear_cross_entropy  # noqa: E402
 from .functional import vocab_parallel_cross_entropy  # noqa: E402
 from .zoo import sigmoid_focal_loss, binary_cross_entropy_with_logits  # noqa: E402  (header section 9)
+from .distill import distillation_loss, kl_div_logits, jsd_logits, DistillationLoss  # noqa: E402  (section 10)
 from .vocab_parallel_linear import vocab_parallel_linear_cross_entropy  # noqa: E402
+from .linear_distill import linear_distillation_loss, LinearDistillationLoss  # noqa: E402  (section 10, no logits)
 from . import functional, nn, patch  # noqa: E402,F401
 
 __all__ = ["cross_entropy", "gelu", "linear_cross_entropy", "vocab_parallel_cross_entropy",
            "vocab_parallel_linear_cross_entropy", "nn",
            "patch", "functional", "check_errors", "set_debug", "is_debug", "FusedLossError",
            "TargetOutOfRangeError", "NotBuiltError", "cuda_built", "__version__",
-           "sigmoid_focal_loss", "binary_cross_entropy_with_logits"]
+           "sigmoid_focal_loss", "binary_cross_entropy_with_logits",
+           "distillation_loss", "kl_div_logits", "jsd_logits", "DistillationLoss",
+           "linear_distillation_loss", "LinearDistillationLoss"]
 

@@ -25,7 +25,8 @@ __all__ = [
     "version_string", "cuda_built", "status_string", "last_error", "CEOptions",
     "ce_options", "workspace_size", "gelu_workspace_size", "GELU_APPROX", "LCEOptions",
     "lce_options", "lce_workspace_size", "lce_context_create", "lce_context_destroy", "LCE_ACCUM",
-    "NotBuiltError", "optional_symbol",
+    "NotBuiltError", "optional_symbol", "DistillOptions", "distill_options",
+    "distill_workspace_size", "DISTILL_REDUCTIONS",
 ]
 
 EXPECTED_VERSION_NUMBER = 100  # FL_VERSION_NUMBER of 0.1.0 (MAJOR*10000 + MINOR*100 + PATCH)
@@ -45,6 +46,8 @@ FL_DTYPE_F32, FL_DTYPE_F16, FL_DTYPE_BF16 = 0, 1, 2
 FL_INDEX_I32, FL_INDEX_I64 = 0, 1
 FL_REDUCTION_NONE, FL_REDUCTION_MEAN, FL_REDUCTION_SUM = 0, 1, 2
 REDUCTIONS = {"none": FL_REDUCTION_NONE, "mean": FL_REDUCTION_MEAN, "sum": FL_REDUCTION_SUM}
+FL_REDUCTION_BATCHMEAN = 3  # distillation entry points only (section 10): sum / N
+DISTILL_REDUCTIONS = dict(REDUCTIONS, batchmean=FL_REDUCTION_BATCHMEAN)
 FL_GELU_NONE, FL_GELU_TANH = 0, 1
 GELU_APPROX = {"none": FL_GELU_NONE, "tanh": FL_GELU_TANH}  # PyTorch's approximate= strings
 FL_LCE_ACCUM_AUTO, FL_LCE_ACCUM_FP32, FL_LCE_ACCUM_LEAN = 0, 1, 2
@@ -94,6 +97,19 @@ class LCEOptions(ctypes.Structure):
         ("byte_budget", ctypes.c_size_t),
         ("wgrad_accum", ctypes.c_int),        # fl_lce_accum (a C enum: int-sized)
         ("allow_tf32", ctypes.c_int32),
+    ]
+
+
+class DistillOptions(ctypes.Structure):
+    """fl_distill_options (section 10); build it with distill_options() (FL_DISTILL_OPTIONS_INIT)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("temperature", ctypes.c_float),
+        ("beta", ctypes.c_float),
+        ("ignore_index", ctypes.c_int64),
+        ("reduction", ctypes.c_int),          # fl_reduction (a C enum: int-sized); 3 = BATCHMEAN
+        ("t2_scale", ctypes.c_int32),
     ]
 
 
@@ -206,6 +222,24 @@ _OPTIONAL = {
     "fl_vp_ce_combine_cuda": (_INT, _VP_COMBINE + [_P]),
     "fl_vp_ce_backward_cuda": (_INT, _VP_BWD + [_P]),
 }
+# ---- section 10: distillation divergences (used by fusedloss.distill) ----------------------------
+# Optional while the backends are being written (a library built before them still imports; the
+# distill functions then raise NotBuiltError); they move up into _SIGNATURES once every build has
+# them (the CPU-only build's CUDA entries as FL_ERR_NOT_BUILT stubs in src/cuda/stub.c).
+# forward: loss, student, ld_student, teacher, ld_teacher, teacher_dtype, labels, label_dtype, N, V,
+# dtype, opts, workspace, bytes[, stream]
+_DISTILL_FWD = [_P, _P, _I64, _P, _I64, _INT, _P, _INT, _I64, _I64, _INT, _OPTS, _P, _SZ]
+# fused: loss, dstudent, student, ld_student, teacher, ld_teacher, teacher_dtype, labels, label_dtype,
+# grad_loss, grad_scale, N, V, dtype, opts, workspace, bytes[, stream]
+_DISTILL_FUSED = [_P, _P, _P, _I64, _P, _I64, _INT, _P, _INT, _P, _F32, _I64, _I64, _INT, _OPTS, _P, _SZ]
+_OPTIONAL.update({
+    "fl_distill_workspace_size": (_INT, [ctypes.POINTER(_SZ), _I64, _I64, _INT, _OPTS]),
+    "fl_distill_forward_cpu": (_INT, _DISTILL_FWD),
+    "fl_distill_forward_cuda": (_INT, _DISTILL_FWD + [_P]),
+    "fl_distill_fused_cpu": (_INT, _DISTILL_FUSED),
+    "fl_distill_fused_cuda": (_INT, _DISTILL_FUSED + [_P]),
+})
+# ---- end of section 10 ---------------------------------------------------------------------------
 
 
 def _candidates():
@@ -356,3 +390,25 @@ def lce_context_create():
 def lce_context_destroy(ctx):
     """fl_lce_context_destroy() (None / 0 is a no-op)."""
     lib.fl_lce_context_destroy(ctx or None)
+
+
+def distill_options(temperature=1.0, beta=0.0, ignore_index=-100, reduction=FL_REDUCTION_MEAN,
+                    t2_scale=False):
+    """An fl_distill_options (FL_DISTILL_OPTIONS_INIT defaults; reduction an fl_reduction number,
+    FL_REDUCTION_BATCHMEAN included). The C library validates the values."""
+    return DistillOptions(ctypes.sizeof(DistillOptions), float(temperature), float(beta),
+                          int(ignore_index), int(reduction), 1 if t2_scale else 0)
+
+
+def distill_workspace_size(N, V, dtype, opts=None):
+    """fl_distill_workspace_size(): bytes of workspace every distillation call needs. opts: a
+    DistillOptions, its address (int), or None (defaults). NotBuiltError if the library predates
+    section 10."""
+    fn = _optional["fl_distill_workspace_size"]
+    if fn is None:
+        raise NotBuiltError(f"fl_distill_workspace_size: {library_path} has no distillation entry points "
+                            "(built before include/fusedloss.h section 10); rebuild it", FL_ERR_NOT_BUILT)
+    out = ctypes.c_size_t(0)
+    ref = opts if opts is None or isinstance(opts, int) else ctypes.byref(opts)
+    _check(fn(ctypes.byref(out), int(N), int(V), int(dtype), ref), "fl_distill_workspace_size")
+    return out.value

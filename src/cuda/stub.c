@@ -192,3 +192,64 @@ fl_status fl_bce_with_logits_fused_cuda(float* loss, void* dlogits, const void* 
     (void)stream;
     return FL_NOT_BUILT("fl_bce_with_logits_fused_cuda");
 }
+
+/* ---- section 10: distillation divergences -------------------------------------------------- */
+
+fl_status fl_distill_forward_cuda(float* loss, const void* student, int64_t ld_student, const void* teacher,
+                                  int64_t ld_teacher, fl_dtype teacher_dtype, const void* labels,
+                                  fl_index_dtype label_dtype, int64_t N, int64_t V, fl_dtype dtype,
+                                  const fl_distill_options* opts, void* workspace, size_t workspace_bytes,
+                                  fl_stream stream) {
+    (void)loss; (void)student; (void)ld_student; (void)teacher; (void)ld_teacher; (void)teacher_dtype;
+    (void)labels; (void)label_dtype; (void)N; (void)V; (void)dtype; (void)opts; (void)workspace;
+    (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_distill_forward_cuda");
+}
+
+fl_status fl_distill_fused_cuda(float* loss, void* dstudent, const void* student, int64_t ld_student,
+                                const void* teacher, int64_t ld_teacher, fl_dtype teacher_dtype, const void* labels,
+                                fl_index_dtype label_dtype, const float* grad_loss, float grad_scale, int64_t N,
+                                int64_t V, fl_dtype dtype, const fl_distill_options* opts, void* workspace,
+                                size_t workspace_bytes, fl_stream stream) {
+    (void)loss; (void)dstudent; (void)student; (void)ld_student; (void)teacher; (void)ld_teacher;
+    (void)teacher_dtype; (void)labels; (void)label_dtype; (void)grad_loss; (void)grad_scale; (void)N; (void)V;
+    (void)dtype; (void)opts; (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_distill_fused_cuda");
+}
+
+fl_status fl_margin_ce_forward_cuda(float* loss, float* lse, const void* logits, int64_t ld, const void* targets,
+                                    fl_index_dtype index_dtype, int64_t N, int64_t C, fl_dtype dtype,
+                                    const fl_margin_options* opts, void* workspace, size_t workspace_bytes,
+                                    fl_stream stream) {
+    (void)loss; (void)lse; (void)logits; (void)ld; (void)targets; (void)index_dtype; (void)N; (void)C; (void)dtype;
+    (void)opts; (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_margin_ce_forward_cuda");
+}
+
+fl_status fl_margin_ce_fused_cuda(float* loss, float* lse, void* dlogits, const void* logits, int64_t ld,
+                                  const void* targets, fl_index_dtype index_dtype, const float* grad_loss,
+                                  float grad_scale, int64_t N, int64_t C, fl_dtype dtype, const fl_margin_options* opts,
+                                  void* workspace, size_t workspace_bytes, fl_stream stream) {
+    (void)loss; (void)lse; (void)dlogits; (void)logits; (void)ld; (void)targets; (void)index_dtype; (void)grad_loss;
+    (void)grad_scale; (void)N; (void)C; (void)dtype; (void)opts; (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_margin_ce_fused_cuda");
+}
+
+fl_status fl_softmax_focal_forward_cuda(float* loss, const void* logits, int64_t ld, const void* targets,
+                                        fl_index_dtype index_dtype, int64_t N, int64_t C, int64_t d, fl_dtype dtype,
+                                        const fl_focal_options* opts, void* workspace, size_t workspace_bytes,
+                                        fl_stream stream) {
+    (void)loss; (void)logits; (void)ld; (void)targets; (void)index_dtype; (void)N; (void)C; (void)d; (void)dtype;
+    (void)opts; (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_softmax_focal_forward_cuda");
+}
+
+fl_status fl_softmax_focal_fused_cuda(float* loss, void* dlogits, const void* logits, int64_t ld, const void* targets,
+                                      fl_index_dtype index_dtype, const float* grad_loss, float grad_scale, int64_t N,
+                                      int64_t C, int64_t d, fl_dtype dtype, const fl_focal_options* opts,
+                                      void* workspace, size_t workspace_bytes, fl_stream stream) {
+    (void)loss; (void)dlogits; (void)logits; (void)ld; (void)targets; (void)index_dtype; (void)grad_loss;
+    (void)grad_scale; (void)N; (void)C; (void)d; (void)dtype; (void)opts; (void)workspace; (void)workspace_bytes;
+    (void)stream;
+    return FL_NOT_BUILT("fl_softmax_focal_fused_cuda");
+}
