@@ -160,6 +160,7 @@ static int run_case(const cfg_t* c, uint64_t seed, int graph) {
          * (the bound tests/test_elementwise_loss.c checks the CPU against), so they may differ by
          * twice that, scaled by the upstream gradient; relative to the result that is unbounded. */
         double* sl = tu_xmalloc((size_t)(n + 1) * 8);
+        memset(sl, 0, (size_t)(n + 1) * 8);
         const double g0 = 0.5 * (c->with_gl ? hgl[0] : 1.0) / (c->red == FL_REDUCTION_MEAN && n ? (double)n : 1.0);
         for (int64_t k = 0; k < n; k++) {
             a[k] = tu_load(gdxh, c->dt, k);

@@ -9,6 +9,8 @@
     loss = fusedloss.vocab_parallel_cross_entropy(shard, target, start, end, group=tp_group)
     fusedloss.patch.apply(model)                            # HF GPT-2 / Llama: fused training loss
     loss = fusedloss.distillation_loss(student_logits, teacher_logits, temperature=2.0, t2_scale=True)
+    loss = fusedloss.margin_cross_entropy(cosine, target, s=64.0, m2=0.5)   # ArcFace (also ArcFaceLoss, CosFaceLoss)
+    loss = fusedloss.softmax_focal_loss(seg_logits, seg_target, gamma=2.0)  # [N, C, H, W] / [N, C] focal
 
 Layers (STYLE.md section 7): _lib (ctypes, no torch) -> ops (torch.library custom ops) ->
 autograd -> functional -> nn -> patch (Hugging Face transformers models; transformers is
@@ -26,6 +28,8 @@ from .functional import cross_entropy, gelu, linear_cross_entropy  # noqa: E402
 from .functional import vocab_parallel_cross_entropy  # noqa: E402
 from .zoo import sigmoid_focal_loss, binary_cross_entropy_with_logits  # noqa: E402  (header section 9)
 from .distill import distillation_loss, kl_div_logits, jsd_logits, DistillationLoss  # noqa: E402  (section 10)
+from .softmax_losses import margin_cross_entropy, ArcFaceLoss, CosFaceLoss, CombinedMarginLoss  # noqa: E402  (section 11)
+from .softmax_losses import softmax_focal_loss, SoftmaxFocalLoss  # noqa: E402  (section 12)
 from .vocab_parallel_linear import vocab_parallel_linear_cross_entropy  # noqa: E402
 from .linear_distill import linear_distillation_loss, LinearDistillationLoss  # noqa: E402  (section 10, no logits)
 from . import functional, nn, patch  # noqa: E402,F401
@@ -36,5 +40,7 @@ __all__ = ["cross_entropy", "gelu", "linear_cross_entropy", "vocab_parallel_cros
            "TargetOutOfRangeError", "NotBuiltError", "cuda_built", "__version__",
            "sigmoid_focal_loss", "binary_cross_entropy_with_logits",
            "distillation_loss", "kl_div_logits", "jsd_logits", "DistillationLoss",
-           "linear_distillation_loss", "LinearDistillationLoss"]
+           "linear_distillation_loss", "LinearDistillationLoss",
+           "margin_cross_entropy", "ArcFaceLoss", "CosFaceLoss", "CombinedMarginLoss",
+           "softmax_focal_loss", "SoftmaxFocalLoss"]
 

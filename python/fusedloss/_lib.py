@@ -26,7 +26,9 @@ __all__ = [
     "ce_options", "workspace_size", "gelu_workspace_size", "GELU_APPROX", "LCEOptions",
     "lce_options", "lce_workspace_size", "lce_context_create", "lce_context_destroy", "LCE_ACCUM",
     "NotBuiltError", "optional_symbol", "DistillOptions", "distill_options",
-    "distill_workspace_size", "DISTILL_REDUCTIONS",
+    "distill_workspace_size", "DISTILL_REDUCTIONS", "MarginOptions", "margin_options",
+    "margin_ce_workspace_size", "MARGIN_GRAD", "FocalOptions", "focal_options",
+    "softmax_focal_workspace_size",
 ]
 
 EXPECTED_VERSION_NUMBER = 100  # FL_VERSION_NUMBER of 0.1.0 (MAJOR*10000 + MINOR*100 + PATCH)
@@ -53,6 +55,8 @@ GELU_APPROX = {"none": FL_GELU_NONE, "tanh": FL_GELU_TANH}  # PyTorch's approxim
 FL_LCE_ACCUM_AUTO, FL_LCE_ACCUM_FP32, FL_LCE_ACCUM_LEAN = 0, 1, 2
 LCE_ACCUM = {"auto": FL_LCE_ACCUM_AUTO, "fp32": FL_LCE_ACCUM_FP32, "lean": FL_LCE_ACCUM_LEAN}
 FL_LCE_DEFAULT_BYTE_BUDGET = 512 << 20  # FL_LCE_OPTIONS_INIT's byte_budget
+FL_MARGIN_GRAD_EXACT, FL_MARGIN_GRAD_STRAIGHT = 0, 1  # fl_margin_grad (section 11)
+MARGIN_GRAD = {"exact": FL_MARGIN_GRAD_EXACT, "straight": FL_MARGIN_GRAD_STRAIGHT}
 
 
 class FusedLossError(RuntimeError):
@@ -110,6 +114,36 @@ class DistillOptions(ctypes.Structure):
         ("ignore_index", ctypes.c_int64),
         ("reduction", ctypes.c_int),          # fl_reduction (a C enum: int-sized); 3 = BATCHMEAN
         ("t2_scale", ctypes.c_int32),
+    ]
+
+
+class MarginOptions(ctypes.Structure):
+    """fl_margin_options (section 11); build it with margin_options() (FL_MARGIN_OPTIONS_INIT)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("s", ctypes.c_float),
+        ("m1", ctypes.c_float),
+        ("m2", ctypes.c_float),
+        ("m3", ctypes.c_float),
+        ("easy_margin", ctypes.c_int32),
+        ("grad_mode", ctypes.c_int),          # fl_margin_grad (a C enum: int-sized)
+        ("ignore_index", ctypes.c_int64),
+        ("reduction", ctypes.c_int),          # fl_reduction
+        ("error_flag", ctypes.c_void_p),      # int32_t* (device memory, CUDA only)
+    ]
+
+
+class FocalOptions(ctypes.Structure):
+    """fl_focal_options (section 12); build it with focal_options() (FL_FOCAL_OPTIONS_INIT)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("gamma", ctypes.c_float),
+        ("alpha", ctypes.c_void_p),           # const float* [C] (host for CPU / device for CUDA) or NULL
+        ("ignore_index", ctypes.c_int64),
+        ("reduction", ctypes.c_int),          # fl_reduction
+        ("error_flag", ctypes.c_void_p),      # int32_t* (device memory, CUDA only)
     ]
 
 
@@ -240,6 +274,32 @@ _OPTIONAL.update({
     "fl_distill_fused_cuda": (_INT, _DISTILL_FUSED + [_P]),
 })
 # ---- end of section 10 ---------------------------------------------------------------------------
+# ---- sections 11 / 12: margin softmax cross-entropy, softmax focal loss (used by
+# fusedloss.softmax_losses). Optional for the same reason as section 10: a library built before
+# them still imports (the functions then raise NotBuiltError).
+# margin forward: loss, lse, logits, ld, targets, index_dtype, N, C, dtype, opts, workspace, bytes[, stream]
+_MARGIN_FWD = [_P, _P, _P, _I64, _P, _INT, _I64, _I64, _INT, _OPTS, _P, _SZ]
+# margin fused: loss, lse, dlogits, logits, ld, targets, index_dtype, grad_loss, grad_scale, N, C, dtype,
+# opts, workspace, bytes[, stream]
+_MARGIN_FUSED = [_P, _P, _P, _P, _I64, _P, _INT, _P, _F32, _I64, _I64, _INT, _OPTS, _P, _SZ]
+# focal forward: loss, logits, ld, targets, index_dtype, N, C, d, dtype, opts, workspace, bytes[, stream]
+_SFOCAL_FWD = [_P, _P, _I64, _P, _INT, _I64, _I64, _I64, _INT, _OPTS, _P, _SZ]
+# focal fused: loss, dlogits, logits, ld, targets, index_dtype, grad_loss, grad_scale, N, C, d, dtype,
+# opts, workspace, bytes[, stream]
+_SFOCAL_FUSED = [_P, _P, _P, _I64, _P, _INT, _P, _F32, _I64, _I64, _I64, _INT, _OPTS, _P, _SZ]
+_OPTIONAL.update({
+    "fl_margin_ce_workspace_size": (_INT, [ctypes.POINTER(_SZ), _I64, _I64, _INT, _OPTS]),
+    "fl_margin_ce_forward_cpu": (_INT, _MARGIN_FWD),
+    "fl_margin_ce_forward_cuda": (_INT, _MARGIN_FWD + [_P]),
+    "fl_margin_ce_fused_cpu": (_INT, _MARGIN_FUSED),
+    "fl_margin_ce_fused_cuda": (_INT, _MARGIN_FUSED + [_P]),
+    "fl_softmax_focal_workspace_size": (_INT, [ctypes.POINTER(_SZ), _I64, _I64, _I64, _INT, _OPTS]),
+    "fl_softmax_focal_forward_cpu": (_INT, _SFOCAL_FWD),
+    "fl_softmax_focal_forward_cuda": (_INT, _SFOCAL_FWD + [_P]),
+    "fl_softmax_focal_fused_cpu": (_INT, _SFOCAL_FUSED),
+    "fl_softmax_focal_fused_cuda": (_INT, _SFOCAL_FUSED + [_P]),
+})
+# ---- end of sections 11 / 12 ---------------------------------------------------------------------
 
 
 def _candidates():
@@ -411,4 +471,50 @@ def distill_workspace_size(N, V, dtype, opts=None):
     out = ctypes.c_size_t(0)
     ref = opts if opts is None or isinstance(opts, int) else ctypes.byref(opts)
     _check(fn(ctypes.byref(out), int(N), int(V), int(dtype), ref), "fl_distill_workspace_size")
+    return out.value
+
+
+def _optional_fn(name, what):
+    fn = _optional[name]
+    if fn is None:
+        raise NotBuiltError(f"{name}: {library_path} has no {what} entry points (built before "
+                            "include/fusedloss.h sections 11 / 12); rebuild it", FL_ERR_NOT_BUILT)
+    return fn
+
+
+def margin_options(s=64.0, m1=1.0, m2=0.5, m3=0.0, easy_margin=False, grad_mode=FL_MARGIN_GRAD_EXACT,
+                   ignore_index=-100, reduction=FL_REDUCTION_MEAN, error_flag=0):
+    """An fl_margin_options (FL_MARGIN_OPTIONS_INIT defaults: ArcFace s 64, m2 0.5); grad_mode and
+    reduction fl_* numbers, error_flag an address (0 = NULL). The C library validates the values."""
+    return MarginOptions(ctypes.sizeof(MarginOptions), float(s), float(m1), float(m2), float(m3),
+                         1 if easy_margin else 0, int(grad_mode), int(ignore_index), int(reduction),
+                         error_flag or None)
+
+
+def margin_ce_workspace_size(N, C, dtype, opts=None):
+    """fl_margin_ce_workspace_size(): bytes of workspace every margin cross-entropy call needs.
+    opts: a MarginOptions, its address (int), or None. NotBuiltError if the library predates
+    section 11."""
+    fn = _optional_fn("fl_margin_ce_workspace_size", "margin cross-entropy")
+    out = ctypes.c_size_t(0)
+    ref = opts if opts is None or isinstance(opts, int) else ctypes.byref(opts)
+    _check(fn(ctypes.byref(out), int(N), int(C), int(dtype), ref), "fl_margin_ce_workspace_size")
+    return out.value
+
+
+def focal_options(gamma=2.0, alpha=0, ignore_index=-100, reduction=FL_REDUCTION_MEAN, error_flag=0):
+    """An fl_focal_options (FL_FOCAL_OPTIONS_INIT defaults); alpha / error_flag addresses (0 = NULL)
+    of an fp32 [C] array / a device int32. The C library validates the values."""
+    return FocalOptions(ctypes.sizeof(FocalOptions), float(gamma), alpha or None, int(ignore_index),
+                        int(reduction), error_flag or None)
+
+
+def softmax_focal_workspace_size(N, C, d, dtype, opts=None):
+    """fl_softmax_focal_workspace_size(): bytes of workspace every softmax focal call needs for N
+    samples of C classes at d positions. opts: a FocalOptions, its address (int), or None.
+    NotBuiltError if the library predates section 12."""
+    fn = _optional_fn("fl_softmax_focal_workspace_size", "softmax focal")
+    out = ctypes.c_size_t(0)
+    ref = opts if opts is None or isinstance(opts, int) else ctypes.byref(opts)
+    _check(fn(ctypes.byref(out), int(N), int(C), int(d), int(dtype), ref), "fl_softmax_focal_workspace_size")
     return out.value

@@ -33,27 +33,15 @@
  * the only atomics are integer counters; which CTA merges a row does not change the merge order).
  * SPDX-License-Identifier: MIT
  */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-
-#include "../internal.h"
-#include "common.cuh"
-
-#define DS_THREADS 256
-#define DS_CH FL__DISTILL_CHUNK
-#define DS_LOG2E 1.4426950408889634f
-#define DS_LN2 0.6931471805599453f
+#include "rowpass.cuh"
 
 // workspace slots: 8 fp32 per (row, chunk)
-//   phase 1 partial : [0] m_s [1] S_s [2] m_t [3] S_t [4] U (FKL) / W (RKL)   (log2 units)
-//   phase 2 partial : [5] A = sum p (log p - log m) [6] B = sum q (log q - log m)   (natural units)
+//   phase 0 partial : [0] m_s [1] S_s [2] m_t [3] S_t [4] U (FKL) / W (RKL)   (log2 units)
+//   phase 1 partial : [5] A = sum p (log p - log m) [6] B = sum q (log q - log m)   (natural units)
 //   merged row stats (slot of chunk 0, written by the merger after it read every partial):
 //                     [0] L2s = log2 sum 2^a   [1] L2t   [2] loss (natural, unscaled)   [3] sum h (JSD)
 struct DArgs {
+    RpSched sc;
     const void* s;
     const void* t;
     void* ds;
@@ -62,11 +50,10 @@ struct DArgs {
     const void* labels;
     const float* gl;       // grad_loss or NULL
     const float* Ddev;     // MEAN with labels: the count of non-ignored rows (device); else NULL
-    int* cnt1;             // [N] phase-1 completion counters
-    int* cnt2;             // [N] phase-2 completion counters (JSD)
+    int* cnt1;             // [N] phase-0 completion counters
+    int* cnt2;             // [N] phase-1 completion counters (JSD)
     float* part;           // [N * C * 8]
-    unsigned long long* ticket;
-    int64_t N, V, lds, ldt, C, R, nb, S, total;
+    int64_t V, lds, ldt;
     int64_t ignore;
     float k2;              // log2(e) / T
     float beta;
@@ -76,75 +63,7 @@ struct DArgs {
     float Dhost;           // denominator known on the host (N for BATCHMEAN / MEAN without labels, 1 for SUM / NONE)
     int lab64;
     int none;
-    int P;                 // phases
 };
-
-template <typename T> struct DsT;
-template <> struct DsT<float> { static constexpr int VEC = 4; };
-template <> struct DsT<__half> { static constexpr int VEC = 8; };
-template <> struct DsT<__nv_bfloat16> { static constexpr int VEC = 8; };
-
-__device__ __forceinline__ void unpack(const uint4& u, float (&f)[4], float) {
-    f[0] = __uint_as_float(u.x); f[1] = __uint_as_float(u.y); f[2] = __uint_as_float(u.z); f[3] = __uint_as_float(u.w);
-}
-__device__ __forceinline__ float2 u2f(unsigned v, __half) { return __half22float2(*reinterpret_cast<__half2*>(&v)); }
-__device__ __forceinline__ float2 u2f(unsigned v, __nv_bfloat16) {
-    // bf16 -> fp32 is a shift: exact
-    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-}
-
-// N consecutive elements of T at p (16-byte aligned) into fp32; N * sizeof(T) a multiple of 16
-template <typename T, int N>
-__device__ __forceinline__ void vload(const T* p, float (&f)[N], bool stream) {
-    constexpr int NU = N * (int)sizeof(T) / 16;
-    const uint4* q = reinterpret_cast<const uint4*>(p);
-#pragma unroll
-    for (int i = 0; i < NU; i++) {
-        const uint4 u = stream ? __ldcs(q + i) : __ldcg(q + i);
-        if constexpr (sizeof(T) == 4) {
-            f[4 * i + 0] = __uint_as_float(u.x); f[4 * i + 1] = __uint_as_float(u.y);
-            f[4 * i + 2] = __uint_as_float(u.z); f[4 * i + 3] = __uint_as_float(u.w);
-        } else {
-            const unsigned w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float2 v = u2f(w[k], T());
-                f[8 * i + 2 * k] = v.x; f[8 * i + 2 * k + 1] = v.y;
-            }
-        }
-    }
-}
-template <typename T> __device__ __forceinline__ float sload(const T* p) { return to_float(__ldcg(p)); }
-
-template <typename T, int N>
-__device__ __forceinline__ void vstore(T* p, const float (&f)[N]) {
-    if constexpr (sizeof(T) == 4) {
-#pragma unroll
-        for (int i = 0; i < N; i += 4) __stcs(reinterpret_cast<float4*>(p + i), make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]));
-    } else {
-        uint4* q = reinterpret_cast<uint4*>(p);
-#pragma unroll
-        for (int i = 0; i < N / 8; i++) {
-            unsigned w[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const T lo = from_float<T>(f[8 * i + 2 * k]), hi = from_float<T>(f[8 * i + 2 * k + 1]);
-                w[k] = (unsigned)*reinterpret_cast<const unsigned short*>(&lo) |
-                       ((unsigned)*reinterpret_cast<const unsigned short*>(&hi) << 16);
-            }
-            __stcs(q + i, make_uint4(w[0], w[1], w[2], w[3]));
-        }
-    }
-}
-
-// ---- statistics --------------------------------------------------------------------------------
-// (m, S): sum_j 2^(x_j - m), with m = -inf for no element yet
-struct MS {
-    float m, S;
-};
-__device__ __forceinline__ float rescale(float m_old, float m_new) {
-    return m_old == -INFINITY ? 0.0f : exp2f(m_old - m_new);
-}
 
 struct Stat1 {
     float ms, Ss, mt, St, u;   // u rides with the teacher max (FKL) or the student max (RKL)
@@ -155,8 +74,8 @@ __device__ __forceinline__ Stat1 combine1(const Stat1& a, const Stat1& b) {
     Stat1 r;
     r.ms = fmaxf(a.ms, b.ms);
     r.mt = fmaxf(a.mt, b.mt);
-    const float as = rescale(a.ms, r.ms), bs = rescale(b.ms, r.ms);
-    const float at = rescale(a.mt, r.mt), bt = rescale(b.mt, r.mt);
+    const float as = rp_rescale(a.ms, r.ms), bs = rp_rescale(b.ms, r.ms);
+    const float at = rp_rescale(a.mt, r.mt), bt = rp_rescale(b.mt, r.mt);
     r.Ss = a.Ss * as + b.Ss * bs;
     r.St = a.St * at + b.St * bt;
     if (MODE == FL__DISTILL_FKL) r.u = a.u * at + b.u * bt;
@@ -187,7 +106,7 @@ __device__ __forceinline__ Stat1 block_reduce1(Stat1 v, Stat1* sm) {
     if (l == 0) sm[w] = v;
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int k = 1; k < DS_THREADS / 32; k++) v = combine1<MODE>(v, sm[k]);
+        for (int k = 1; k < RP_THREADS / 32; k++) v = combine1<MODE>(v, sm[k]);
     }
     __syncthreads();
     return v;
@@ -203,16 +122,10 @@ __device__ __forceinline__ float2 block_sum2(float2 v, float2* sm) {
     if (l == 0) sm[w] = v;
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int k = 1; k < DS_THREADS / 32; k++) { v.x += sm[k].x; v.y += sm[k].y; }
+        for (int k = 1; k < RP_THREADS / 32; k++) { v.x += sm[k].x; v.y += sm[k].y; }
     }
     __syncthreads();
     return v;
-}
-
-__device__ __forceinline__ int row_ignored(const DArgs& a, int64_t r) {
-    if (!a.labels) return 0;
-    const int64_t lab = a.lab64 ? __ldg((const long long*)a.labels + r) : (int64_t)__ldg((const int*)a.labels + r);
-    return lab == a.ignore;
 }
 
 // the row's upstream gradient times loss_scale / T
@@ -222,143 +135,101 @@ __device__ __forceinline__ float row_grad(const DArgs& a, int64_t r) {
     return g * a.loss_scale * a.inv_T;
 }
 
-__device__ __forceinline__ void wait_count(const int* c, int want) {
-    if (threadIdx.x == 0) {
-        const volatile int* v = c;
-        while (*v < want) __nanosleep(64);
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-// Element ranges of chunk c of a row: vector-aligned in the middle; h scalar head elements (chunk 0)
-// and a scalar tail (last chunk). h is the student row's misalignment in elements.
-struct Range {
-    int64_t lo, hi;        // columns [lo, hi)
-    int64_t vlo, vhi;      // vector-aligned sub-range [vlo, vhi) (vhi - vlo a multiple of VEC)
-};
-template <int VEC>
-__device__ __forceinline__ Range chunk_range(int64_t c, int64_t C, int64_t V, int64_t h, bool vec_ok) {
-    Range g;
-    g.lo = c == 0 ? 0 : min(V, c * DS_CH + h);
-    g.hi = c == C - 1 ? V : min(V, (c + 1) * DS_CH + h);
-    if (!vec_ok) { g.vlo = g.vhi = g.lo; return g; }
-    g.vlo = c == 0 ? min(h, V) : g.lo;
-    if (g.vlo > g.hi) g.vlo = g.hi;
-    g.vhi = g.vlo + ((g.hi - g.vlo) / VEC) * VEC;
-    return g;
-}
-
 // ---- the kernel ---------------------------------------------------------------------------------
 template <typename TS, typename TT, int MODE, bool FUSED>
-__global__ void __launch_bounds__(DS_THREADS, 2) distill_kernel(DArgs a) {
-    constexpr int VEC = DsT<TS>::VEC;   // 16 bytes of the student; the teacher VEC elements likewise
-    constexpr int U = 16 / VEC;          // vectors per thread per step: 16 elements of each input in flight
-    __shared__ Stat1 sm1[DS_THREADS / 32];
-    __shared__ float2 sm2[DS_THREADS / 32];
+__global__ void __launch_bounds__(RP_THREADS, 2) distill_kernel(DArgs a) {
+    constexpr int VEC = RpT<TS>::VEC;   // 16 bytes of the student; the teacher VEC elements likewise
+    constexpr int U = 16 / VEC;          // vectors per thread per step: 16 elements of each input
+    __shared__ Stat1 sm1[RP_THREADS / 32];
+    __shared__ float2 sm2[RP_THREADS / 32];
     __shared__ unsigned long long s_ticket;
-    __shared__ float s_row[4];
+    __shared__ int s_merge;
 
     const int tid = threadIdx.x;
-    if (tid == 0) s_ticket = atomicAdd(a.ticket, 1ull);
+    if (tid == 0) s_ticket = atomicAdd(a.sc.ticket, 1ull);
     __syncthreads();
     unsigned long long t = s_ticket;
-    const int64_t PS = (int64_t)a.P * a.S;
-    while ((int64_t)t < a.total) {
+    while ((int64_t)t < a.sc.total) {
         unsigned long long next = 0;
-        if (tid == 0) next = atomicAdd(a.ticket, 1ull);   // in flight while this item runs
-        const int64_t k = (int64_t)t / PS, rem = (int64_t)t % PS;
-        const int phase = (int)(rem / a.S);
-        const int64_t slot = rem % a.S, b = k - phase;
-        const int64_t r = b * a.R + slot / a.C, c = slot % a.C;
-        if (b >= 0 && b < a.nb && r < a.N) {
+        if (tid == 0) next = atomicAdd(a.sc.ticket, 1ull);   // in flight while this item runs
+        int phase;
+        int64_t r, c;
+        if (rp_decode(a.sc, (int64_t)t, phase, r, c)) {
             const TS* srow = (const TS*)a.s + r * a.lds;
             const TT* trow = (const TT*)a.t + r * a.ldt;
             TS* drow = FUSED ? (TS*)a.ds + r * a.lds : nullptr;
             const int64_t h = (int64_t)(((16u - ((uintptr_t)srow & 15u)) & 15u) / sizeof(TS));
-            const bool vec_ok = ((uintptr_t)srow % sizeof(TS)) == 0 && ((uintptr_t)(srow + h) & 15u) == 0 &&
-                                ((uintptr_t)(trow + h) & 15u) == 0 &&
-                                (!FUSED || ((uintptr_t)(drow + h) & 15u) == 0);
-            const Range g = chunk_range<VEC>(c, a.C, a.V, h, vec_ok);
-            const bool ign = row_ignored(a, r);
-            float* slotp = a.part + (r * a.C + c) * 8;
-            float* row0 = a.part + r * a.C * 8;
-            const bool last_phase = FUSED && phase == a.P - 1;
+            const bool vec_ok = ((uintptr_t)(trow + h) & 15u) == 0 && (!FUSED || ((uintptr_t)(drow + h) & 15u) == 0);
+            const RpRange g = rp_range<VEC>(c, a.sc.C, a.V, a.sc.chk, h, vec_ok);
+            const bool ign = a.labels && rp_label(a.labels, a.lab64, r) == a.ignore;
+            float* slotp = a.part + (r * a.sc.C + c) * 8;
+            float* row0 = a.part + r * a.sc.C * 8;
+            const bool last_phase = FUSED && phase == a.sc.P - 1;
+            const float k2 = a.k2;
 
             if (phase == 0) {
                 // ---- statistics of the chunk
                 Stat1 st = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
                 if (!ign) {
-                    for (int64_t v0 = g.vlo + (int64_t)tid * VEC; v0 < g.vhi; v0 += (int64_t)U * DS_THREADS * VEC) {
-                        float xs[U][VEC], xt[U][VEC];
-                        bool in[U];
+                    rp_stream<TS, TT, true, MODE != FL__DISTILL_JSD && !FUSED, U>(srow, trow, g,
+                        [&](float (&xs)[U][VEC], float (&xt)[U][VEC], const bool (&in)[U], int64_t) {
+                            float gs = -INFINITY, gt = -INFINITY;
 #pragma unroll
-                        for (int u = 0; u < U; u++) {
-                            const int64_t col = v0 + (int64_t)u * DS_THREADS * VEC;
-                            in[u] = col < g.vhi;
-                            if (in[u]) {
-                                vload<TS, VEC>(srow + col, xs[u], false);
-                                vload<TT, VEC>(trow + col, xt[u], false);
+                            for (int u = 0; u < U; u++) {
+                                if (!in[u]) continue;
+#pragma unroll
+                                for (int e = 0; e < VEC; e++) {
+                                    xs[u][e] *= k2; xt[u][e] *= k2;
+                                    gs = fmaxf(gs, xs[u][e]); gt = fmaxf(gt, xt[u][e]);
+                                }
                             }
-                        }
-                        float gs = -INFINITY, gt = -INFINITY;
-#pragma unroll
-                        for (int u = 0; u < U; u++) {
-                            if (!in[u]) continue;
-#pragma unroll
-                            for (int e = 0; e < VEC; e++) {
-                                xs[u][e] *= a.k2; xt[u][e] *= a.k2;
-                                gs = fmaxf(gs, xs[u][e]); gt = fmaxf(gt, xt[u][e]);
+                            if (gs > st.ms) {
+                                const float f = rp_rescale(st.ms, gs);
+                                st.Ss *= f;
+                                if (MODE == FL__DISTILL_RKL) st.u *= f;
+                                st.ms = gs;
                             }
-                        }
-                        if (gs > st.ms) {
-                            const float f = rescale(st.ms, gs);
-                            st.Ss *= f;
-                            if (MODE == FL__DISTILL_RKL) st.u *= f;
-                            st.ms = gs;
-                        }
-                        if (gt > st.mt) {
-                            const float f = rescale(st.mt, gt);
-                            st.St *= f;
-                            if (MODE == FL__DISTILL_FKL) st.u *= f;
-                            st.mt = gt;
-                        }
-#pragma unroll
-                        for (int u = 0; u < U; u++) {
-                            if (!in[u]) continue;
-#pragma unroll
-                            for (int e = 0; e < VEC; e++) {
-                                const float es = exp2f(xs[u][e] - st.ms), et = exp2f(xt[u][e] - st.mt);
-                                st.Ss += es;
-                                st.St += et;
-                                if (MODE == FL__DISTILL_FKL) st.u += et * (xt[u][e] - xs[u][e]);
-                                if (MODE == FL__DISTILL_RKL) st.u += es * (xs[u][e] - xt[u][e]);
+                            if (gt > st.mt) {
+                                const float f = rp_rescale(st.mt, gt);
+                                st.St *= f;
+                                if (MODE == FL__DISTILL_FKL) st.u *= f;
+                                st.mt = gt;
                             }
-                        }
-                    }
+#pragma unroll
+                            for (int u = 0; u < U; u++) {
+                                if (!in[u]) continue;
+#pragma unroll
+                                for (int e = 0; e < VEC; e++) {
+                                    const float es = exp2f(xs[u][e] - st.ms), et = exp2f(xt[u][e] - st.mt);
+                                    st.Ss += es;
+                                    st.St += et;
+                                    if (MODE == FL__DISTILL_FKL) st.u += et * (xt[u][e] - xs[u][e]);
+                                    if (MODE == FL__DISTILL_RKL) st.u += es * (xs[u][e] - xt[u][e]);
+                                }
+                            }
+                        });
                     // scalar head / tail (or the whole chunk when the row cannot be vectorised)
-                    for (int64_t i_ = tid, nh_ = g.vlo - g.lo, ns_ = nh_ + (g.hi - g.vhi); i_ < ns_; i_ += DS_THREADS) {
-                        const int64_t col = i_ < nh_ ? g.lo + i_ : g.vhi + (i_ - nh_);
-                        const float xs = sload(srow + col) * a.k2, xt = sload(trow + col) * a.k2;
+                    rp_scalars(g, [&](int64_t col) {
+                        const float xs = rp_sload(srow + col) * k2, xt = rp_sload(trow + col) * k2;
                         Stat1 one = {xs, 1.0f, xt, 1.0f, 0.0f};
                         if (MODE == FL__DISTILL_FKL) one.u = xt - xs;
                         if (MODE == FL__DISTILL_RKL) one.u = xs - xt;
                         st = combine1<MODE>(st, one);
-                    }
+                    });
                 }
                 st = block_reduce1<MODE>(st, sm1);
                 if (tid == 0) {
                     slotp[0] = st.ms; slotp[1] = st.Ss; slotp[2] = st.mt; slotp[3] = st.St; slotp[4] = st.u;
                     __threadfence();
                     const int done = atomicAdd(a.cnt1 + r, 1);
-                    s_row[0] = (float)(done == (int)a.C - 1);
+                    s_merge = done == (int)a.sc.C - 1;
                 }
                 __syncthreads();
-                if (s_row[0] != 0.0f && tid < 32) {
+                if (s_merge && tid < 32) {
                     // the merger: warp 0 merges the row's C partials in a fixed order
                     __threadfence();
                     Stat1 m = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
-                    for (int64_t q = tid; q < a.C; q += 32) {
+                    for (int64_t q = tid; q < a.sc.C; q += 32) {
                         const float* pp = row0 + q * 8;
                         const Stat1 o = {__ldcg(pp), __ldcg(pp + 1), __ldcg(pp + 2), __ldcg(pp + 3), __ldcg(pp + 4)};
                         m = combine1<MODE>(m, o);
@@ -371,8 +242,8 @@ __global__ void __launch_bounds__(DS_THREADS, 2) distill_kernel(DArgs a) {
                     if (tid == 0) {
                         const float L2s = m.ms + log2f(m.Ss), L2t = m.mt + log2f(m.St);
                         float l = 0.0f;
-                        if (MODE == FL__DISTILL_FKL) l = DS_LN2 * (m.u / m.St - L2t + L2s);
-                        if (MODE == FL__DISTILL_RKL) l = DS_LN2 * (m.u / m.Ss - L2s + L2t);
+                        if (MODE == FL__DISTILL_FKL) l = RP_LN2 * (m.u / m.St - L2t + L2s);
+                        if (MODE == FL__DISTILL_RKL) l = RP_LN2 * (m.u / m.Ss - L2s + L2t);
                         if (ign) l = 0.0f;
                         row0[0] = L2s; row0[1] = L2t; row0[2] = l; row0[3] = 0.0f;
                         if (MODE != FL__DISTILL_JSD) {
@@ -385,63 +256,49 @@ __global__ void __launch_bounds__(DS_THREADS, 2) distill_kernel(DArgs a) {
                 }
             } else if (MODE == FL__DISTILL_JSD && phase == 1) {
                 // ---- JSD: sums of p (log p - log m) and q (log q - log m)
-                wait_count(a.cnt1 + r, (int)a.C + 1);
+                rp_wait(a.cnt1 + r, (int)a.sc.C + 1);
                 const float L2s = __ldcg(row0), L2t = __ldcg(row0 + 1);
                 const float beta = a.beta, omb = 1.0f - a.beta;
                 float2 acc = make_float2(0.0f, 0.0f);
                 auto elem = [&](float xs, float xt) {
-                    const float ls2 = xs * a.k2 - L2s, lt2 = xt * a.k2 - L2t;   // log2 q, log2 p
+                    const float ls2 = xs * k2 - L2s, lt2 = xt * k2 - L2t;   // log2 q, log2 p
                     const float q = exp2f(ls2), p = exp2f(lt2);
-                    const float mm = beta * p + omb * q;
-                    const float lm = log2f(mm);
+                    const float lm = log2f(beta * p + omb * q);
                     if (p > 0.0f) acc.x += p * (lt2 - lm);
                     if (q > 0.0f) acc.y += q * (ls2 - lm);
                 };
                 if (!ign) {
-                    for (int64_t v0 = g.vlo + (int64_t)tid * VEC; v0 < g.vhi; v0 += (int64_t)U * DS_THREADS * VEC) {
-                        float xs[U][VEC], xt[U][VEC];
-                        bool in[U];
+                    rp_stream<TS, TT, true, !FUSED, U>(srow, trow, g,
+                        [&](float (&xs)[U][VEC], float (&xt)[U][VEC], const bool (&in)[U], int64_t) {
 #pragma unroll
-                        for (int u = 0; u < U; u++) {
-                            const int64_t col = v0 + (int64_t)u * DS_THREADS * VEC;
-                            in[u] = col < g.vhi;
-                            if (in[u]) {
-                                vload<TS, VEC>(srow + col, xs[u], false);
-                                vload<TT, VEC>(trow + col, xt[u], false);
+                            for (int u = 0; u < U; u++) {
+                                if (!in[u]) continue;
+#pragma unroll
+                                for (int e = 0; e < VEC; e++) elem(xs[u][e], xt[u][e]);
                             }
-                        }
-#pragma unroll
-                        for (int u = 0; u < U; u++) {
-                            if (!in[u]) continue;
-#pragma unroll
-                            for (int e = 0; e < VEC; e++) elem(xs[u][e], xt[u][e]);
-                        }
-                    }
-                    for (int64_t i_ = tid, nh_ = g.vlo - g.lo, ns_ = nh_ + (g.hi - g.vhi); i_ < ns_; i_ += DS_THREADS) {
-                        const int64_t col = i_ < nh_ ? g.lo + i_ : g.vhi + (i_ - nh_);
-                        elem(sload(srow + col), sload(trow + col));
-                    }
+                        });
+                    rp_scalars(g, [&](int64_t col) { elem(rp_sload(srow + col), rp_sload(trow + col)); });
                 }
                 acc = block_sum2(acc, sm2);
                 if (tid == 0) {
-                    slotp[5] = acc.x * DS_LN2; slotp[6] = acc.y * DS_LN2;
+                    slotp[5] = acc.x * RP_LN2; slotp[6] = acc.y * RP_LN2;
                     __threadfence();
                     const int done = atomicAdd(a.cnt2 + r, 1);
-                    s_row[0] = (float)(done == (int)a.C - 1);
+                    s_merge = done == (int)a.sc.C - 1;
                 }
                 __syncthreads();
                 float A = 0.0f, B = 0.0f;
-                if (s_row[0] != 0.0f && tid < 32) {
+                if (s_merge && tid < 32) {
                     __threadfence();
                     // lane-strided, then a fixed shuffle tree
-                    for (int64_t q = tid; q < a.C; q += 32) { A += __ldcg(row0 + q * 8 + 5); B += __ldcg(row0 + q * 8 + 6); }
+                    for (int64_t q = tid; q < a.sc.C; q += 32) { A += __ldcg(row0 + q * 8 + 5); B += __ldcg(row0 + q * 8 + 6); }
 #pragma unroll
                     for (int off = 16; off > 0; off >>= 1) {
                         A += __shfl_xor_sync(0xffffffffu, A, off);
                         B += __shfl_xor_sync(0xffffffffu, B, off);
                     }
                 }
-                if (s_row[0] != 0.0f && tid == 0) {
+                if (s_merge && tid == 0) {
                     float l = beta * A + omb * B;
                     if (ign) l = 0.0f;
                     row0[2] = l; row0[3] = omb * B;
@@ -452,47 +309,33 @@ __global__ void __launch_bounds__(DS_THREADS, 2) distill_kernel(DArgs a) {
                 }
             } else if (last_phase) {
                 // ---- the gradient of the chunk
-                wait_count((MODE == FL__DISTILL_JSD ? a.cnt2 : a.cnt1) + r, (int)a.C + 1);
+                rp_wait((MODE == FL__DISTILL_JSD ? a.cnt2 : a.cnt1) + r, (int)a.sc.C + 1);
                 if (ign) {
-                    for (int64_t col = g.lo + tid; col < g.hi; col += DS_THREADS) drow[col] = from_float<TS>(0.0f);
+                    for (int64_t col = g.lo + tid; col < g.hi; col += RP_THREADS) drow[col] = from_float<TS>(0.0f);
                 } else {
                     const float L2s = __ldcg(row0), L2t = __ldcg(row0 + 1), l = __ldcg(row0 + 2), sh = __ldcg(row0 + 3);
                     const float G = row_grad(a, r);
                     const float beta = a.beta, omb = 1.0f - a.beta;
                     auto grad = [&](float xs, float xt) -> float {
-                        const float ls2 = xs * a.k2 - L2s, lt2 = xt * a.k2 - L2t;
+                        const float ls2 = xs * k2 - L2s, lt2 = xt * k2 - L2t;
                         const float q = exp2f(ls2);
                         if (MODE == FL__DISTILL_FKL) return G * (q - exp2f(lt2));
-                        if (MODE == FL__DISTILL_RKL) return G * (q * (DS_LN2 * (ls2 - lt2) - l));
+                        if (MODE == FL__DISTILL_RKL) return G * (q * (RP_LN2 * (ls2 - lt2) - l));
                         const float p = exp2f(lt2);
-                        const float hq = q > 0.0f ? omb * q * (DS_LN2 * (ls2 - log2f(beta * p + omb * q))) : 0.0f;
+                        const float hq = q > 0.0f ? omb * q * (RP_LN2 * (ls2 - log2f(beta * p + omb * q))) : 0.0f;
                         return G * (hq - q * sh);
                     };
-                    for (int64_t v0 = g.vlo + (int64_t)tid * VEC; v0 < g.vhi; v0 += (int64_t)U * DS_THREADS * VEC) {
-                        float xs[U][VEC], xt[U][VEC];
-                        bool in[U];
+                    rp_stream<TS, TT, true, true, U>(srow, trow, g,
+                        [&](float (&xs)[U][VEC], float (&xt)[U][VEC], const bool (&in)[U], int64_t col0) {
 #pragma unroll
-                        for (int u = 0; u < U; u++) {
-                            const int64_t col = v0 + (int64_t)u * DS_THREADS * VEC;
-                            in[u] = col < g.vhi;
-                            if (in[u]) {
-                                vload<TS, VEC>(srow + col, xs[u], true);
-                                vload<TT, VEC>(trow + col, xt[u], true);
+                            for (int u = 0; u < U; u++) {
+                                if (!in[u]) continue;
+#pragma unroll
+                                for (int e = 0; e < VEC; e++) xs[u][e] = grad(xs[u][e], xt[u][e]);
+                                rp_vstore<TS, VEC>(drow + col0 + (int64_t)u * RP_THREADS * VEC, xs[u]);
                             }
-                        }
-#pragma unroll
-                        for (int u = 0; u < U; u++) {
-                            if (!in[u]) continue;
-#pragma unroll
-                            for (int e = 0; e < VEC; e++) xs[u][e] = grad(xs[u][e], xt[u][e]);
-                            vstore<TS, VEC>(drow + v0 + (int64_t)u * DS_THREADS * VEC, xs[u]);
-                        }
-                    }
-                    for (int64_t i_ = tid, nh_ = g.vlo - g.lo, ns_ = nh_ + (g.hi - g.vhi); i_ < ns_; i_ += DS_THREADS) {
-                        const int64_t col = i_ < nh_ ? g.lo + i_ : g.vhi + (i_ - nh_);
-                        const float d = grad(sload(srow + col), sload(trow + col));
-                        drow[col] = from_float<TS>(d);
-                    }
+                        });
+                    rp_scalars(g, [&](int64_t col) { drow[col] = from_float<TS>(grad(rp_sload(srow + col), rp_sload(trow + col))); });
                 }
             }
         }
@@ -500,44 +343,6 @@ __global__ void __launch_bounds__(DS_THREADS, 2) distill_kernel(DArgs a) {
         if (tid == 0) s_ticket = next;
         __syncthreads();
         t = s_ticket;
-    }
-}
-
-// MEAN with labels: the number of non-ignored rows, as float, into *D
-__global__ void __launch_bounds__(1024) distill_count_kernel(const void* labels, int lab64, int64_t ignore, int64_t N,
-                                                            float* D) {
-    __shared__ long long sm[32];
-    long long c = 0;
-    for (int64_t i = threadIdx.x; i < N; i += 1024) {
-        const int64_t lab = lab64 ? ((const long long*)labels)[i] : (int64_t)((const int*)labels)[i];
-        c += lab != ignore;
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) c += __shfl_xor_sync(0xffffffffu, c, off);
-    if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = c;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        long long s = 0;
-        for (int k = 0; k < 32; k++) s += sm[k];
-        *D = (float)s;
-    }
-}
-
-// SUM / MEAN / BATCHMEAN: loss[0] = sum_i rowloss[i] / D, in double, fixed order
-__global__ void __launch_bounds__(1024) distill_reduce_kernel(const float* rowloss, int64_t N, const float* Ddev,
-                                                             float Dhost, float* loss) {
-    __shared__ double sm[32];
-    double s = 0.0;
-    for (int64_t i = threadIdx.x; i < N; i += 1024) s += (double)rowloss[i];
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double tot = 0.0;
-        for (int k = 0; k < 32; k++) tot += sm[k];
-        const double D = Ddev ? (double)*Ddev : (double)Dhost;
-        loss[0] = D == 0.0 ? NAN : (float)(tot / D);
     }
 }
 
@@ -562,27 +367,18 @@ static dk_fn pick(fl_dtype sdt, fl_dtype tdt, int mode, bool fused) {
     }
 }
 
-#define DS_MAX_DEV 64
 #define DS_NKERN 30
-static int g_sms[DS_MAX_DEV];
-static int g_occ[DS_MAX_DEV][DS_NKERN];
+static int g_occ[DS_NKERN];   // occupancy per kernel (the same on every device of one architecture)
 
 static int kernel_index(fl_dtype sdt, fl_dtype tdt, int mode, bool fused) {
     const int pair = sdt == FL_DTYPE_F32 ? 0 : (sdt == FL_DTYPE_F16 ? 1 : 3) + (tdt == FL_DTYPE_F32);
     return (pair * 3 + mode) * 2 + (fused ? 1 : 0);
 }
 
-static int64_t env_i64(const char* name, int64_t dflt) {
-    const char* v = getenv(name);
-    if (!v || !*v) return dflt;
-    const long long x = atoll(v);
-    return x > 0 ? (int64_t)x : dflt;
-}
-
 static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_params* p, float* loss, void* ds,
                               const void* s, const void* t, const float* gl, float grad_scale, void* workspace,
                               cudaStream_t stream) {
-    const int64_t N = p->N, C = p->chunks;
+    const int64_t N = p->N;
     const bool fused = pass == FL__PASS_FUSED;
     const int none = p->reduction == FL_REDUCTION_NONE;
     char* ws = (char*)workspace;
@@ -602,7 +398,7 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
                         "sizes (%p, %p, %p)", fn, s, t, ds);
     if (N == 0) {
         if (!none && loss) {
-            distill_reduce_kernel<<<1, 1024, 0, stream>>>(rowloss, 0, nullptr, p->reduction == FL_REDUCTION_SUM ? 1.0f : 0.0f, loss);
+            rp_reduce_kernel<<<1, 1024, 0, stream>>>(rowloss, 0, nullptr, p->reduction == FL_REDUCTION_SUM ? 1.0f : 0.0f, loss);
             FL_CUDA_TRY(cudaGetLastError());
         }
         return FL_OK;
@@ -611,28 +407,18 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
     FL_CUDA_TRY(cudaMemsetAsync(ws, 0, 16, stream));
     FL_CUDA_TRY(cudaMemsetAsync(cnt, 0, a8, stream));
     if (count_rows) {
-        distill_count_kernel<<<1, 1024, 0, stream>>>(p->labels, p->label_dtype == FL_INDEX_I64, p->ignore_index, N, Dslot);
+        rp_count_kernel<<<1, 1024, 0, stream>>>(p->labels, p->label_dtype == FL_INDEX_I64, p->ignore_index, N, Dslot);
         FL_CUDA_TRY(cudaGetLastError());
     }
 
-    int dev = 0;
-    FL_CUDA_TRY(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= DS_MAX_DEV) return fl__fail(FL_ERR_UNSUPPORTED, "%s: device ordinal %d >= %d", fn, dev, DS_MAX_DEV);
-    if (g_sms[dev] == 0) {
-        int sms = 0;
-        FL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        g_sms[dev] = sms > 0 ? sms : 1;
-    }
     const dk_fn kfn = pick(p->dtype, p->teacher_dtype, (int)p->mode, fused);
-    const int ki = kernel_index(p->dtype, p->teacher_dtype, (int)p->mode, fused);
-    if (g_occ[dev][ki] == 0) {
-        int occ = 0;
-        FL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kfn, DS_THREADS, 0));
-        g_occ[dev][ki] = occ > 0 ? occ : 1;
-    }
-    const int64_t resident = (int64_t)g_sms[dev] * g_occ[dev][ki];
+    int64_t resident = 0;
+    FL_CUDA_TRY(rp_resident((const void*)kfn, &g_occ[kernel_index(p->dtype, p->teacher_dtype, (int)p->mode, fused)],
+                            &resident));
+    const int P = (p->mode == FL__DISTILL_JSD ? 2 : 1) + (fused ? 1 : 0);
 
     DArgs a;
+    a.sc = rp_plan(N, p->V, P, resident, (unsigned long long*)ws);
     a.s = s;
     a.t = t;
     a.ds = ds;
@@ -644,25 +430,11 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
     a.cnt1 = cnt;
     a.cnt2 = cnt + N;
     a.part = part;
-    a.ticket = (unsigned long long*)ws;
-    a.N = N;
     a.V = p->V;
     a.lds = p->ld_s;
     a.ldt = p->ld_t;
-    a.C = C;
-    a.P = (p->mode == FL__DISTILL_JSD ? 2 : 1) + (fused ? 1 : 0);
-    // rows per block: about FUSEDLOSS_DISTILL_ITEMS (default 2 per resident CTA) items per phase
-    const int64_t items = env_i64("FUSEDLOSS_DISTILL_ITEMS", 2 * resident);
-    int64_t R = (items + C - 1) / C;
-    if (a.P == 1) R = N;   // one phase: no re-read to keep close, one block
-    if (R > N) R = N;
-    if (R < 1) R = 1;
-    a.R = R;
-    a.nb = (N + R - 1) / R;
-    a.S = R * C;
-    a.total = (a.nb + a.P - 1) * a.P * a.S;
     a.ignore = p->ignore_index;
-    a.k2 = DS_LOG2E / p->temperature;
+    a.k2 = RP_LOG2E / p->temperature;
     a.beta = p->beta;
     a.loss_scale = p->loss_scale;
     a.inv_T = 1.0f / p->temperature;
@@ -672,13 +444,13 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
     a.none = none;
 
     int64_t grid = resident;
-    const int64_t useful = N * C * a.P;
+    const int64_t useful = N * a.sc.C * P;
     if (grid > useful) grid = useful;
     if (grid < 1) grid = 1;
-    kfn<<<(unsigned)grid, DS_THREADS, 0, stream>>>(a);
+    kfn<<<(unsigned)grid, RP_THREADS, 0, stream>>>(a);
     FL_CUDA_TRY(cudaGetLastError());
     if (!none && loss) {
-        distill_reduce_kernel<<<1, 1024, 0, stream>>>(rowloss, N, count_rows ? Dslot : nullptr, Dhost, loss);
+        rp_reduce_kernel<<<1, 1024, 0, stream>>>(rowloss, N, count_rows ? Dslot : nullptr, Dhost, loss);
         FL_CUDA_TRY(cudaGetLastError());
     }
     return FL_OK;

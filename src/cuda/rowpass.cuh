@@ -1,0 +1,277 @@
+/* rowpass.cuh — the row-softmax machinery shared by the distillation (distill.cu) and the target
+ * losses (margin softmax CE, softmax focal over rows: target_ce.cu): rows cut into chunks, a work
+ * item = (phase, row, chunk), persistent CTAs taking items from one ticket counter in an order that
+ * interleaves the phases by blocks of rows so that a row's re-read follows its first read by about one
+ * round (L2 hits), per-row completion counters and a fixed-order merge, vector loads with register
+ * double buffering, and the reduce / count kernels of the scalar reductions.
+ *
+ * Ticket order: round k holds phase 0 of row block k, then phase 1 of block k - 1, then phase 2 of
+ * block k - 2 (P phases, S = R x C slots each; slots past N rows or outside [0, nb) are skipped). A
+ * CTA waits only for items of earlier phases of the same row, whose tickets are smaller and so are
+ * held by CTAs already running: no deadlock whatever the number of co-resident CTAs.
+ * SPDX-License-Identifier: MIT
+ */
+#ifndef FL_CUDA_ROWPASS_CUH
+#define FL_CUDA_ROWPASS_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "../internal.h"
+#include "common.cuh"
+
+#define RP_THREADS 256
+#define RP_LOG2E 1.4426950408889634f
+#define RP_LN2 0.6931471805599453f
+
+template <typename T> struct RpT;
+template <> struct RpT<float> { static constexpr int VEC = 4; };
+template <> struct RpT<__half> { static constexpr int VEC = 8; };
+template <> struct RpT<__nv_bfloat16> { static constexpr int VEC = 8; };
+
+__device__ __forceinline__ float2 rp_u2f(unsigned v, __half) { return __half22float2(*reinterpret_cast<__half2*>(&v)); }
+__device__ __forceinline__ float2 rp_u2f(unsigned v, __nv_bfloat16) {
+    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));   // exact
+}
+// 16 bytes of T -> 16 / sizeof(T) floats at f
+template <typename T>
+__device__ __forceinline__ void rp_unpack(const uint4& u, float* f) {
+    if constexpr (sizeof(T) == 4) {
+        f[0] = __uint_as_float(u.x); f[1] = __uint_as_float(u.y); f[2] = __uint_as_float(u.z); f[3] = __uint_as_float(u.w);
+    } else {
+        const float2 a = rp_u2f(u.x, T()), b = rp_u2f(u.y, T()), c = rp_u2f(u.z, T()), d = rp_u2f(u.w, T());
+        f[0] = a.x; f[1] = a.y; f[2] = b.x; f[3] = b.y; f[4] = c.x; f[5] = c.y; f[6] = d.x; f[7] = d.y;
+    }
+}
+template <typename T> __device__ __forceinline__ float rp_sload(const T* p) { return to_float(__ldcg(p)); }
+
+// VEC floats -> VEC elements of T at p (16-byte aligned), streaming store
+template <typename T, int VEC>
+__device__ __forceinline__ void rp_vstore(T* p, const float* f) {
+    if constexpr (sizeof(T) == 4) {
+        __stcs(reinterpret_cast<float4*>(p), make_float4(f[0], f[1], f[2], f[3]));
+    } else {
+        unsigned w[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const T lo = from_float<T>(f[2 * k]), hi = from_float<T>(f[2 * k + 1]);
+            w[k] = (unsigned)*reinterpret_cast<const unsigned short*>(&lo) |
+                   ((unsigned)*reinterpret_cast<const unsigned short*>(&hi) << 16);
+        }
+        __stcs(reinterpret_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
+    }
+}
+
+// Columns [lo, hi) of chunk c of a row (chunks of chk columns; chunk 0 also takes the h scalar head
+// elements before the first 16-byte aligned column), and its vector-aligned part [vlo, vhi).
+struct RpRange {
+    int64_t lo, hi, vlo, vhi;
+};
+template <int VEC>
+__device__ __forceinline__ RpRange rp_range(int64_t c, int64_t C, int64_t V, int64_t chk, int64_t h, bool vec_ok) {
+    RpRange g;
+    g.lo = c == 0 ? 0 : min(V, c * chk + h);
+    g.hi = c == C - 1 ? V : min(V, (c + 1) * chk + h);
+    if (!vec_ok) { g.vlo = g.vhi = g.lo; return g; }
+    g.vlo = c == 0 ? min(h, V) : g.lo;
+    if (g.vlo > g.hi) g.vlo = g.hi;
+    g.vhi = g.vlo + ((g.hi - g.vlo) / VEC) * VEC;
+    return g;
+}
+
+// The vector part of a chunk for one thread, U vectors per step, the next step's loads issued before
+// the current step is processed (register double buffering). grp(xs, xt, in, col0) gets the step's
+// values as floats (xt: the second input, TWO only), in[u] whether vector u is inside the range, and
+// the column of vector 0 (vector u at col0 + u * RP_THREADS * VEC). LAST: evict-first loads (the last
+// read of these bytes), else L2-only loads (kept for the re-read).
+template <typename TS, typename TT, bool TWO, bool LAST, int U, typename G>
+__device__ __forceinline__ void rp_stream(const TS* srow, const TT* trow, const RpRange& g, G&& grp) {
+    constexpr int VEC = RpT<TS>::VEC;
+    constexpr int NT = TWO ? (int)(VEC * sizeof(TT) / 16) : 1;
+    constexpr int64_t STEP = (int64_t)U * RP_THREADS * VEC;
+    int64_t v0 = g.vlo + (int64_t)threadIdx.x * VEC;
+    if (v0 >= g.vhi) return;
+    uint4 cs[U], ct[U][NT];
+    bool cin[U];
+    auto load = [&](int64_t base, uint4 (&rs)[U], uint4 (&rt)[U][NT], bool (&inn)[U]) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t col = base + (int64_t)u * RP_THREADS * VEC;
+            inn[u] = col < g.vhi;
+            if (inn[u]) {
+                const uint4* ps = reinterpret_cast<const uint4*>(srow + col);
+                rs[u] = LAST ? __ldcs(ps) : __ldcg(ps);
+                if constexpr (TWO) {
+                    const uint4* pt = reinterpret_cast<const uint4*>(trow + col);
+#pragma unroll
+                    for (int k = 0; k < NT; k++) rt[u][k] = LAST ? __ldcs(pt + k) : __ldcg(pt + k);
+                }
+            }
+        }
+    };
+    load(v0, cs, ct, cin);
+    for (;;) {
+        const int64_t v1 = v0 + STEP;
+        uint4 ns[U], nt[U][NT];
+        bool nin[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) nin[u] = false;
+        const bool more = v1 < g.vhi;
+        if (more) load(v1, ns, nt, nin);
+        float xs[U][VEC], xt[U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            rp_unpack<TS>(cs[u], xs[u]);
+            if constexpr (TWO) {
+#pragma unroll
+                for (int k = 0; k < NT; k++) rp_unpack<TT>(ct[u][k], xt[u] + k * (16 / (int)sizeof(TT)));
+            }
+        }
+        grp(xs, xt, cin, v0);
+        if (!more) break;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            cs[u] = ns[u];
+            cin[u] = nin[u];
+#pragma unroll
+            for (int k = 0; k < NT; k++) ct[u][k] = nt[u][k];
+        }
+        v0 = v1;
+    }
+}
+
+// the scalar columns of a chunk ([lo, vlo) then [vhi, hi)), strided over the CTA: f(col)
+template <typename F>
+__device__ __forceinline__ void rp_scalars(const RpRange& g, F&& f) {
+    const int64_t nh = g.vlo - g.lo, ns = nh + (g.hi - g.vhi);
+    for (int64_t i = threadIdx.x; i < ns; i += RP_THREADS) f(i < nh ? g.lo + i : g.vhi + (i - nh));
+}
+
+__device__ __forceinline__ float rp_rescale(float m_old, float m_new) {
+    return m_old == -INFINITY ? 0.0f : exp2f(m_old - m_new);
+}
+
+// thread 0 waits until *c >= want (then a fence), the CTA follows
+__device__ __forceinline__ void rp_wait(const int* c, int want) {
+    if (threadIdx.x == 0) {
+        const volatile int* v = c;
+        while (*v < want) __nanosleep(64);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ int64_t rp_label(const void* labels, int lab64, int64_t r) {
+    return lab64 ? (int64_t)__ldg((const long long*)labels + r) : (int64_t)__ldg((const int*)labels + r);
+}
+
+// The schedule of one launch (host-computed)
+struct RpSched {
+    unsigned long long* ticket;
+    int64_t N, C, chk, R, nb, S, total;
+    int P;
+};
+
+// decode ticket t: returns false for a padding slot
+__device__ __forceinline__ bool rp_decode(const RpSched& s, int64_t t, int& phase, int64_t& r, int64_t& c) {
+    const int64_t PS = (int64_t)s.P * s.S;
+    const int64_t k = t / PS, rem = t % PS;
+    phase = (int)(rem / s.S);
+    const int64_t slot = rem % s.S, b = k - phase;
+    r = b * s.R + slot / s.C;
+    c = slot % s.C;
+    return b >= 0 && b < s.nb && r < s.N;
+}
+
+// MEAN with labels: the number of entries != ignore among n, as float, into *D
+static __global__ void __launch_bounds__(1024) rp_count_kernel(const void* labels, int lab64, int64_t ignore, int64_t n,
+                                                       float* D) {
+    __shared__ long long sm[32];
+    long long c = 0;
+    for (int64_t i = threadIdx.x; i < n; i += 1024) c += rp_label(labels, lab64, i) != ignore;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) c += __shfl_xor_sync(0xffffffffu, c, off);
+    if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        long long s = 0;
+        for (int k = 0; k < 32; k++) s += sm[k];
+        *D = (float)s;
+    }
+}
+
+// SUM / MEAN / BATCHMEAN: loss[0] = sum_i rowloss[i] / D, in double, fixed order (D from Ddev when
+// non-NULL, else Dhost; D == 0: NaN)
+static __global__ void __launch_bounds__(1024) rp_reduce_kernel(const float* rowloss, int64_t n, const float* Ddev,
+                                                        float Dhost, float* loss) {
+    __shared__ double sm[32];
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += 1024) s += (double)rowloss[i];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double tot = 0.0;
+        for (int k = 0; k < 32; k++) tot += sm[k];
+        const double D = Ddev ? (double)*Ddev : (double)Dhost;
+        loss[0] = D == 0.0 ? NAN : (float)(tot / D);
+    }
+}
+
+// ---- host helpers ---------------------------------------------------------------------------------
+static inline int64_t rp_env_i64(const char* name, int64_t dflt) {
+    const char* v = getenv(name);
+    if (!v || !*v) return dflt;
+    const long long x = atoll(v);
+    return x > 0 ? (int64_t)x : dflt;
+}
+
+// Resident CTAs of kernel fn (RP_THREADS threads, no dynamic shared memory) on the current device;
+// *occ caches the per-SM occupancy (0 = not known yet). 0 on a CUDA error (the caller reports it).
+static inline cudaError_t rp_resident(const void* fn, int* occ, int64_t* resident) {
+    int dev = 0, sms = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess && *occ == 0) {
+        int o = 0;
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, fn, RP_THREADS, 0);
+        *occ = o > 0 ? o : 1;
+    }
+    *resident = (int64_t)(sms > 0 ? sms : 1) * (*occ > 0 ? *occ : 1);
+    return e;
+}
+
+// The schedule for N rows of V columns and P phases with `resident` CTAs. Chunks of 8192 columns
+// grown (x2, x4) while there are still >= 4 items per resident CTA per phase: fewer items, less fixed
+// cost per byte. Rows per block: about FUSEDLOSS_ROWPASS_ITEMS (default 2 x resident) items per
+// phase. The chunk count never exceeds ceil(V / FL__DISTILL_CHUNK) (the workspace's partials).
+static inline RpSched rp_plan(int64_t N, int64_t V, int P, int64_t resident, unsigned long long* ticket) {
+    RpSched s;
+    s.ticket = ticket;
+    s.N = N;
+    s.P = P;
+    const int64_t c8 = (V + FL__DISTILL_CHUNK - 1) / FL__DISTILL_CHUNK;
+    int64_t k = rp_env_i64("FUSEDLOSS_ROWPASS_CHUNK_X", 0);
+    if (k == 0) {
+        k = 1;
+        while (k < 4 && c8 >= 2 * k && N * ((c8 + 2 * k - 1) / (2 * k)) >= 4 * resident) k *= 2;
+    }
+    s.chk = (int64_t)FL__DISTILL_CHUNK * k;
+    s.C = (V + s.chk - 1) / s.chk;
+    const int64_t items = rp_env_i64("FUSEDLOSS_ROWPASS_ITEMS", 2 * resident);
+    int64_t R = P == 1 ? N : (items + s.C - 1) / s.C;   // one phase: nothing to keep close, one block
+    if (R > N) R = N;
+    if (R < 1) R = 1;
+    s.R = R;
+    s.nb = (N + R - 1) / R;
+    s.S = R * s.C;
+    s.total = (s.nb + P - 1) * P * s.S;
+    return s;
+}
+
+#endif /* FL_CUDA_ROWPASS_CUH */

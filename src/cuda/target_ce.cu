@@ -1,0 +1,503 @@
+/* target_ce.cu — CUDA backend of the two softmax losses with one class target per row that are
+ * "cross-entropy plus a per-row tweak": the margin softmax cross-entropy (include/fusedloss.h section
+ * 11) and the softmax focal loss (section 12). The CPU backends (src/cpu/margin_ce.c,
+ * src/cpu/softmax_focal.c) are the specification; tests/test_margin_ce_cuda.c and
+ * tests/test_softmax_focal_cuda.c check this file against them.
+ *
+ * Rows (margin; focal with d == 1 and C > 64): the row machinery of rowpass.cuh (as the distillation):
+ *   phase 0, per chunk: the online max and sum of 2^(z log2e) over the chunk's columns EXCLUDING the
+ *            target column (z = s x for the margin, x for focal); the last chunk of a row to finish
+ *            merges the row (fixed order) and forms, from the target's own logit x_y (one load):
+ *              M = max(m, z_y), Sx = S 2^(m - M), ey = 2^(z_y - M), lse = M + log2(Sx + ey),
+ *              1 - p_y = Sx / (Sx + ey) (no cancellation), and the cross-entropy lse - z_y as
+ *              log1p(S 2^(m - z_y)) when z_y is the row's max (accurate for confident rows),
+ *            then the loss and the two gradient coefficients of the row: dx_c = g A p_c (c != y),
+ *            dx_y = g B (margin: A = s, B = -s (1 - p_y) phi'; focal: A = -alpha_y F, B = alpha_y F (1 - p_y)).
+ *   phase 1 (fused only): dx of the chunk, written once.
+ * Positions (focal with d > 1, or rows of C <= 64): one thread per position, the C classes (stride d)
+ * read twice (statistics, then the gradient: the second read hits L1 / L2), adjacent threads on
+ * adjacent positions (coalesced for d > 1).
+ * Reductions: per-row / per-position fp32 losses into the workspace, then rp_reduce_kernel; MEAN's
+ * count of non-ignored rows by rp_count_kernel first. Out-of-range targets: no out-of-bounds read,
+ * that row's loss and gradient NaN, *error_flag = 1. No allocation, no host sync, graph-capturable,
+ * deterministic.
+ * SPDX-License-Identifier: MIT
+ */
+#include <string.h>
+
+#include "rowpass.cuh"
+
+#define TC_MARGIN 0
+#define TC_FOCAL 1
+
+struct TArgs {
+    RpSched sc;
+    const void* x;
+    void* dx;
+    float* loss;      // NONE: [rows] (may be NULL in fused)
+    float* lse;       // margin: [N] or NULL
+    float* rowloss;   // [rows] for the reduce kernel
+    const void* tg;   // targets
+    const float* gl;
+    const float* Ddev;
+    int* cnt;
+    float* part;
+    const float* alpha;
+    int32_t* error_flag;
+    int64_t V, ld, d;  // classes, batch stride, positions per sample (class stride d)
+    int64_t nrows;     // rows (margin / focal rows) or positions (N * d)
+    int64_t ignore;
+    float k2;          // log2(e) * scale of the logits (margin: s; focal: 1)
+    float s, m1, m2, m3, theta_max, sinmm;
+    float gamma;
+    float gscale;
+    int easy, straight, cosface;
+    int lab64, none;
+};
+
+// phi and phi' of the margin (header section 11); x = the target cosine
+__device__ __forceinline__ void margin_phi(const TArgs& a, float x, float& phi, float& dphi) {
+    if (a.cosface) { phi = x - a.m3; dphi = 1.0f; return; }
+    const float xc = fminf(fmaxf(x, -1.0f), 1.0f);
+    const float th = acosf(xc);
+    const bool applies = a.easy ? x > 0.0f : th <= a.theta_max;
+    if (applies) {
+        const float u = a.m1 * th + a.m2;
+        phi = cosf(u) - a.m3;
+        dphi = a.straight ? 1.0f : a.m1 * sinf(u) / fmaxf(sinf(th), 1e-6f);
+    } else {
+        phi = a.easy ? x - a.m3 : x - a.m3 - a.sinmm;
+        dphi = 1.0f;
+    }
+}
+
+// From the non-target statistics (m, S: log2 units) and the target logit: loss, lse (natural), the
+// coefficients A, B of the gradient and, for the rows kernel, L2 = log2 of the row's sum.
+template <int MODE>
+__device__ __forceinline__ void tgt_finish(const TArgs& a, float m, float S, float xy, int64_t y, float& loss,
+                                           float& lse, float& A, float& B, float& L2) {
+    float zy2, dphi = 1.0f;
+    if (MODE == TC_MARGIN) {
+        float phi;
+        margin_phi(a, xy, phi, dphi);
+        zy2 = a.s * phi * RP_LOG2E;
+    } else {
+        zy2 = xy * RP_LOG2E;
+    }
+    const float M = fmaxf(m, zy2);
+    const float Sx = S * rp_rescale(m, M), ey = exp2f(zy2 - M);
+    const float tot = Sx + ey;
+    L2 = M + log2f(tot);
+    lse = L2 * RP_LN2;
+    const float q = Sx / tot, p = ey / tot;   // 1 - p_y, p_y
+    const float ce = zy2 >= m ? log1pf(S * rp_rescale(m, zy2)) : (L2 - zy2) * RP_LN2;
+    if (MODE == TC_MARGIN) {
+        loss = ce;
+        A = a.s;
+        B = -a.s * q * dphi;
+    } else {
+        const float al = a.alpha ? __ldg(a.alpha + y) : 1.0f;
+        const float g = a.gamma;
+        const float qg = g == 0.0f ? 1.0f : (g == 1.0f ? q : (g == 2.0f ? q * q : powf(q, g)));
+        const float lp = -ce;                                   // log p_y
+        const float r = q > 0.0f ? lp / q : -1.0f;              // log(1 - q) / q -> -1
+        const float F = (g == 0.0f ? 0.0f : g * qg * p * r) - qg;  // gamma q^(g-1) p log p - q^g
+        loss = al * qg * ce;
+        A = -al * F;
+        B = al * F * q;
+    }
+}
+
+__device__ __forceinline__ float tgt_grad(const TArgs& a, int64_t r) {
+    float g = a.gscale * (a.gl ? __ldg(a.gl + (a.none ? r : 0)) : 1.0f);
+    if (!a.none) g = g / (a.Ddev ? __ldcg(a.Ddev) : 1.0f);
+    return g;
+}
+
+__device__ __forceinline__ void tgt_flag(const TArgs& a) {
+    if (a.error_flag) atomicExch(a.error_flag, 1);
+}
+
+// ---- rows: the chunked row machinery ---------------------------------------------------------------
+// slots: phase 0 partial [0] m [1] S (non-target, log2 units); merged (chunk 0's slot): [0] L2 [1] A [2] B
+template <typename T, int MODE, bool FUSED>
+__global__ void __launch_bounds__(RP_THREADS, 2) tgt_rows_kernel(TArgs a) {
+    constexpr int VEC = RpT<T>::VEC;
+    constexpr int U = 16 / VEC;
+    __shared__ float2 sm[RP_THREADS / 32];
+    __shared__ unsigned long long s_ticket;
+    __shared__ int s_merge;
+    const int tid = threadIdx.x;
+    if (tid == 0) s_ticket = atomicAdd(a.sc.ticket, 1ull);
+    __syncthreads();
+    unsigned long long t = s_ticket;
+    while ((int64_t)t < a.sc.total) {
+        unsigned long long next = 0;
+        if (tid == 0) next = atomicAdd(a.sc.ticket, 1ull);
+        int phase;
+        int64_t r, c;
+        if (rp_decode(a.sc, (int64_t)t, phase, r, c)) {
+            const T* xrow = (const T*)a.x + r * a.ld;
+            T* drow = FUSED ? (T*)a.dx + r * a.ld : nullptr;
+            const int64_t h = (int64_t)(((16u - ((uintptr_t)xrow & 15u)) & 15u) / sizeof(T));
+            const bool vec_ok = !FUSED || ((uintptr_t)(drow + h) & 15u) == 0;
+            const RpRange g = rp_range<VEC>(c, a.sc.C, a.V, a.sc.chk, h, vec_ok);
+            const int64_t y = rp_label(a.tg, a.lab64, r);
+            const bool ign = y == a.ignore;
+            const bool valid = y >= 0 && y < a.V;
+            float* slotp = a.part + (r * a.sc.C + c) * 8;
+            float* row0 = a.part + r * a.sc.C * 8;
+            const float k2 = a.k2;
+            if (phase == 0) {
+                float m = -INFINITY, S = 0.0f;
+                if (!ign) {
+                    rp_stream<T, T, false, !FUSED, U>(xrow, nullptr, g,
+                        [&](float (&xs)[U][VEC], float (&)[U][VEC], const bool (&in)[U], int64_t col0) {
+                            float gm = -INFINITY;
+#pragma unroll
+                            for (int u = 0; u < U; u++) {
+                                if (!in[u]) continue;
+                                const int64_t cu = col0 + (int64_t)u * RP_THREADS * VEC;
+#pragma unroll
+                                for (int e = 0; e < VEC; e++) {
+                                    xs[u][e] = cu + e == y ? -INFINITY : xs[u][e] * k2;
+                                    gm = fmaxf(gm, xs[u][e]);
+                                }
+                            }
+                            if (gm > m) { S *= rp_rescale(m, gm); m = gm; }
+#pragma unroll
+                            for (int u = 0; u < U; u++) {
+                                if (!in[u]) continue;
+#pragma unroll
+                                for (int e = 0; e < VEC; e++) S += exp2f(xs[u][e] - m);
+                            }
+                        });
+                    rp_scalars(g, [&](int64_t col) {
+                        if (col == y) return;
+                        const float z = rp_sload(xrow + col) * k2;
+                        if (z > m) { S *= rp_rescale(m, z); m = z; }
+                        S += exp2f(z - m);
+                    });
+                }
+                // block reduction of (m, S), fixed tree
+                float2 v = make_float2(m, S);
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) {
+                    const float om = __shfl_xor_sync(0xffffffffu, v.x, off), os = __shfl_xor_sync(0xffffffffu, v.y, off);
+                    const float M = fmaxf(v.x, om);
+                    v.y = v.y * rp_rescale(v.x, M) + os * rp_rescale(om, M);
+                    v.x = M;
+                }
+                if ((tid & 31) == 0) sm[tid >> 5] = v;
+                __syncthreads();
+                if (tid == 0) {
+                    for (int k = 1; k < RP_THREADS / 32; k++) {
+                        const float M = fmaxf(v.x, sm[k].x);
+                        v.y = v.y * rp_rescale(v.x, M) + sm[k].y * rp_rescale(sm[k].x, M);
+                        v.x = M;
+                    }
+                    slotp[0] = v.x; slotp[1] = v.y;
+                    __threadfence();
+                    const int done = atomicAdd(a.cnt + r, 1);
+                    s_merge = done == (int)a.sc.C - 1;
+                }
+                __syncthreads();
+                if (s_merge && tid < 32) {
+                    __threadfence();
+                    float mm = -INFINITY, ss = 0.0f;
+                    for (int64_t q = tid; q < a.sc.C; q += 32) {
+                        const float om = __ldcg(row0 + q * 8), os = __ldcg(row0 + q * 8 + 1);
+                        const float M = fmaxf(mm, om);
+                        ss = ss * rp_rescale(mm, M) + os * rp_rescale(om, M);
+                        mm = M;
+                    }
+#pragma unroll
+                    for (int off = 16; off > 0; off >>= 1) {
+                        const float om = __shfl_xor_sync(0xffffffffu, mm, off), os = __shfl_xor_sync(0xffffffffu, ss, off);
+                        const float M = fmaxf(mm, om);
+                        ss = ss * rp_rescale(mm, M) + os * rp_rescale(om, M);
+                        mm = M;
+                    }
+                    if (tid == 0) {
+                        float loss = 0.0f, lse = 0.0f, A = 0.0f, B = 0.0f, L2 = 0.0f;
+                        if (!ign && valid) {
+                            tgt_finish<MODE>(a, mm, ss, rp_sload(xrow + y), y, loss, lse, A, B, L2);
+                        } else if (!ign) {   // out of range: NaN row, flag
+                            loss = A = B = NAN;
+                            L2 = mm + log2f(ss);
+                            lse = L2 * RP_LN2;
+                            tgt_flag(a);
+                        }
+                        row0[0] = L2; row0[1] = A; row0[2] = B;
+                        if (a.lse) a.lse[r] = lse;
+                        if (a.none) { if (a.loss) a.loss[r] = loss; }
+                        else a.rowloss[r] = loss;
+                        __threadfence();
+                        atomicAdd(a.cnt + r, 1);
+                    }
+                }
+            } else if (FUSED) {
+                rp_wait(a.cnt + r, (int)a.sc.C + 1);
+                if (ign) {
+                    for (int64_t col = g.lo + tid; col < g.hi; col += RP_THREADS) drow[col] = from_float<T>(0.0f);
+                } else {
+                    const float L2 = __ldcg(row0), gr = tgt_grad(a, r);
+                    const float gA = gr * __ldcg(row0 + 1), gB = gr * __ldcg(row0 + 2);
+                    rp_stream<T, T, false, true, U>(xrow, nullptr, g,
+                        [&](float (&xs)[U][VEC], float (&)[U][VEC], const bool (&in)[U], int64_t col0) {
+#pragma unroll
+                            for (int u = 0; u < U; u++) {
+                                if (!in[u]) continue;
+                                const int64_t cu = col0 + (int64_t)u * RP_THREADS * VEC;
+#pragma unroll
+                                for (int e = 0; e < VEC; e++)
+                                    xs[u][e] = cu + e == y ? gB : gA * exp2f(xs[u][e] * k2 - L2);
+                                rp_vstore<T, VEC>(drow + cu, xs[u]);
+                            }
+                        });
+                    rp_scalars(g, [&](int64_t col) {
+                        drow[col] = from_float<T>(col == y ? gB : gA * exp2f(rp_sload(xrow + col) * k2 - L2));
+                    });
+                }
+            }
+        }
+        __syncthreads();
+        if (tid == 0) s_ticket = next;
+        __syncthreads();
+        t = s_ticket;
+    }
+}
+
+// ---- positions: one thread per (n, k), the C classes at stride d --------------------------------------
+template <typename T, int MODE, bool FUSED>
+__global__ void __launch_bounds__(RP_THREADS) tgt_pos_kernel(TArgs a) {
+    const int64_t P = a.nrows;
+    for (int64_t pos = (int64_t)blockIdx.x * RP_THREADS + threadIdx.x; pos < P; pos += (int64_t)gridDim.x * RP_THREADS) {
+        const int64_t n = pos / a.d, k = pos % a.d;
+        const T* xp = (const T*)a.x + n * a.ld + k;
+        const int64_t y = rp_label(a.tg, a.lab64, pos);
+        float loss = 0.0f;
+        if (y == a.ignore) {
+            if (FUSED) {
+                T* dp = (T*)a.dx + n * a.ld + k;
+                for (int64_t c = 0; c < a.V; c++) dp[c * a.d] = from_float<T>(0.0f);
+            }
+        } else if (y < 0 || y >= a.V) {
+            loss = NAN;
+            tgt_flag(a);
+            if (FUSED) {
+                T* dp = (T*)a.dx + n * a.ld + k;
+                for (int64_t c = 0; c < a.V; c++) dp[c * a.d] = from_float<T>(NAN);
+            }
+        } else {
+            float m = -INFINITY, S = 0.0f;
+            for (int64_t c = 0; c < a.V; c++) {
+                if (c == y) continue;
+                const float z = to_float(xp[c * a.d]) * a.k2;
+                if (z > m) { S *= rp_rescale(m, z); m = z; }
+                S += exp2f(z - m);
+            }
+            float lse, A, B, L2;
+            tgt_finish<MODE>(a, m, S, to_float(xp[y * a.d]), y, loss, lse, A, B, L2);
+            if (FUSED) {
+                const float gr = tgt_grad(a, pos), gA = gr * A, gB = gr * B;
+                T* dp = (T*)a.dx + n * a.ld + k;
+                for (int64_t c = 0; c < a.V; c++) {
+                    const float v = c == y ? gB : gA * exp2f(to_float(xp[c * a.d]) * a.k2 - L2);
+                    dp[c * a.d] = from_float<T>(v);   // in place: this element was read just above
+                }
+            }
+        }
+        if (a.none) { if (a.loss) a.loss[pos] = loss; }
+        else a.rowloss[pos] = loss;
+    }
+}
+
+// ---- host side ----------------------------------------------------------------------------------
+typedef void (*tk_fn)(TArgs);
+
+template <typename T>
+static tk_fn pick_t(int mode, bool rows, bool fused) {
+    if (mode == TC_MARGIN)
+        return rows ? (fused ? tgt_rows_kernel<T, TC_MARGIN, true> : tgt_rows_kernel<T, TC_MARGIN, false>)
+                    : (fused ? tgt_pos_kernel<T, TC_MARGIN, true> : tgt_pos_kernel<T, TC_MARGIN, false>);
+    return rows ? (fused ? tgt_rows_kernel<T, TC_FOCAL, true> : tgt_rows_kernel<T, TC_FOCAL, false>)
+                : (fused ? tgt_pos_kernel<T, TC_FOCAL, true> : tgt_pos_kernel<T, TC_FOCAL, false>);
+}
+static tk_fn pick(fl_dtype dt, int mode, bool rows, bool fused) {
+    switch (dt) {
+        case FL_DTYPE_F32: return pick_t<float>(mode, rows, fused);
+        case FL_DTYPE_F16: return pick_t<__half>(mode, rows, fused);
+        default: return pick_t<__nv_bfloat16>(mode, rows, fused);
+    }
+}
+static int g_occ[3][2][2][2];
+
+// The common launch of both losses. nrows: rows (N) or positions (N d); rows: the chunked kernel.
+static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fused, fl_dtype dt,
+                          fl_reduction red, float* loss, const void* x, const void* dx, void* workspace,
+                          cudaStream_t stream) {
+    const int64_t n = a.nrows;
+    const int none = red == FL_REDUCTION_NONE;
+    char* ws = (char*)workspace;
+    const size_t a4 = ((size_t)4 * (size_t)n + 255u) & ~(size_t)255u;
+    const size_t a8 = ((size_t)8 * (size_t)n + 255u) & ~(size_t)255u;
+    float* Dslot = (float*)(ws + 16);
+    const size_t es = fl__dtype_size(dt);
+    if (((uintptr_t)x % es) || (dx && ((uintptr_t)dx % es)))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: logits and dlogits must be aligned to their element size (%p, %p)",
+                        fn, x, dx);
+    a.rowloss = (float*)(ws + 256);
+    a.cnt = (int*)(ws + 256 + a4);
+    a.part = (float*)(ws + 256 + a4 + a8);
+    a.loss = none ? loss : nullptr;
+    a.none = none;
+    a.Ddev = red == FL_REDUCTION_MEAN ? Dslot : nullptr;
+    if (n == 0) {
+        if (!none && loss) {
+            rp_reduce_kernel<<<1, 1024, 0, stream>>>(a.rowloss, 0, nullptr, red == FL_REDUCTION_SUM ? 1.0f : 0.0f, loss);
+            FL_CUDA_TRY(cudaGetLastError());
+        }
+        return FL_OK;
+    }
+    if (red == FL_REDUCTION_MEAN) {
+        rp_count_kernel<<<1, 1024, 0, stream>>>(a.tg, a.lab64, a.ignore, n, Dslot);
+        FL_CUDA_TRY(cudaGetLastError());
+    }
+    const tk_fn kfn = pick(dt, mode, rows, fused);
+    int64_t resident = 0;
+    FL_CUDA_TRY(rp_resident((const void*)kfn, &g_occ[(int)dt][mode][rows][fused], &resident));
+    int64_t grid;
+    if (rows) {
+        FL_CUDA_TRY(cudaMemsetAsync(ws, 0, 16, stream));
+        FL_CUDA_TRY(cudaMemsetAsync(a.cnt, 0, a8, stream));
+        a.sc = rp_plan(n, a.V, fused ? 2 : 1, resident, (unsigned long long*)ws);
+        grid = resident;
+        if (grid > n * a.sc.C * a.sc.P) grid = n * a.sc.C * a.sc.P;
+    } else {
+        grid = (n + RP_THREADS - 1) / RP_THREADS;
+        if (grid > 8 * resident) grid = 8 * resident;
+    }
+    if (grid < 1) grid = 1;
+    kfn<<<(unsigned)grid, RP_THREADS, 0, stream>>>(a);
+    FL_CUDA_TRY(cudaGetLastError());
+    if (!none && loss) {
+        rp_reduce_kernel<<<1, 1024, 0, stream>>>(a.rowloss, n, a.Ddev, 1.0f, loss);
+        FL_CUDA_TRY(cudaGetLastError());
+    }
+    return FL_OK;
+}
+
+static void margin_args(TArgs& a, const fl__margin_params* p, const void* logits, void* dlogits, float* lse,
+                        const void* targets, const float* gl, float grad_scale) {
+    memset(&a, 0, sizeof a);
+    a.x = logits;
+    a.dx = dlogits;
+    a.lse = lse;
+    a.tg = targets;
+    a.gl = gl;
+    a.error_flag = p->error_flag;
+    a.V = p->C;
+    a.ld = p->ld;
+    a.d = 1;
+    a.nrows = p->N;
+    a.ignore = p->ignore_index;
+    a.k2 = p->s * RP_LOG2E;
+    a.s = p->s;
+    a.m1 = p->m1;
+    a.m2 = p->m2;
+    a.m3 = p->m3;
+    a.theta_max = p->theta_max;
+    a.sinmm = p->sinmm;
+    a.gscale = grad_scale;
+    a.easy = p->easy_margin != 0;
+    a.straight = p->grad_mode == FL_MARGIN_GRAD_STRAIGHT;
+    a.cosface = p->cosface;
+    a.lab64 = p->index_dtype == FL_INDEX_I64;
+}
+
+static void focal_args(TArgs& a, const fl__focal_params* p, const void* logits, void* dlogits, const void* targets,
+                       const float* gl, float grad_scale) {
+    memset(&a, 0, sizeof a);
+    a.x = logits;
+    a.dx = dlogits;
+    a.tg = targets;
+    a.gl = gl;
+    a.alpha = p->alpha;
+    a.error_flag = p->error_flag;
+    a.V = p->C;
+    a.ld = p->ld;
+    a.d = p->d;
+    a.nrows = p->positions;
+    a.ignore = p->ignore_index;
+    a.k2 = RP_LOG2E;
+    a.gamma = p->gamma;
+    a.gscale = grad_scale;
+    a.lab64 = p->index_dtype == FL_INDEX_I64;
+}
+
+// focal rows go to the chunked kernel when C is large enough for a row to fill a CTA
+static bool focal_rows(const fl__focal_params* p) { return p->d == 1 && p->C > 64; }
+
+extern "C" {
+
+fl_status fl_margin_ce_forward_cuda(float* loss, float* lse, const void* logits, int64_t ld, const void* targets,
+                                    fl_index_dtype index_dtype, int64_t N, int64_t C, fl_dtype dtype,
+                                    const fl_margin_options* opts, void* workspace, size_t workspace_bytes,
+                                    fl_stream stream) {
+    static const char* fn = "fl_margin_ce_forward_cuda";
+    fl__clear_error();
+    fl__margin_params p;
+    FL_CHECK(fl__margin_validate(fn, FL__PASS_FORWARD, 1, loss, lse, NULL, logits, ld, targets, index_dtype, NULL, 1.0f,
+                                 N, C, dtype, opts, workspace, workspace_bytes, &p));
+    TArgs a;
+    margin_args(a, &p, logits, NULL, lse, targets, NULL, 1.0f);
+    return tgt_cuda(fn, a, TC_MARGIN, true, false, dtype, p.reduction, loss, logits, NULL, workspace, (cudaStream_t)stream);
+}
+
+fl_status fl_margin_ce_fused_cuda(float* loss, float* lse, void* dlogits, const void* logits, int64_t ld,
+                                  const void* targets, fl_index_dtype index_dtype, const float* grad_loss,
+                                  float grad_scale, int64_t N, int64_t C, fl_dtype dtype, const fl_margin_options* opts,
+                                  void* workspace, size_t workspace_bytes, fl_stream stream) {
+    static const char* fn = "fl_margin_ce_fused_cuda";
+    fl__clear_error();
+    fl__margin_params p;
+    FL_CHECK(fl__margin_validate(fn, FL__PASS_FUSED, 1, loss, lse, dlogits, logits, ld, targets, index_dtype, grad_loss,
+                                 grad_scale, N, C, dtype, opts, workspace, workspace_bytes, &p));
+    TArgs a;
+    margin_args(a, &p, logits, dlogits, lse, targets, grad_loss, grad_scale);
+    return tgt_cuda(fn, a, TC_MARGIN, true, true, dtype, p.reduction, loss, logits, dlogits, workspace,
+                    (cudaStream_t)stream);
+}
+
+fl_status fl_softmax_focal_forward_cuda(float* loss, const void* logits, int64_t ld, const void* targets,
+                                        fl_index_dtype index_dtype, int64_t N, int64_t C, int64_t d, fl_dtype dtype,
+                                        const fl_focal_options* opts, void* workspace, size_t workspace_bytes,
+                                        fl_stream stream) {
+    static const char* fn = "fl_softmax_focal_forward_cuda";
+    fl__clear_error();
+    fl__focal_params p;
+    FL_CHECK(fl__focal_validate(fn, FL__PASS_FORWARD, 1, loss, NULL, logits, ld, targets, index_dtype, NULL, 1.0f, N, C,
+                                d, dtype, opts, workspace, workspace_bytes, &p));
+    TArgs a;
+    focal_args(a, &p, logits, NULL, targets, NULL, 1.0f);
+    return tgt_cuda(fn, a, TC_FOCAL, focal_rows(&p), false, dtype, p.reduction, loss, logits, NULL, workspace,
+                    (cudaStream_t)stream);
+}
+
+fl_status fl_softmax_focal_fused_cuda(float* loss, void* dlogits, const void* logits, int64_t ld, const void* targets,
+                                      fl_index_dtype index_dtype, const float* grad_loss, float grad_scale, int64_t N,
+                                      int64_t C, int64_t d, fl_dtype dtype, const fl_focal_options* opts,
+                                      void* workspace, size_t workspace_bytes, fl_stream stream) {
+    static const char* fn = "fl_softmax_focal_fused_cuda";
+    fl__clear_error();
+    fl__focal_params p;
+    FL_CHECK(fl__focal_validate(fn, FL__PASS_FUSED, 1, loss, dlogits, logits, ld, targets, index_dtype, grad_loss,
+                                grad_scale, N, C, d, dtype, opts, workspace, workspace_bytes, &p));
+    TArgs a;
+    focal_args(a, &p, logits, dlogits, targets, grad_loss, grad_scale);
+    return tgt_cuda(fn, a, TC_FOCAL, focal_rows(&p), true, dtype, p.reduction, loss, logits, dlogits, workspace,
+                    (cudaStream_t)stream);
+}
+
+}  // extern "C"
