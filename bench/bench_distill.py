@@ -128,6 +128,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--check-rows", type=int, default=8, help="rows of the accuracy check vs float64")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--ab", default=os.environ.get("DISTILL_AB", ""),
+                    help="';'-separated variants of the library's knobs ('K=V,K2=V2'), each timed for the "
+                         "fusedloss provider only after the main table (e.g. FUSEDLOSS_ROWPASS_ITEMS=528)")
     args = ap.parse_args()
 
     import torch
@@ -210,6 +213,33 @@ def main():
             else:
                 parts.append(f"{name} n/a")
         summaries.append(f"SUMMARY {case} {N}x{V} {args.dtype} floor {floor_ms:.3f} ms: " + " | ".join(parts))
+    # A/B of the library's knobs (read by the C entry points on every call: os.environ reaches getenv)
+    for variant in [v for v in args.ab.split(";") if v.strip()]:
+        kv = dict(item.split("=", 1) for item in variant.split(",") if "=" in item)
+        saved = {key: os.environ.get(key) for key in kv}
+        os.environ.update(kv)
+        try:
+            for case in args.cases.split(","):
+                f = make_provider("fusedloss", CASES[case])
+                it = [0]
+
+                def step():
+                    i = it[0] & 1
+                    it[0] += 1
+                    ss[i].grad = None
+                    f(ss[i], ts[i]).backward()
+                med, mn = timed(step, args.reps, args.warmup)
+                print(f"AB {variant:<40} {case:>6}: {med:8.3f} ms (min {mn:.3f}) {med / floor_ms:6.2f}x floor")
+                rows.append(dict(case=case, provider="fusedloss", variant=variant, ms=med, min_ms=mn,
+                                 ratio=med / floor_ms))
+        finally:
+            for key, val in saved.items():
+                if val is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = val
+            for x in ss:
+                x.grad = None
     for line in summaries:
         print(line)
     if args.out:

@@ -238,13 +238,22 @@ def test_non_contiguous(device, reduction):
     up = torch.rand(la.shape, device=device) + 0.5
     la.backward(up)
     lb.backward(up)
-    assert torch.equal(la, lb)
-    assert torch.equal(a.grad[:, 3:40], b.grad)
+    if device == "cpu":   # sequential sums: bitwise
+        assert torch.equal(la, lb)
+        assert torch.equal(a.grad[:, 3:40], b.grad)
+    else:   # CUDA: a row of stride 50 is not 16-byte aligned like a contiguous one (scalar vs vector
+        # path: another summation order)
+        close(la, lb, TOL[torch.float32]["loss"], "strided loss")
+        close(a.grad[:, 3:40], b.grad, TOL[torch.float32]["grad"], "strided dstudent")
     assert (a.grad[:, :3] == 0).all() and (a.grad[:, 40:] == 0).all()
     # the raw op keeps the student's row stride for dstudent
     d = distill.distill_fused(s, t.contiguous(), labels, None, 2.0, 0.1, -100, 3, False)
     assert d.stride() == s.stride()
-    assert torch.equal(d, distill.distill_fused(sg, t.contiguous(), labels, None, 2.0, 0.1, -100, 3, False))
+    d2 = distill.distill_fused(sg, t.contiguous(), labels, None, 2.0, 0.1, -100, 3, False)
+    if device == "cpu":
+        assert torch.equal(d, d2)
+    else:
+        close(d, d2, TOL[torch.float32]["grad"], "strided raw dstudent")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -449,8 +458,10 @@ def test_compile_fullgraph(device, dtype):
     la, lb = f(xa, t, lab=labels), cf(xb, t, lab=labels)
     (la * 0.7).backward()
     (lb * 0.7).backward()
-    torch.testing.assert_close(la, lb)
-    torch.testing.assert_close(xa.grad, xb.grad)
+    # eager scales the kept 16-bit gradient in place, inductor multiplies in its own fused order: both
+    # round twice, not always to the same neighbour, so compare within the dtype's tolerance
+    close(lb, la, TOL[dtype]["loss"], "compiled loss")
+    close(xb.grad, xa.grad, TOL[dtype]["grad"], "compiled vs eager dstudent")
     # and against the reference
     sd = s.double().cpu().requires_grad_(True)
     td, lc = t.double().cpu(), labels.cpu()

@@ -699,9 +699,11 @@ def test_compile_fullgraph(device, dtype):
     la, lb = f(xa, t, za, u), cf(xb, t, zb, u)
     (la * 0.7).backward()
     (lb * 0.7).backward()
-    torch.testing.assert_close(la, lb)
-    torch.testing.assert_close(xa.grad, xb.grad)
-    torch.testing.assert_close(za.grad, zb.grad)
+    # eager scales the kept 16-bit gradient in place, inductor multiplies in its own fused order:
+    # both round twice, so compare within the dtype's tolerance
+    close(lb, la, TOL[dtype]["loss"], "compiled loss")
+    close(xb.grad, xa.grad, TOL[dtype]["grad"], "compiled vs eager dcosine")
+    close(zb.grad, za.grad, TOL[dtype]["grad"], "compiled vs eager dlogits")
     # and against the references
     xd, zd = x.double().cpu().requires_grad_(True), z.double().cpu().requires_grad_(True)
     tc, uc, ac = t.cpu(), u.cpu(), alpha.cpu()

@@ -14,9 +14,10 @@
  *            then the loss and the two gradient coefficients of the row: dx_c = g A p_c (c != y),
  *            dx_y = g B (margin: A = s, B = -s (1 - p_y) phi'; focal: A = -alpha_y F, B = alpha_y F (1 - p_y)).
  *   phase 1 (fused only): dx of the chunk, written once.
- * Positions (focal with d > 1, or rows of C <= 64): one thread per position, the C classes (stride d)
- * read twice (statistics, then the gradient: the second read hits L1 / L2), adjacent threads on
- * adjacent positions (coalesced for d > 1).
+ * Positions (focal with d > 1, or rows of C <= 64): one thread per position, adjacent threads on
+ * adjacent positions (coalesced for d > 1); C <= 64: the position's C values loaded together into
+ * registers (one read, one write); larger C: the classes read twice (statistics, then the gradient:
+ * the second read hits L1 / L2).
  * Reductions: per-row / per-position fp32 losses into the workspace, then rp_reduce_kernel; MEAN's
  * count of non-ignored rows by rp_count_kernel first. Out-of-range targets: no out-of-bounds read,
  * that row's loss and gradient NaN, *error_flag = 1. No allocation, no host sync, graph-capturable,
@@ -313,6 +314,54 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_kernel(TArgs a) {
     }
 }
 
+// ---- positions with few classes (C <= CMAX <= 64): the C values of a position in registers, loaded
+// together (independent loads in flight), one read and one write of the logits
+template <typename T, int CMAX, bool FUSED>
+__global__ void __launch_bounds__(RP_THREADS) tgt_pos_reg_kernel(TArgs a) {
+    const int64_t P = a.nrows;
+    const int C = (int)a.V;
+    for (int64_t pos = (int64_t)blockIdx.x * RP_THREADS + threadIdx.x; pos < P; pos += (int64_t)gridDim.x * RP_THREADS) {
+        const int64_t n = pos / a.d, k = pos % a.d;
+        const T* xp = (const T*)a.x + n * a.ld + k;
+        T* dp = FUSED ? (T*)a.dx + n * a.ld + k : nullptr;
+        const int64_t y = rp_label(a.tg, a.lab64, pos);
+        float loss = 0.0f;
+        if (y == a.ignore || y < 0 || y >= C) {
+            const bool bad = y != a.ignore;
+            if (bad) { loss = NAN; tgt_flag(a); }
+            if (FUSED) {
+#pragma unroll
+                for (int c = 0; c < CMAX; c++)
+                    if (c < C) dp[c * a.d] = from_float<T>(bad ? NAN : 0.0f);
+            }
+        } else {
+            float v[CMAX];
+#pragma unroll
+            for (int c = 0; c < CMAX; c++) v[c] = c < C ? to_float(xp[c * a.d]) : 0.0f;
+            float m = -INFINITY, xy = 0.0f;
+#pragma unroll
+            for (int c = 0; c < CMAX; c++) {
+                if (c == y) xy = v[c];
+                if (c < C && c != y) m = fmaxf(m, v[c] * a.k2);
+            }
+            float S = 0.0f;
+#pragma unroll
+            for (int c = 0; c < CMAX; c++)
+                if (c < C && c != y) S += exp2f(v[c] * a.k2 - m);
+            float lse, A, B, L2;
+            tgt_finish<TC_FOCAL>(a, m, S, xy, y, loss, lse, A, B, L2);
+            if (FUSED) {
+                const float gr = tgt_grad(a, pos), gA = gr * A, gB = gr * B;
+#pragma unroll
+                for (int c = 0; c < CMAX; c++)
+                    if (c < C) dp[c * a.d] = from_float<T>(c == y ? gB : gA * exp2f(v[c] * a.k2 - L2));
+            }
+        }
+        if (a.none) { if (a.loss) a.loss[pos] = loss; }
+        else a.rowloss[pos] = loss;
+    }
+}
+
 // ---- host side ----------------------------------------------------------------------------------
 typedef void (*tk_fn)(TArgs);
 
@@ -324,14 +373,28 @@ static tk_fn pick_t(int mode, bool rows, bool fused) {
     return rows ? (fused ? tgt_rows_kernel<T, TC_FOCAL, true> : tgt_rows_kernel<T, TC_FOCAL, false>)
                 : (fused ? tgt_pos_kernel<T, TC_FOCAL, true> : tgt_pos_kernel<T, TC_FOCAL, false>);
 }
-static tk_fn pick(fl_dtype dt, int mode, bool rows, bool fused) {
+template <typename T>
+static tk_fn pick_reg_t(int64_t C, bool fused) {
+    if (C <= 8) return fused ? tgt_pos_reg_kernel<T, 8, true> : tgt_pos_reg_kernel<T, 8, false>;
+    if (C <= 16) return fused ? tgt_pos_reg_kernel<T, 16, true> : tgt_pos_reg_kernel<T, 16, false>;
+    if (C <= 32) return fused ? tgt_pos_reg_kernel<T, 32, true> : tgt_pos_reg_kernel<T, 32, false>;
+    return fused ? tgt_pos_reg_kernel<T, 64, true> : tgt_pos_reg_kernel<T, 64, false>;
+}
+static tk_fn pick(fl_dtype dt, int mode, bool rows, bool fused, int64_t C) {
+    if (mode == TC_FOCAL && !rows && C <= 64 && !getenv("FUSEDLOSS_FOCAL_NOREG")) {
+        switch (dt) {
+            case FL_DTYPE_F32: return pick_reg_t<float>(C, fused);
+            case FL_DTYPE_F16: return pick_reg_t<__half>(C, fused);
+            default: return pick_reg_t<__nv_bfloat16>(C, fused);
+        }
+    }
     switch (dt) {
         case FL_DTYPE_F32: return pick_t<float>(mode, rows, fused);
         case FL_DTYPE_F16: return pick_t<__half>(mode, rows, fused);
         default: return pick_t<__nv_bfloat16>(mode, rows, fused);
     }
 }
-static int g_occ[3][2][2][2];
+static int g_occ[3][2][2][2][2];   // dtype, mode, rows, fused, register kernel
 
 // The common launch of both losses. nrows: rows (N) or positions (N d); rows: the chunked kernel.
 static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fused, fl_dtype dt,
@@ -364,9 +427,10 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         rp_count_kernel<<<1, 1024, 0, stream>>>(a.tg, a.lab64, a.ignore, n, Dslot);
         FL_CUDA_TRY(cudaGetLastError());
     }
-    const tk_fn kfn = pick(dt, mode, rows, fused);
+    const tk_fn kfn = pick(dt, mode, rows, fused, a.V);
+    const int reg = mode == TC_FOCAL && !rows && a.V <= 64;
     int64_t resident = 0;
-    FL_CUDA_TRY(rp_resident((const void*)kfn, &g_occ[(int)dt][mode][rows][fused], &resident));
+    FL_CUDA_TRY(rp_resident((const void*)kfn, &g_occ[(int)dt][mode][rows][fused][reg], &resident));
     int64_t grid;
     if (rows) {
         FL_CUDA_TRY(cudaMemsetAsync(ws, 0, 16, stream));
