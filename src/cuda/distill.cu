@@ -26,8 +26,8 @@
  * incoherent L1) after observing the count.
  *
  * Reduction: the merger writes each row's loss (x loss_scale) to loss[i] (NONE) or the per-row fp32
- * array of the workspace; for SUM / MEAN / BATCHMEAN one 1024-thread reduce kernel sums those in a
- * fixed order in double. MEAN with labels counts the non-ignored rows first (one small kernel) since
+ * array of the workspace; for SUM / MEAN / BATCHMEAN rp_reduce (rowpass.cuh: fixed ranges per CTA,
+ * then the partials in order, in double) sums those. MEAN with labels counts the non-ignored rows first (one small kernel) since
  * the gradient needs 1 / D. Launches: memset of the counters, [count], main kernel, [reduce].
  * No allocation, no host sync; graph-capturable. Deterministic (no order-dependent float atomics:
  * the only atomics are integer counters; which CTA merges a row does not change the merge order).
@@ -398,8 +398,7 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
                         "sizes (%p, %p, %p)", fn, s, t, ds);
     if (N == 0) {
         if (!none && loss) {
-            rp_reduce_kernel<<<1, 1024, 0, stream>>>(rowloss, 0, nullptr, p->reduction == FL_REDUCTION_SUM ? 1.0f : 0.0f, loss);
-            FL_CUDA_TRY(cudaGetLastError());
+            FL_CUDA_TRY(rp_reduce(rowloss, 0, part, nullptr, p->reduction == FL_REDUCTION_SUM ? 1.0f : 0.0f, loss, stream));
         }
         return FL_OK;
     }
@@ -407,8 +406,7 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
     FL_CUDA_TRY(cudaMemsetAsync(ws, 0, 16, stream));
     FL_CUDA_TRY(cudaMemsetAsync(cnt, 0, a8, stream));
     if (count_rows) {
-        rp_count_kernel<<<1, 1024, 0, stream>>>(p->labels, p->label_dtype == FL_INDEX_I64, p->ignore_index, N, Dslot);
-        FL_CUDA_TRY(cudaGetLastError());
+        FL_CUDA_TRY(rp_count(p->labels, p->label_dtype == FL_INDEX_I64, p->ignore_index, N, part, Dslot, stream));
     }
 
     const dk_fn kfn = pick(p->dtype, p->teacher_dtype, (int)p->mode, fused);
@@ -450,8 +448,7 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
     kfn<<<(unsigned)grid, RP_THREADS, 0, stream>>>(a);
     FL_CUDA_TRY(cudaGetLastError());
     if (!none && loss) {
-        rp_reduce_kernel<<<1, 1024, 0, stream>>>(rowloss, N, count_rows ? Dslot : nullptr, Dhost, loss);
-        FL_CUDA_TRY(cudaGetLastError());
+        FL_CUDA_TRY(rp_reduce(rowloss, N, part, count_rows ? Dslot : nullptr, Dhost, loss, stream));
     }
     return FL_OK;
 }

@@ -187,40 +187,81 @@ __device__ __forceinline__ bool rp_decode(const RpSched& s, int64_t t, int& phas
     return b >= 0 && b < s.nb && r < s.N;
 }
 
-// MEAN with labels: the number of entries != ignore among n, as float, into *D
-static __global__ void __launch_bounds__(1024) rp_count_kernel(const void* labels, int lab64, int64_t ignore, int64_t n,
-                                                       float* D) {
-    __shared__ long long sm[32];
-    long long c = 0;
-    for (int64_t i = threadIdx.x; i < n; i += 1024) c += rp_label(labels, lab64, i) != ignore;
+// Scalar reductions over n per-row / per-position values, deterministic and spread over the GPU:
+// stage 1, rp_red_blocks(n) CTAs (a function of n only) each reduce a fixed contiguous range into
+// part[b]; stage 2, one CTA adds part[] in order. The partials live in the caller's scratch (the
+// workspace's statistics region, free before the main kernel and after it).
+#define RP_RED_MAX 256
+static inline int rp_red_blocks(int64_t n) {
+    int64_t b = (n + 16383) / 16384;
+    return (int)(b < 1 ? 1 : b > RP_RED_MAX ? RP_RED_MAX : b);
+}
+
+template <typename V, int NT>
+__device__ __forceinline__ V rp_block_sum(V v) {
+    __shared__ V sm[NT / 32];
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) c += __shfl_xor_sync(0xffffffffu, c, off);
-    if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = c;
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = v;
     __syncthreads();
+    V s = 0;
+    if (threadIdx.x == 0)
+        for (int k = 0; k < NT / 32; k++) s += sm[k];
+    return s;   // valid in thread 0
+}
+
+// stage 1 of MEAN's count of entries != ignore
+static __global__ void __launch_bounds__(1024) rp_count_kernel(const void* labels, int lab64, int64_t ignore, int64_t n,
+                                                              long long* part) {
+    const int64_t per = (n + gridDim.x - 1) / gridDim.x, lo = (int64_t)blockIdx.x * per;
+    const int64_t hi = lo + per < n ? lo + per : n;
+    long long c = 0;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += 1024) c += rp_label(labels, lab64, i) != ignore;
+    c = rp_block_sum<long long, 1024>(c);
+    if (threadIdx.x == 0) part[blockIdx.x] = c;
+}
+static __global__ void __launch_bounds__(32) rp_count_final(const long long* part, int nb, float* D) {
     if (threadIdx.x == 0) {
         long long s = 0;
-        for (int k = 0; k < 32; k++) s += sm[k];
+        for (int k = 0; k < nb; k++) s += part[k];
         *D = (float)s;
     }
 }
 
-// SUM / MEAN / BATCHMEAN: loss[0] = sum_i rowloss[i] / D, in double, fixed order (D from Ddev when
-// non-NULL, else Dhost; D == 0: NaN)
-static __global__ void __launch_bounds__(1024) rp_reduce_kernel(const float* rowloss, int64_t n, const float* Ddev,
-                                                        float Dhost, float* loss) {
-    __shared__ double sm[32];
+// stage 1 of SUM / MEAN / BATCHMEAN: part[b] = the double sum of rowloss over block b's range
+static __global__ void __launch_bounds__(1024) rp_reduce_kernel(const float* rowloss, int64_t n, double* part) {
+    const int64_t per = (n + gridDim.x - 1) / gridDim.x, lo = (int64_t)blockIdx.x * per;
+    const int64_t hi = lo + per < n ? lo + per : n;
     double s = 0.0;
-    for (int64_t i = threadIdx.x; i < n; i += 1024) s += (double)rowloss[i];
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = s;
-    __syncthreads();
+    for (int64_t i = lo + threadIdx.x; i < hi; i += 1024) s += (double)rowloss[i];
+    s = rp_block_sum<double, 1024>(s);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+// loss[0] = sum of part[] / D (D from Ddev when non-NULL, else Dhost; D == 0: NaN)
+static __global__ void __launch_bounds__(32) rp_reduce_final(const double* part, int nb, const float* Ddev, float Dhost,
+                                                            float* loss) {
     if (threadIdx.x == 0) {
         double tot = 0.0;
-        for (int k = 0; k < 32; k++) tot += sm[k];
+        for (int k = 0; k < nb; k++) tot += part[k];
         const double D = Ddev ? (double)*Ddev : (double)Dhost;
         loss[0] = D == 0.0 ? NAN : (float)(tot / D);
     }
+}
+
+// host: the two stages of each (scratch: >= 8 * rp_red_blocks(n) bytes, 8-byte aligned)
+static inline cudaError_t rp_count(const void* labels, int lab64, int64_t ignore, int64_t n, void* scratch, float* D,
+                                   cudaStream_t stream) {
+    const int nb = rp_red_blocks(n);
+    rp_count_kernel<<<nb, 1024, 0, stream>>>(labels, lab64, ignore, n, (long long*)scratch);
+    rp_count_final<<<1, 32, 0, stream>>>((const long long*)scratch, nb, D);
+    return cudaGetLastError();
+}
+static inline cudaError_t rp_reduce(const float* rowloss, int64_t n, void* scratch, const float* Ddev, float Dhost,
+                                    float* loss, cudaStream_t stream) {
+    const int nb = rp_red_blocks(n);
+    if (n > 0) rp_reduce_kernel<<<nb, 1024, 0, stream>>>(rowloss, n, (double*)scratch);
+    rp_reduce_final<<<1, 32, 0, stream>>>((const double*)scratch, n > 0 ? nb : 0, Ddev, Dhost, loss);
+    return cudaGetLastError();
 }
 
 // ---- host helpers ---------------------------------------------------------------------------------

@@ -18,8 +18,8 @@
  * adjacent positions (coalesced for d > 1); C <= 64: the position's C values loaded together into
  * registers (one read, one write); larger C: the classes read twice (statistics, then the gradient:
  * the second read hits L1 / L2).
- * Reductions: per-row / per-position fp32 losses into the workspace, then rp_reduce_kernel; MEAN's
- * count of non-ignored rows by rp_count_kernel first. Out-of-range targets: no out-of-bounds read,
+ * Reductions: per-row / per-position fp32 losses into the workspace, then rp_reduce (two stages over
+ * the GPU, fixed order); MEAN's count of non-ignored rows by rp_count first. Out-of-range targets: no out-of-bounds read,
  * that row's loss and gradient NaN, *error_flag = 1. No allocation, no host sync, graph-capturable,
  * deterministic.
  * SPDX-License-Identifier: MIT
@@ -418,14 +418,12 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     a.Ddev = red == FL_REDUCTION_MEAN ? Dslot : nullptr;
     if (n == 0) {
         if (!none && loss) {
-            rp_reduce_kernel<<<1, 1024, 0, stream>>>(a.rowloss, 0, nullptr, red == FL_REDUCTION_SUM ? 1.0f : 0.0f, loss);
-            FL_CUDA_TRY(cudaGetLastError());
+            FL_CUDA_TRY(rp_reduce(a.rowloss, 0, a.part, nullptr, red == FL_REDUCTION_SUM ? 1.0f : 0.0f, loss, stream));
         }
         return FL_OK;
     }
     if (red == FL_REDUCTION_MEAN) {
-        rp_count_kernel<<<1, 1024, 0, stream>>>(a.tg, a.lab64, a.ignore, n, Dslot);
-        FL_CUDA_TRY(cudaGetLastError());
+        FL_CUDA_TRY(rp_count(a.tg, a.lab64, a.ignore, n, a.part, Dslot, stream));
     }
     const tk_fn kfn = pick(dt, mode, rows, fused, a.V);
     const int reg = mode == TC_FOCAL && !rows && a.V <= 64;
@@ -446,8 +444,7 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     kfn<<<(unsigned)grid, RP_THREADS, 0, stream>>>(a);
     FL_CUDA_TRY(cudaGetLastError());
     if (!none && loss) {
-        rp_reduce_kernel<<<1, 1024, 0, stream>>>(a.rowloss, n, a.Ddev, 1.0f, loss);
-        FL_CUDA_TRY(cudaGetLastError());
+        FL_CUDA_TRY(rp_reduce(a.rowloss, n, a.part, a.Ddev, 1.0f, loss, stream));
     }
     return FL_OK;
 }
