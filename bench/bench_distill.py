@@ -27,7 +27,6 @@ Last lines: one "SUMMARY <case> ..." per case. Needs CUDA (prints SKIP otherwise
 import argparse
 import datetime
 import gc
-import json
 import math
 import os
 import sys
@@ -138,7 +137,7 @@ def main():
         print("SKIP: bench_distill.py needs a CUDA device")
         return 0
     import fusedloss
-    from torch_timing import copy_bw, timed
+    from torch_timing import copy_bw, rotating_step, step_extra_bytes, summary_parts, timed, write_results
 
     N, V = (int(x) for x in args.shape.lower().split("x"))
     dt = getattr(torch, args.dtype)
@@ -162,25 +161,10 @@ def main():
             r = dict(case=case, provider=name, shape=[N, V], dtype=args.dtype, floor_ms=floor_ms, **kw)
             try:
                 f = make_provider(name, kw)
-                it = [0]
-
-                def step():
-                    i = it[0] & 1
-                    it[0] += 1
-                    ss[i].grad = None
-                    f(ss[i], ts[i]).backward()
+                step = rotating_step(f, ss, ts)
                 med, mn = timed(step, args.reps, args.warmup)
                 # peak extra memory of one step: beyond the inputs and the gradient it leaves
-                for x in ss:
-                    x.grad = None
-                gc.collect()
-                torch.cuda.synchronize()
-                base = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
-                f(ss[0], ts[0]).backward()
-                torch.cuda.synchronize()
-                extra = torch.cuda.max_memory_allocated() - base - ss[0].grad.numel() * ss[0].grad.element_size()
-                ss[0].grad = None
+                extra = step_extra_bytes(f, ss, ts)
                 # accuracy on the first k rows (the provider on those rows alone)
                 sk = ss[0][:k].detach().clone().requires_grad_(True)
                 lk = f(sk, ts[0][:k].clone())
@@ -205,13 +189,7 @@ def main():
                 torch.cuda.empty_cache()
             res[name] = r
             rows.append(r)
-        parts = []
-        for name, r in res.items():
-            if "ms" in r:
-                parts.append(f"{name} {r['ms']:.3f} ms {r['ratio']:.2f}x +{r['extra_mib']:.0f} MiB "
-                             f"err {r['err_loss']:.1e}/{r['err_grad']:.1e}")
-            else:
-                parts.append(f"{name} n/a")
+        parts = summary_parts(res)
         summaries.append(f"SUMMARY {case} {N}x{V} {args.dtype} floor {floor_ms:.3f} ms: " + " | ".join(parts))
     # A/B of the library's knobs (read by the C entry points on every call: os.environ reaches getenv)
     for variant in [v for v in args.ab.split(";") if v.strip()]:
@@ -221,13 +199,7 @@ def main():
         try:
             for case in args.cases.split(","):
                 f = make_provider("fusedloss", CASES[case])
-                it = [0]
-
-                def step():
-                    i = it[0] & 1
-                    it[0] += 1
-                    ss[i].grad = None
-                    f(ss[i], ts[i]).backward()
+                step = rotating_step(f, ss, ts)
                 med, mn = timed(step, args.reps, args.warmup)
                 print(f"AB {variant:<40} {case:>6}: {med:8.3f} ms (min {mn:.3f}) {med / floor_ms:6.2f}x floor")
                 rows.append(dict(case=case, provider="fusedloss", variant=variant, ms=med, min_ms=mn,
@@ -243,9 +215,7 @@ def main():
     for line in summaries:
         print(line)
     if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, copy_bw=bw,
-                           results=rows), fh, indent=1)
+        write_results(args.out, bw, rows)
     return 0
 
 

@@ -31,7 +31,6 @@ alone. Last lines: one "SUMMARY <case> ..." per case. Needs CUDA (prints SKIP ot
 import argparse
 import datetime
 import gc
-import json
 import math
 import os
 import sys
@@ -165,7 +164,7 @@ def main():
         print("SKIP: bench_softmax_losses.py needs a CUDA device")
         return 0
     import fusedloss
-    from torch_timing import copy_bw, timed
+    from torch_timing import copy_bw, rotating_step, step_extra_bytes, summary_parts, timed, write_results
 
     dt = getattr(torch, args.dtype)
     es = torch.empty((), dtype=dt).element_size()
@@ -205,25 +204,10 @@ def main():
             r = dict(case=case, provider=name, shape=list(shape), dtype=args.dtype, floor_ms=floor_ms)
             try:
                 f = make_provider(name, case)
-                it = [0]
-
-                def step():
-                    i = it[0] % len(xs)
-                    it[0] += 1
-                    xs[i].grad = None
-                    f(xs[i], ts[i]).backward()
+                step = rotating_step(f, xs, ts)
                 med, mn = timed(step, args.reps, args.warmup)
                 # peak extra memory of one step: beyond the inputs and the gradient it leaves
-                for x in xs:
-                    x.grad = None
-                gc.collect()
-                torch.cuda.synchronize()
-                base = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
-                f(xs[0], ts[0]).backward()
-                torch.cuda.synchronize()
-                extra = torch.cuda.max_memory_allocated() - base - xs[0].grad.numel() * xs[0].grad.element_size()
-                xs[0].grad = None
+                extra = step_extra_bytes(f, xs, ts)
                 # accuracy on the check slice (the provider on it alone)
                 sk = xk.clone().requires_grad_(True)
                 lk = f(sk, tk)
@@ -249,13 +233,7 @@ def main():
                 torch.cuda.empty_cache()
             res[name] = r
             rows.append(r)
-        parts = []
-        for name, r in res.items():
-            if "ms" in r:
-                parts.append(f"{name} {r['ms']:.3f} ms {r['ratio']:.2f}x +{r['extra_mib']:.0f} MiB "
-                             f"err {r['err_loss']:.1e}/{r['err_grad']:.1e}")
-            else:
-                parts.append(f"{name} n/a")
+        parts = summary_parts(res)
         summaries.append(f"SUMMARY {case} {shape_s} {args.dtype} floor {floor_ms:.3f} ms: " + " | ".join(parts))
         xs = ts = None
         gc.collect()
@@ -263,9 +241,7 @@ def main():
     for line in summaries:
         print(line)
     if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, copy_bw=bw,
-                           results=rows), fh, indent=1)
+        write_results(args.out, bw, rows)
     return 0
 
 

@@ -31,3 +31,53 @@ def copy_bw(device="cuda", nbytes=1 << 30):
     x = torch.empty(nbytes, dtype=torch.uint8, device=device)
     y = torch.empty_like(x)
     return 2 * x.numel() / (median_ms(lambda: y.copy_(x), 20) * 1e-3)
+
+
+# ---- the forward + backward loop of bench_distill.py / bench_softmax_losses.py ---------------------
+def rotating_step(f, xs, ts):
+    """A step() that runs f(xs[i], ts[i]).backward() on the input sets in turn (xs require grad)."""
+    it = [0]
+
+    def step():
+        i = it[0] % len(xs)
+        it[0] += 1
+        xs[i].grad = None
+        f(xs[i], ts[i]).backward()
+    return step
+
+
+def step_extra_bytes(f, xs, ts):
+    """Peak extra memory of one f(xs[0], ts[0]).backward(): beyond what was allocated before it and
+    the gradient it leaves (all xs' gradients cleared first and after)."""
+    import gc
+    for x in xs:
+        x.grad = None
+    gc.collect()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    f(xs[0], ts[0]).backward()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base - xs[0].grad.numel() * xs[0].grad.element_size()
+    xs[0].grad = None
+    return extra
+
+
+def summary_parts(res):
+    """One 'provider ms ratio +MiB err' item per provider result (dict name -> row) for a SUMMARY line."""
+    parts = []
+    for name, r in res.items():
+        if "ms" in r:
+            parts.append(f"{name} {r['ms']:.3f} ms {r['ratio']:.2f}x +{r['extra_mib']:.0f} MiB "
+                         f"err {r['err_loss']:.1e}/{r['err_grad']:.1e}")
+        else:
+            parts.append(f"{name} n/a")
+    return parts
+
+
+def write_results(path, bw, rows):
+    """The JSON results file: device, torch version, copy bandwidth, the rows."""
+    import json
+    with open(path, "w") as fh:
+        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, copy_bw=bw,
+                       results=rows), fh, indent=1)

@@ -32,6 +32,7 @@
 #include "fusedloss.h"
 #include "test_util.h"
 #include "cuda_check.h"
+#include "zoo_test_util.h"
 
 static const double RTOL_D[3] = {2e-6, 9.8e-4, 7.9e-3};   /* dstudent: 1 ulp of f32 (x16) / f16 / bf16 */
 static const double ATOL_D[3] = {0.0, 6e-8, 0.0};         /* f16 subnormals (< 6.1e-5): spacing 2^-24 */
@@ -297,16 +298,9 @@ static void test_misc(void) {
 }
 
 int main(int argc, char** argv) {
-    for (int a = 1; a < argc; a++) {
-        if (!strcmp(argv[a], "--small")) g_small = 1;
-        else { printf("usage: test_distill_cuda [--small]\n"); return 2; }
-    }
-    if (!fl_cuda_built()) { printf("SKIP: this build of fusedloss has no CUDA backend\n"); return 0; }
-    int ndev = 0;
-    cudaError_t e = cudaGetDeviceCount(&ndev);
-    if (e != cudaSuccess || ndev == 0) {
-        printf("SKIP: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-        return 0;
+    {
+        const int rc = zt_cuda_test_start(argc, argv, "test_distill_cuda", &g_small);
+        if (rc >= 0) return rc;
     }
     CK(cudaStreamCreate(&g_stream));
     tu_quiet = 1;

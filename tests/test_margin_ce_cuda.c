@@ -55,6 +55,7 @@
 #include "fusedloss.h"
 #include "test_util.h"
 #include "cuda_check.h"
+#include "zoo_test_util.h"
 
 static const double RTOL_D[3] = {2e-6, 9.8e-4, 7.9e-3};   /* dlogits: 1 ulp of f32 (x16) / f16 / bf16 */
 /* atol: f16 subnormals (< 6.1e-5) have spacing 2^-24; f32 / bf16 results below 2^-126 (FLT_MIN) are
@@ -641,16 +642,7 @@ static void test_oob(fl_dtype dt, int targets, fl_reduction red, int use_flag) {
                                                          wsb, (fl_stream)g_stream);
         snprintf(nm, sizeof nm, "%s op=%d", name, op);
         CHECK_STATUS(st, FL_OK, nm);
-        cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) {
-            printf("FATAL: %s killed the context: %s\n", nm, cudaGetErrorString(e));
-            exit(2);
-        }
-        e = cudaGetLastError();
-        CHECK(e == cudaSuccess, "%s: cudaGetLastError() = %s", nm, cudaGetErrorString(e));
-        int32_t hf = -1;
-        CK(cudaMemcpy(&hf, dflag, 4, cudaMemcpyDeviceToHost));
-        CHECK(hf == (use_flag ? 1 : 0), "%s: *error_flag = %d, want %d", nm, (int)hf, use_flag ? 1 : 0);
+        zt_check_call_ok(nm, dflag, use_flag);
         CK(cudaMemcpy(hl, dl, nlb, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(hls, dls, (size_t)N * 4, cudaMemcpyDeviceToHost));
         char nm2[300];
@@ -761,29 +753,16 @@ static void test_misc(void) {
     CHECK(st == FL_ERR_INVALID_ARGUMENT, "workspace not 256-byte aligned: status %d (%s)", (int)st, fl_last_error());
     CK(cudaDeviceSynchronize());
     {
-        unsigned char hb[256];
-        float hlb[16];
-        CK(cudaMemcpy(hb, d, 256, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(hlb, l, 64, cudaMemcpyDeviceToHost));
-        int w = 0;
-        for (int k = 0; k < 256; k++) w += hb[k] != 0xFF;
-        for (int k = 0; k < 16; k++) w += !tu_is_poison(hlb, 4, k);
+        const int w = zt_count_written(d, 256, l, 16);
         CHECK(w == 0, "bad arguments: %d output bytes / floats written", w);
     }
     CK(cudaFree(x)); CK(cudaFree(t)); CK(cudaFree(d)); CK(cudaFree(ws)); CK(cudaFree(l));
 }
 
 int main(int argc, char** argv) {
-    for (int a = 1; a < argc; a++) {
-        if (!strcmp(argv[a], "--small")) g_small = 1;
-        else { printf("usage: test_margin_ce_cuda [--small]\n"); return 2; }
-    }
-    if (!fl_cuda_built()) { printf("SKIP: this build of fusedloss has no CUDA backend\n"); return 0; }
-    int ndev = 0;
-    cudaError_t e = cudaGetDeviceCount(&ndev);
-    if (e != cudaSuccess || ndev == 0) {
-        printf("SKIP: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-        return 0;
+    {
+        const int rc = zt_cuda_test_start(argc, argv, "test_margin_ce_cuda", &g_small);
+        if (rc >= 0) return rc;
     }
     CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
     tu_quiet = 1;

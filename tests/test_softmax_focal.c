@@ -31,6 +31,7 @@
 
 #include "fusedloss.h"
 #include "test_util.h"
+#include "zoo_test_util.h"
 #include "../src/internal.h" /* fl__focal_validate: the CUDA-only rules and the resolved parameters */
 
 /* ------------------------------------------------------------------------------------------
@@ -745,23 +746,7 @@ static void test_validator(void) {
 
 /* ---- bad arguments ------------------------------------------------------------------------------ */
 /* status, a message naming the function, and no output written */
-#define EXPECT(call_, want, what)                                                                           \
-    do {                                                                                                    \
-        tu_poison(L, sizeof L);                                                                             \
-        tu_poison(D, sizeof D);                                                                             \
-        fl_status s_ = (call_);                                                                             \
-        CHECK_STATUS(s_, want, what);                                                                       \
-        if ((want) != FL_OK) {                                                                              \
-            CHECK(strstr(fl_last_error(), fnname) != NULL, "%s: message \"%s\" does not name %s", what,     \
-                  fl_last_error(), fnname);                                                                 \
-            int clean_ = 1;                                                                                 \
-            for (size_t k_ = 0; k_ < sizeof L; k_++) clean_ &= ((unsigned char*)L)[k_] == TU_POISON_BYTE;   \
-            for (size_t k_ = 0; k_ < sizeof D; k_++) clean_ &= ((unsigned char*)D)[k_] == TU_POISON_BYTE;   \
-            CHECK(clean_, "%s: an output was written on error", what);                                      \
-        } else {                                                                                            \
-            CHECK(fl_last_error()[0] == 0, "%s: last error \"%s\" after success", what, fl_last_error());   \
-        }                                                                                                   \
-    } while (0)
+#define EXPECT(call_, want, what) ZT_EXPECT(call_, want, what, fnname, L, D)
 
 static void test_errors(void) {
     /* N = 2 samples, C = 4 classes, d = 8 positions, ld = 32: P = 16 */

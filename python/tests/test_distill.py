@@ -21,13 +21,11 @@ import torch.nn.functional as F  # noqa: E402
 
 import fusedloss  # noqa: E402
 from fusedloss import distill  # noqa: E402
+from _zoo_util import DEVICES, close, needs_cuda  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 REDS = ["none", "sum", "mean", "batchmean"]
 BETAS = [0.0, 1.0, 0.5, 0.1]
-HAS_CUDA = torch.cuda.is_available() and fusedloss.cuda_built()
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CUDA build of libfusedloss")
-DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 # (atol, rtol) per dtype, for the loss and the student gradient: |got - ref| <= atol * max|ref| +
 # rtol * |ref| (atol relative to the tensor's largest magnitude: gradients scale as 1 / (N V)).
@@ -73,22 +71,6 @@ def ref_loss(s, t, labels=None, T=1.0, beta=0.0, ignore_index=-100, reduction="b
     if reduction == "batchmean":
         return l.sum() / N
     return l.sum() / n_kept if n_kept else l.sum() * float("nan")
-
-
-def close(got, ref, tol, what):
-    atol, rtol = tol
-    got = got.detach().double().cpu()
-    ref = ref.detach().double().cpu()
-    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-    assert torch.equal(torch.isnan(got), torch.isnan(ref)), f"{what}: NaN pattern differs"
-    m = ~torch.isnan(ref)
-    if not m.any():
-        return
-    err = (got - ref).abs()[m]
-    scale = ref.abs()[m].max()
-    bad = err > atol * scale + rtol * ref.abs()[m]
-    assert not bad.any(), (f"{what}: {int(bad.sum())} mismatches of {err.numel()}, maxdiff {err.max().item():.3g} "
-                           f"(max |ref| {scale.item():.3g})")
 
 
 def make(shape, dtype, device, seed=0, scale=3.0, teacher_dtype=None):

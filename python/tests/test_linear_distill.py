@@ -27,10 +27,8 @@ from torch.utils._pytree import tree_leaves  # noqa: E402
 
 import fusedloss  # noqa: E402
 from fusedloss import linear_distill as LD  # noqa: E402
+from _zoo_util import DEVICES, close, needs_cuda  # noqa: E402
 
-HAS_CUDA = torch.cuda.is_available() and fusedloss.cuda_built()
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CUDA build of libfusedloss")
-DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 REDS = ["none", "sum", "mean", "batchmean"]
 BETAS = [0.0, 1.0, 0.5]
 TEMPS = [(1.0, False), (2.0, True)]
@@ -97,22 +95,6 @@ def reference(h, W, b, teacher, labels, up, T=1.0, beta=0.0, ignore_index=-100, 
     dW = ds.t() @ h64
     db = ds.sum(0)
     return loss.detach(), dh, dW, db
-
-
-def close(got, ref, tol, what):
-    atol, rtol = tol
-    got = got.detach().double().cpu()
-    ref = ref.detach().double().cpu()
-    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-    assert torch.equal(torch.isnan(got), torch.isnan(ref)), f"{what}: NaN pattern differs"
-    m = ~torch.isnan(ref)
-    if not m.any():
-        return
-    err = (got - ref).abs()[m]
-    scale = ref.abs()[m].max()
-    bad = err > atol * scale + rtol * ref.abs()[m]
-    assert not bad.any(), (f"{what}: {int(bad.sum())} mismatches of {err.numel()}, maxdiff {err.max().item():.3g} "
-                           f"(max |ref| {scale.item():.3g})")
 
 
 def make(lead, dtype, device, seed=0, teacher="logits", bias=True, tdtype=None):

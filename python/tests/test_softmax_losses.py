@@ -30,12 +30,10 @@ import torch.nn.functional as F  # noqa: E402
 
 import fusedloss  # noqa: E402
 from fusedloss import softmax_losses as sl  # noqa: E402
+from _zoo_util import DEVICES, close, needs_cuda  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 REDS = ["none", "sum", "mean"]
-HAS_CUDA = torch.cuda.is_available() and fusedloss.cuda_built()
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CUDA build of libfusedloss")
-DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 # (atol, rtol) per dtype, for the loss and the gradient: |got - ref| <= atol * max|ref| + rtol * |ref|
 # (atol relative to the tensor's largest magnitude). The loss is computed in fp32 (CUDA) / double
@@ -46,22 +44,6 @@ TOL = {
     torch.float16: {"loss": (1e-5, 2e-3), "grad": (3e-4, 2e-3)},
     torch.bfloat16: {"loss": (1e-5, 1.6e-2), "grad": (3e-3, 1.6e-2)},
 }
-
-
-def close(got, ref, tol, what):
-    atol, rtol = tol
-    got = got.detach().double().cpu()
-    ref = ref.detach().double().cpu()
-    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-    assert torch.equal(torch.isnan(got), torch.isnan(ref)), f"{what}: NaN pattern differs"
-    m = ~torch.isnan(ref)
-    if not m.any():
-        return
-    err = (got - ref).abs()[m]
-    scale = ref.abs()[m].max()
-    bad = err > atol * scale + rtol * ref.abs()[m]
-    assert not bad.any(), (f"{what}: {int(bad.sum())} mismatches of {err.numel()}, maxdiff {err.max().item():.3g} "
-                           f"(max |ref| {scale.item():.3g})")
 
 
 def upstream_for(loss, kind, seed=7):
