@@ -1080,6 +1080,71 @@ FL_API fl_status fl_softmax_focal_fused_cuda(float* loss, void* dlogits, const v
                                              int64_t d, fl_dtype dtype, const fl_focal_options* opts,
                                              void* workspace, size_t workspace_bytes, fl_stream stream);
 
+/*-****************************************************************************
+ *  13. Lovasz-softmax (Berman et al.; segmentation IoU surrogate) — CPU backend only so far
+ *
+ *  Input [N, C, d] in the layout of section 12 (element (n, c, k) at n * ld + c * d + k; d = H * W
+ *  pixels per image), labels [N, d] (index dtype), either probabilities (from_logits == 0: the
+ *  caller's softmax, Berman's `probas`) or logits (from_logits != 0: p = softmax over the C classes
+ *  at each pixel, computed inside). Pixels whose label == ignore_index are dropped. For a class c
+ *  over a set of pixels (all valid pixels of the batch, or of one image with per_image):
+ *
+ *    fg_i = [y_i == c],  e_i = |fg_i - p_{i,c}|, sorted in decreasing order (ties: increasing pixel
+ *    index n * d + k; the loss does not depend on the tie order, the gradient does),
+ *    G = sum fg,  J_k = 1 - (G - sum_{j<=k} fg_(j)) / (G + sum_{j<=k} (1 - fg_(j))),
+ *    D_1 = J_1, D_k = J_k - J_{k-1},   loss_c = sum_k e_(k) D_k      (Berman's lovasz_grad)
+ *
+ *  Classes averaged: FL_LOVASZ_PRESENT (default, mmseg's): the classes with G > 0 in the set (none:
+ *  the set's loss is 0); FL_LOVASZ_ALL: all C classes (a class with G = 0 contributes max_i p_{i,c}).
+ *  per_image == 0: loss = that average over the whole batch's valid pixels; per_image != 0: the mean
+ *  over the N images of each image's average (an image without valid pixels contributes 0 and
+ *  counts). No valid pixel at all: loss 0 and gradient 0 (Berman). The loss is one fp32 value.
+ *
+ *  Gradient (the sort order held fixed, as autograd through torch.sort; where e_i == 0 exactly the sign
+ *  rule below is used, while autograd through Berman's |fg - p| gives 0 there): dloss/dp_{i,c} =
+ *  w * D_{rank of i in class c} * (fg_i ? -1 : +1), w = g / (classes averaged) [/ N for per_image],
+ *  g = grad_scale * (grad_loss ? grad_loss[0] : 1); with from_logits, through the softmax:
+ *  dx_{i,c} = p_{i,c} (gp_{i,c} - sum_k p_{i,k} gp_{i,k}). Ignored pixels: gradient 0. dinput has
+ *  the input's dtype and layout (padding beyond C * d in a row of ld untouched); dinput == input
+ *  allowed (in place).
+ *  Numerics: double on the CPU (the reference); inputs fp32 / fp16 / bf16.
+ *  Workspace: fl_lovasz_softmax_workspace_size() bytes (host memory), content ignored; the size
+ *  depends on opts->from_logits (opts NULL: probabilities), so query with the options of the call.
+ *  CUDA: not implemented yet (the entry points are not declared); the Python op
+ *  fusedloss.lovasz_softmax runs a sort-based PyTorch formulation on CUDA tensors.
+ ******************************************************************************/
+typedef enum { FL_LOVASZ_PRESENT = 0, FL_LOVASZ_ALL = 1 } fl_lovasz_classes;
+
+typedef struct fl_lovasz_options {
+    size_t            struct_size;   /* = sizeof(fl_lovasz_options); set by FL_LOVASZ_OPTIONS_INIT */
+    fl_lovasz_classes classes;       /* default FL_LOVASZ_PRESENT */
+    int32_t           per_image;     /* default 0 */
+    int32_t           from_logits;   /* default 0 (the input holds probabilities) */
+    int64_t           ignore_index;  /* default -100 */
+} fl_lovasz_options;
+
+#define FL_LOVASZ_OPTIONS_INIT { sizeof(fl_lovasz_options), FL_LOVASZ_PRESENT, 0, 0, -100 }
+
+/*! fl_lovasz_softmax_workspace_size() : bytes of workspace of the Lovasz entry points for N images of
+ *  C classes and d pixels; opts may be NULL.
+ * @return : FL_OK or FL_ERR_INVALID_ARGUMENT. */
+FL_API fl_status fl_lovasz_softmax_workspace_size(size_t* bytes, int64_t N, int64_t C, int64_t d, fl_dtype dtype,
+                                                  const fl_lovasz_options* opts);
+
+/*! fl_lovasz_softmax_forward_cpu() / fl_lovasz_softmax_fused_cpu() :
+ *  loss : fp32 [1] (required for forward, optional for fused); dinput (fused) as described above.
+ *  N >= 0, C >= 1, d >= 1, ld >= C * d.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_lovasz_softmax_forward_cpu(float* loss, const void* input, int64_t ld, const void* labels,
+                                               fl_index_dtype index_dtype, int64_t N, int64_t C, int64_t d,
+                                               fl_dtype dtype, const fl_lovasz_options* opts,
+                                               void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_lovasz_softmax_fused_cpu(float* loss, void* dinput, const void* input, int64_t ld,
+                                             const void* labels, fl_index_dtype index_dtype,
+                                             const float* grad_loss, float grad_scale, int64_t N, int64_t C,
+                                             int64_t d, fl_dtype dtype, const fl_lovasz_options* opts,
+                                             void* workspace, size_t workspace_bytes);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

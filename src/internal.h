@@ -393,6 +393,37 @@ fl_status fl__focal_validate(const char* fn, fl__pass pass, int is_cuda, const f
                              fl_dtype dtype, const fl_focal_options* opts, const void* workspace,
                              size_t workspace_bytes, fl__focal_params* p);
 
+/* ---- Lovasz-softmax (header section 13) --------------------------------------------------- */
+
+typedef struct {
+    int64_t            N, C, d, ld;
+    fl_dtype           dtype;
+    fl_index_dtype     index_dtype;
+    fl_lovasz_classes  classes;
+    int                per_image;     /* 0 / 1 */
+    int                from_logits;   /* 0 / 1 */
+    int64_t            ignore_index;
+    int64_t            pixels;        /* P = N * d */
+} fl__lovasz_params;
+
+/* Host workspace of the CPU entry points, P = N * d pixels:
+ *   64 + 16 P + 8 C                    from_logits == 0
+ *   64 + 16 P + 8 C + 8 P + 8 P C      from_logits != 0
+ * i.e. up to 64 bytes of alignment slack (the arrays start at the first 16-byte aligned address:
+ * a CPU workspace need not be aligned), then P (error double, pixel index int64) pairs (one class
+ * of one set at a time, sorted in place by qsort), C int64 class counts G_c of the current set,
+ * then (logits only) P doubles lse and P * C doubles gp (dloss/dp per pixel and class,
+ * pixel-major; zeroed by the fused call). SIZE_MAX when that does not fit in a size_t (the
+ * size query and the validator report FL_ERR_INVALID_ARGUMENT). */
+size_t fl__lovasz_workspace_bytes(int64_t N, int64_t C, int64_t d, int from_logits);
+/* pass FL__PASS_FORWARD (dinput, grad_loss NULL; loss required) or FL__PASS_FUSED (loss may be
+ * NULL, dinput required when N > 0). Labels are range-checked by the backend. */
+fl_status fl__lovasz_validate(const char* fn, fl__pass pass, const float* loss, const void* dinput,
+                              const void* input, int64_t ld, const void* labels, fl_index_dtype index_dtype,
+                              const float* grad_loss, float grad_scale, int64_t N, int64_t C, int64_t d,
+                              fl_dtype dtype, const fl_lovasz_options* opts, const void* workspace,
+                              size_t workspace_bytes, fl__lovasz_params* p);
+
 #ifdef __cplusplus
 }
 #endif

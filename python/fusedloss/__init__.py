@@ -11,6 +11,7 @@
     loss = fusedloss.distillation_loss(student_logits, teacher_logits, temperature=2.0, t2_scale=True)
     loss = fusedloss.margin_cross_entropy(cosine, target, s=64.0, m2=0.5)   # ArcFace (also ArcFaceLoss, CosFaceLoss)
     loss = fusedloss.softmax_focal_loss(seg_logits, seg_target, gamma=2.0)  # [N, C, H, W] / [N, C] focal
+    loss = fusedloss.lovasz_softmax(seg_probas, seg_target)                 # Lovasz-softmax (mIoU surrogate)
 
 Layers (STYLE.md section 7): _lib (ctypes, no torch) -> ops (torch.library custom ops) ->
 autograd -> functional -> nn -> patch (Hugging Face transformers models; transformers is
@@ -30,6 +31,7 @@ from .zoo import sigmoid_focal_loss, binary_cross_entropy_with_logits  # noqa: E
 from .distill import distillation_loss, kl_div_logits, jsd_logits, DistillationLoss  # noqa: E402  (section 10)
 from .softmax_losses import margin_cross_entropy, ArcFaceLoss, CosFaceLoss, CombinedMarginLoss  # noqa: E402  (section 11)
 from .softmax_losses import softmax_focal_loss, SoftmaxFocalLoss  # noqa: E402  (section 12)
+from .lovasz import lovasz_softmax, LovaszSoftmaxLoss  # noqa: E402  (section 13)
 from .vocab_parallel_linear import vocab_parallel_linear_cross_entropy  # noqa: E402
 from .linear_distill import linear_distillation_loss, LinearDistillationLoss  # noqa: E402  (section 10, no logits)
 from . import functional, nn, patch  # noqa: E402,F401
@@ -42,5 +44,5 @@ __all__ = ["cross_entropy", "gelu", "linear_cross_entropy", "vocab_parallel_cros
            "distillation_loss", "kl_div_logits", "jsd_logits", "DistillationLoss",
            "linear_distillation_loss", "LinearDistillationLoss",
            "margin_cross_entropy", "ArcFaceLoss", "CosFaceLoss", "CombinedMarginLoss",
-           "softmax_focal_loss", "SoftmaxFocalLoss"]
+           "softmax_focal_loss", "SoftmaxFocalLoss", "lovasz_softmax", "LovaszSoftmaxLoss"]
 

@@ -28,7 +28,8 @@ __all__ = [
     "NotBuiltError", "optional_symbol", "DistillOptions", "distill_options",
     "distill_workspace_size", "DISTILL_REDUCTIONS", "MarginOptions", "margin_options",
     "margin_ce_workspace_size", "MARGIN_GRAD", "FocalOptions", "focal_options",
-    "softmax_focal_workspace_size",
+    "softmax_focal_workspace_size", "LovaszOptions", "lovasz_options", "lovasz_softmax_workspace_size",
+    "LOVASZ_CLASSES",
 ]
 
 EXPECTED_VERSION_NUMBER = 100  # FL_VERSION_NUMBER of 0.1.0 (MAJOR*10000 + MINOR*100 + PATCH)
@@ -146,6 +147,22 @@ class FocalOptions(ctypes.Structure):
         ("error_flag", ctypes.c_void_p),      # int32_t* (device memory, CUDA only)
     ]
 
+
+class LovaszOptions(ctypes.Structure):
+    """fl_lovasz_options (section 13); build it with lovasz_options() (FL_LOVASZ_OPTIONS_INIT)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("classes", ctypes.c_int),            # fl_lovasz_classes (a C enum: int-sized)
+        ("per_image", ctypes.c_int32),
+        ("from_logits", ctypes.c_int32),
+        ("ignore_index", ctypes.c_int64),
+    ]
+
+
+FL_LOVASZ_PRESENT = 0
+FL_LOVASZ_ALL = 1
+LOVASZ_CLASSES = {"present": FL_LOVASZ_PRESENT, "all": FL_LOVASZ_ALL}
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -300,6 +317,17 @@ _OPTIONAL.update({
     "fl_softmax_focal_fused_cuda": (_INT, _SFOCAL_FUSED + [_P]),
 })
 # ---- end of sections 11 / 12 ---------------------------------------------------------------------
+# ---- section 13: Lovasz-softmax (CPU only; optional as above) -------------------------------------
+# forward: loss, input, ld, labels, index_dtype, N, C, d, dtype, opts, workspace, bytes
+_LOVASZ_FWD = [_P, _P, _I64, _P, _INT, _I64, _I64, _I64, _INT, _OPTS, _P, _SZ]
+# fused: loss, dinput, input, ld, labels, index_dtype, grad_loss, grad_scale, N, C, d, dtype, opts, workspace,
+# bytes
+_LOVASZ_FUSED = [_P, _P, _P, _I64, _P, _INT, _P, _F32, _I64, _I64, _I64, _INT, _OPTS, _P, _SZ]
+_OPTIONAL.update({
+    "fl_lovasz_softmax_workspace_size": (_INT, [ctypes.POINTER(_SZ), _I64, _I64, _I64, _INT, _OPTS]),
+    "fl_lovasz_softmax_forward_cpu": (_INT, _LOVASZ_FWD),
+    "fl_lovasz_softmax_fused_cpu": (_INT, _LOVASZ_FUSED),
+})
 
 
 def _candidates():
@@ -517,4 +545,22 @@ def softmax_focal_workspace_size(N, C, d, dtype, opts=None):
     out = ctypes.c_size_t(0)
     ref = opts if opts is None or isinstance(opts, int) else ctypes.byref(opts)
     _check(fn(ctypes.byref(out), int(N), int(C), int(d), int(dtype), ref), "fl_softmax_focal_workspace_size")
+    return out.value
+
+
+def lovasz_options(classes=FL_LOVASZ_PRESENT, per_image=False, from_logits=False, ignore_index=-100):
+    """An fl_lovasz_options (FL_LOVASZ_OPTIONS_INIT defaults); classes an fl_lovasz_classes number.
+    The C library validates the values."""
+    return LovaszOptions(ctypes.sizeof(LovaszOptions), int(classes), 1 if per_image else 0,
+                         1 if from_logits else 0, int(ignore_index))
+
+
+def lovasz_softmax_workspace_size(N, C, d, dtype, opts=None):
+    """fl_lovasz_softmax_workspace_size(): bytes of (host) workspace the Lovasz-softmax calls need
+    for N images of C classes and d pixels (it depends on opts.from_logits). opts: a LovaszOptions,
+    its address (int), or None. NotBuiltError if the library predates section 13."""
+    fn = _optional_fn("fl_lovasz_softmax_workspace_size", "Lovasz-softmax")
+    out = ctypes.c_size_t(0)
+    ref = opts if opts is None or isinstance(opts, int) else ctypes.byref(opts)
+    _check(fn(ctypes.byref(out), int(N), int(C), int(d), int(dtype), ref), "fl_lovasz_softmax_workspace_size")
     return out.value
