@@ -65,6 +65,11 @@ int64_t fl__ce_chunks(int64_t V, size_t esize);
 typedef struct { uintptr_t lo, hi; } fl__range;
 fl__range fl__mkrange(const void* p, size_t n);
 int fl__overlap(fl__range a, fl__range b);
+/* The index of the first of the n ranges others[] that `a` overlaps, or -1. */
+int fl__first_overlap(fl__range a, const fl__range* others, int n);
+/* The [N, C, d] layout checks of sections 12-13 (N >= 0, C >= 1, d >= 1, C * d without overflow,
+ * ld >= C * d), messages naming fn. */
+fl_status fl__check_ncd(const char* fn, int64_t N, int64_t C, int64_t d, int64_t ld);
 
 /* The workspace checks of every entry point: enough bytes (FL_ERR_INSUFFICIENT_WORKSPACE, checked
  * first), non-NULL, 256-byte aligned when is_cuda; hint (or NULL) names the size query. */

@@ -65,13 +65,6 @@ fl_status fl_softmax_focal_workspace_size(size_t* bytes, int64_t N, int64_t C, i
 
 static int finitef_(float v) { return v == v && v - v == 0.0f; }
 
-/* The first of the n ranges others[] that `a` overlaps, or -1. */
-static int first_overlap(fl__range a, const fl__range* others, int n) {
-    for (int k = 0; k < n; k++)
-        if (fl__overlap(a, others[k])) return k;
-    return -1;
-}
-
 fl_status fl__focal_validate(const char* fn, fl__pass pass, int is_cuda, const float* loss, const void* dlogits,
                              const void* logits, int64_t ld, const void* targets, fl_index_dtype index_dtype,
                              const float* grad_loss, float grad_scale, int64_t N, int64_t C, int64_t d,
@@ -82,15 +75,8 @@ fl_status fl__focal_validate(const char* fn, fl__pass pass, int is_cuda, const f
     memset(p, 0, sizeof(*p));
 
     /* sizes first: every byte-range computation below depends on them */
-    if (N < 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: N (%lld) < 0", fn, (long long)N);
-    if (C < 1) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: C (%lld) < 1", fn, (long long)C);
-    if (d < 1) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: d (%lld) < 1", fn, (long long)d);
-    if (C > INT64_MAX / d)
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: C*d (%lld*%lld) overflows", fn, (long long)C, (long long)d);
+    FL_CHECK(fl__check_ncd(fn, N, C, d, ld));
     const int64_t Cd = C * d;   /* one sample's C classes x d positions */
-    if (ld < Cd)
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: ld (%lld) < C*d (%lld*%lld = %lld)", fn, (long long)ld,
-                        (long long)C, (long long)d, (long long)Cd);
 
     /* dtypes and 64-bit extents (N*ld elements; N*d <= N*ld then fits too) */
     FL_CHECK(fl__check_types_extent(fn, N, ld, dtype, index_dtype));
@@ -158,21 +144,21 @@ fl_status fl__focal_validate(const char* fn, fl__pass pass, int is_cuda, const f
     {
         const fl__range others[5] = {r_t, r_a, r_g, r_l, r_ws};
         const char* names[5] = {"targets", "opts->alpha", "grad_loss", "loss", "workspace"};
-        const int k = first_overlap(r_dx, others, 5);
+        const int k = fl__first_overlap(r_dx, others, 5);
         if (k >= 0)
             return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: dlogits (%p) overlaps %s", fn, dlogits, names[k]);
     }
     {
         const fl__range others[5] = {r_x, r_t, r_a, r_g, r_ws};
         const char* names[5] = {"logits", "targets", "opts->alpha", "grad_loss", "workspace"};
-        const int k = first_overlap(r_l, others, 5);
+        const int k = fl__first_overlap(r_l, others, 5);
         if (k >= 0)
             return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: loss (%p) overlaps %s", fn, (const void*)loss, names[k]);
     }
     {
         const fl__range others[4] = {r_x, r_t, r_a, r_g};
         const char* names[4] = {"logits", "targets", "opts->alpha", "grad_loss"};
-        const int k = first_overlap(r_ws, others, 4);
+        const int k = fl__first_overlap(r_ws, others, 4);
         if (k >= 0)
             return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace (%p) overlaps %s", fn, workspace, names[k]);
     }

@@ -70,12 +70,6 @@ fl_status fl_lovasz_softmax_workspace_size(size_t* bytes, int64_t N, int64_t C, 
 
 static int finitef_(float v) { return v == v && v - v == 0.0f; }
 
-static int first_overlap(fl__range a, const fl__range* others, int n) {
-    for (int k = 0; k < n; k++)
-        if (fl__overlap(a, others[k])) return k;
-    return -1;
-}
-
 fl_status fl__lovasz_validate(const char* fn, fl__pass pass, const float* loss, const void* dinput,
                               const void* input, int64_t ld, const void* labels, fl_index_dtype index_dtype,
                               const float* grad_loss, float grad_scale, int64_t N, int64_t C, int64_t d,
@@ -85,15 +79,8 @@ fl_status fl__lovasz_validate(const char* fn, fl__pass pass, const float* loss, 
     const int fused = pass == FL__PASS_FUSED;
     memset(p, 0, sizeof(*p));
 
-    if (N < 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: N (%lld) < 0", fn, (long long)N);
-    if (C < 1) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: C (%lld) < 1", fn, (long long)C);
-    if (d < 1) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: d (%lld) < 1", fn, (long long)d);
-    if (C > INT64_MAX / d)
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: C*d (%lld*%lld) overflows", fn, (long long)C, (long long)d);
-    const int64_t Cd = C * d;
-    if (ld < Cd)
-        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: ld (%lld) < C*d (%lld*%lld = %lld)", fn, (long long)ld,
-                        (long long)C, (long long)d, (long long)Cd);
+    FL_CHECK(fl__check_ncd(fn, N, C, d, ld));
+    const int64_t Cd = C * d;   /* one sample's C classes x d positions */
     FL_CHECK(fl__check_types_extent(fn, N, ld, dtype, index_dtype));
     const size_t es = fl__dtype_size(dtype), is = fl__index_size(index_dtype);
 
@@ -142,20 +129,20 @@ fl_status fl__lovasz_validate(const char* fn, fl__pass pass, const float* loss, 
     {
         const fl__range others[4] = {r_t, r_g, r_l, r_ws};
         const char* names[4] = {"labels", "grad_loss", "loss", "workspace"};
-        const int k = first_overlap(r_dx, others, 4);
+        const int k = fl__first_overlap(r_dx, others, 4);
         if (k >= 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: dinput (%p) overlaps %s", fn, dinput, names[k]);
     }
     {
         const fl__range others[4] = {r_x, r_t, r_g, r_ws};
         const char* names[4] = {"input", "labels", "grad_loss", "workspace"};
-        const int k = first_overlap(r_l, others, 4);
+        const int k = fl__first_overlap(r_l, others, 4);
         if (k >= 0)
             return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: loss (%p) overlaps %s", fn, (const void*)loss, names[k]);
     }
     {
         const fl__range others[3] = {r_x, r_t, r_g};
         const char* names[3] = {"input", "labels", "grad_loss"};
-        const int k = first_overlap(r_ws, others, 3);
+        const int k = fl__first_overlap(r_ws, others, 3);
         if (k >= 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: workspace (%p) overlaps %s", fn, workspace, names[k]);
     }
 

@@ -71,6 +71,24 @@ int fl__overlap(fl__range a, fl__range b) {
     return a.lo < b.hi && b.lo < a.hi;
 }
 
+int fl__first_overlap(fl__range a, const fl__range* others, int n) {
+    for (int k = 0; k < n; k++)
+        if (fl__overlap(a, others[k])) return k;
+    return -1;
+}
+
+fl_status fl__check_ncd(const char* fn, int64_t N, int64_t C, int64_t d, int64_t ld) {
+    if (N < 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: N (%lld) < 0", fn, (long long)N);
+    if (C < 1) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: C (%lld) < 1", fn, (long long)C);
+    if (d < 1) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: d (%lld) < 1", fn, (long long)d);
+    if (C > INT64_MAX / d)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: C*d (%lld*%lld) overflows", fn, (long long)C, (long long)d);
+    if (ld < C * d)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: ld (%lld) < C*d (%lld*%lld = %lld)", fn, (long long)ld,
+                        (long long)C, (long long)d, (long long)(C * d));
+    return FL_OK;
+}
+
 /* The options part of every cross-entropy validation (fl__ce_validate and the linear
  * cross-entropy's fl__lce_validate): field checks, then *p filled. `name` is how the caller's
  * argument is called in messages ("opts", "ce_opts"). opts NULL = FL_CE_OPTIONS_INIT. */
