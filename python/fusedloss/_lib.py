@@ -378,6 +378,19 @@ def optional_symbol(name):
     return _optional[name]
 
 
+def entry_point(name, what):
+    """The bound C function `name` (an _OPTIONAL one or, once moved up, an _SIGNATURES one); raises
+    NotBuiltError naming `what` (e.g. "distillation entry points (header section 10)") when the
+    loaded library lacks it."""
+    try:
+        fn = optional_symbol(name)
+    except KeyError:  # moved up into _SIGNATURES: always bound
+        fn = getattr(lib, name)
+    if fn is None:
+        raise NotBuiltError(f"{name}: {library_path} has no {what}; rebuild it", FL_ERR_NOT_BUILT)
+    return fn
+
+
 def version_number():
     """fl_version_number(): FL_VERSION_NUMBER of the linked library (100 for 0.1.0)."""
     return int(lib.fl_version_number())

@@ -87,6 +87,45 @@ def _scale_inplace_grad(ctx, grad, per_row):
     return dlogits.detach()
 
 
+KEPT_GRAD_DOUBLE_BACKWARD_MSG = ("fusedloss.{}: double backward (differentiating the gradient of the loss) "
+                                 "is not supported; use the PyTorch formula for higher-order gradients")
+
+
+def _upstream_like(grad, ds, per_pos):
+    """The upstream gradient shaped to broadcast against the kept gradient ds: 0-d for a scalar loss,
+    one value per row ([N, C]) or per position ([N, C, d]) for reduction none."""
+    if not per_pos:
+        return grad.reshape(())
+    if ds.dim() == 2:
+        return grad.reshape(-1, 1)
+    return grad.reshape(ds.shape[0], 1, ds.shape[2])
+
+
+def scale_kept_grad(ctx, grad, ds, family, reductions="mean / sum"):
+    """Backward of the zoo's *_loss_and_grad ops: ds (formed in the forward for an upstream gradient
+    of 1) times the real upstream gradient; ctx.per_pos (reduction none) and ctx.used are the node's.
+    Eager: in place on the device (fl_scale_rows: no host sync, nothing moved when the factor is 1),
+    returned as a fresh alias that AccumulateGrad adopts as .grad; traced: a plain multiply."""
+    if not eager_ok(grad):  # traced (torch.compile): a plain torch op the tracer sees
+        g = _upstream_like(grad, ds, ctx.per_pos)
+        return ds * g if ds.dtype == _F32 else (ds.to(_F32) * g).to(ds.dtype)
+    if torch.is_grad_enabled():
+        raise RuntimeError(KEPT_GRAD_DOUBLE_BACKWARD_MSG.format(family) + f" (the gradient of a {reductions} "
+                           "loss is formed in the forward: backward(create_graph=True) itself is refused)")
+    if ctx.used:
+        raise RuntimeError(f"fusedloss.{family}: backward can run only once for a {reductions} loss (the "
+                           "gradient formed in the forward is scaled in place)")
+    ctx.used = True
+    if ctx.per_pos and ds.dim() == 3:  # one factor per (n, k) position: no row scaling kernel for that
+        ds.mul_(_upstream_like(grad.to(_F32), ds, True))
+    else:
+        # rows whose factor is 1 are not touched (all of them for the usual loss.backward() of a
+        # scalar loss). A 3-D [N, C, d] buffer is scaled as [N, C d] rows.
+        ds2 = ds if ds.dim() == 2 else ds.view(ds.shape[0], -1)
+        ops.run_scale_rows(ds2, grad, ctx.per_pos)
+    return ds.detach()
+
+
 def _grad_loss(grad, reduction):
     """The upstream gradient as the contiguous fp32 buffer the C API reads (N or 1 floats)."""
     g = grad if grad.dtype == torch.float32 else grad.float()

@@ -71,9 +71,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _lib
-from . import ops as _ops
-from ._lib import DISTILL_REDUCTIONS, NotBuiltError, _check
-from .autograd import eager_ok
+from ._lib import DISTILL_REDUCTIONS, _check
+from .autograd import KEPT_GRAD_DOUBLE_BACKWARD_MSG, scale_kept_grad
 
 __all__ = ["distillation_loss", "kl_div_logits", "jsd_logits", "DistillationLoss",
            "distill_forward", "distill_fused", "distill_loss_and_grad"]
@@ -217,14 +216,7 @@ def _ws_bytes(N, V, dt, key, addr):
 
 def _sym(name):
     """The bound C function (NotBuiltError if the loaded library has no such entry point)."""
-    try:
-        fn = _lib.optional_symbol(name)
-    except KeyError:  # moved up into _lib._SIGNATURES: always bound
-        fn = getattr(_lib.lib, name)
-    if fn is None:
-        raise NotBuiltError(f"{name}: {_lib.library_path} has no distillation entry points (built before "
-                            "include/fusedloss.h section 10); rebuild it", _lib.FL_ERR_NOT_BUILT)
-    return fn
+    return _lib.entry_point(name, "distillation entry points (built before include/fusedloss.h section 10)")
 
 
 def _run(kind, student, teacher, labels, grad, temperature, beta, ignore_index, reduction, t2_scale):
@@ -318,8 +310,7 @@ def _(student, teacher, labels, temperature, beta, ignore_index, reduction, t2_s
 
 
 # ---- autograd ------------------------------------------------------------------------------------
-_DOUBLE_BACKWARD_MSG = ("fusedloss.distillation_loss: double backward (differentiating the gradient of the "
-                        "loss) is not supported; use the PyTorch formula for higher-order gradients")
+_DOUBLE_BACKWARD_MSG = KEPT_GRAD_DOUBLE_BACKWARD_MSG.format("distillation_loss")
 
 
 def _forward_setup(ctx, inputs, output):
@@ -343,7 +334,7 @@ def _forward_bwd(ctx, grad):
 def _lg_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(output[1])
     ctx.save_for_backward(output[1])
-    ctx.per_row = inputs[6] == _NONE  # reduction none: one upstream gradient per row
+    ctx.per_pos = inputs[6] == _NONE  # reduction none: one upstream gradient per row
     ctx.used = False
 
 
@@ -352,19 +343,7 @@ def _lg_bwd(ctx, grad, grad_ds):
     if grad is None or not ctx.needs_input_grad[0]:
         return (None,) + nones
     (ds,) = ctx.saved_tensors
-    if not eager_ok(grad):  # traced (torch.compile): a plain torch op the tracer sees
-        return (ds * (grad.reshape(-1, 1) if ctx.per_row else grad.reshape(())),) + nones
-    if torch.is_grad_enabled():
-        raise RuntimeError(_DOUBLE_BACKWARD_MSG + " (the gradient of a mean / sum / batchmean loss is formed in "
-                           "the forward: backward(create_graph=True) itself is refused)")
-    if ctx.used:
-        raise RuntimeError("fusedloss.distillation_loss: backward can run only once for a mean / sum / batchmean "
-                           "loss (the gradient formed in the forward is scaled in place)")
-    ctx.used = True
-    # on the device, no host sync; rows whose factor is 1 are not touched (all of them for the usual
-    # loss.backward() of a scalar loss)
-    _ops.run_scale_rows(ds, grad, ctx.per_row)
-    return (ds.detach(),) + nones  # a fresh alias: AccumulateGrad may adopt it as .grad without a copy
+    return (scale_kept_grad(ctx, grad, ds, "distillation_loss", "mean / sum / batchmean"),) + nones
 
 
 def _no_double_backward(ctx, *grads):

@@ -41,8 +41,7 @@ from torch import Tensor
 
 from . import _lib
 from ._lib import LOVASZ_CLASSES, TargetOutOfRangeError, _check
-from .autograd import eager_ok
-from .softmax_losses import _DOUBLE_BACKWARD_MSG, _scale_kept_grad
+from .autograd import KEPT_GRAD_DOUBLE_BACKWARD_MSG as _DOUBLE_BACKWARD_MSG, scale_kept_grad
 
 __all__ = ["lovasz_softmax", "LovaszSoftmaxLoss", "lovasz_softmax_forward", "lovasz_softmax_fused",
            "lovasz_softmax_loss_and_grad"]
@@ -213,7 +212,7 @@ def _lg_bwd(ctx, grad, grad_dx):
     if grad is None or not ctx.needs_input_grad[0]:
         return (None,) + nones
     (dx,) = ctx.saved_tensors
-    return (_scale_kept_grad(ctx, grad, dx, "lovasz_softmax"),) + nones
+    return (scale_kept_grad(ctx, grad, dx, "lovasz_softmax"),) + nones
 
 
 def _no_double_backward(ctx, *grads):

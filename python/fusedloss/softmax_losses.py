@@ -90,8 +90,8 @@ from torch import Tensor
 
 from . import _lib
 from . import ops as _ops
-from ._lib import MARGIN_GRAD, REDUCTIONS, NotBuiltError, _check
-from .autograd import eager_ok
+from ._lib import MARGIN_GRAD, REDUCTIONS, _check
+from .autograd import KEPT_GRAD_DOUBLE_BACKWARD_MSG, scale_kept_grad
 
 __all__ = ["margin_cross_entropy", "ArcFaceLoss", "CosFaceLoss", "CombinedMarginLoss",
            "softmax_focal_loss", "SoftmaxFocalLoss",
@@ -323,14 +323,7 @@ def _ws_bytes(key, addr):
 
 def _sym(name):
     """The bound C function (NotBuiltError if the loaded library has no such entry point)."""
-    try:
-        fn = _lib.optional_symbol(name)
-    except KeyError:  # moved up into _lib._SIGNATURES: always bound
-        fn = getattr(_lib.lib, name)
-    if fn is None:
-        raise NotBuiltError(f"{name}: {_lib.library_path} has no margin / softmax focal entry points (built "
-                            "before include/fusedloss.h sections 11 / 12); rebuild it", _lib.FL_ERR_NOT_BUILT)
-    return fn
+    return _lib.entry_point(name, "margin / softmax focal entry points (built before include/fusedloss.h sections 11 / 12)")
 
 
 def _empty_result(kind, loss, dl, reduction):
@@ -527,43 +520,9 @@ def _(logits, target, alpha, gamma, ignore_index, reduction):
 
 
 # ---- autograd ------------------------------------------------------------------------------------
-_DOUBLE_BACKWARD_MSG = ("fusedloss.{}: double backward (differentiating the gradient of the loss) is not "
-                        "supported; use the PyTorch formula for higher-order gradients")
+_DOUBLE_BACKWARD_MSG = KEPT_GRAD_DOUBLE_BACKWARD_MSG
 _MARGIN_ARGS = 8  # non-tensor arguments after (logits, target): s, m1, m2, m3, easy_margin, grad_mode, ...
 _FOCAL_ARGS = 3   # after (logits, target, alpha): gamma, ignore_index, reduction
-
-
-def _upstream(grad, ds, per_pos):
-    """The upstream gradient shaped to broadcast against dlogits ds: 0-d for a scalar loss, one value
-    per row ([N, C]) or per position ([N, C, d]) for reduction none."""
-    if not per_pos:
-        return grad.reshape(())
-    if ds.dim() == 2:
-        return grad.reshape(-1, 1)
-    return grad.reshape(ds.shape[0], 1, ds.shape[2])
-
-
-def _scale_kept_grad(ctx, grad, ds, family):
-    """Backward of the *_loss_and_grad ops: ds (formed in the forward for an upstream gradient of 1)
-    times the real upstream gradient."""
-    if not eager_ok(grad):  # traced (torch.compile): a plain torch op the tracer sees
-        g = _upstream(grad, ds, ctx.per_pos)
-        return ds * g if ds.dtype == _F32 else (ds.to(_F32) * g).to(ds.dtype)
-    if torch.is_grad_enabled():
-        raise RuntimeError(_DOUBLE_BACKWARD_MSG.format(family) + " (the gradient of a mean / sum loss is formed "
-                           "in the forward: backward(create_graph=True) itself is refused)")
-    if ctx.used:
-        raise RuntimeError(f"fusedloss.{family}: backward can run only once for a mean / sum loss (the gradient "
-                           "formed in the forward is scaled in place)")
-    ctx.used = True
-    if ctx.per_pos and ds.dim() == 3:  # one factor per (n, k) position: no row scaling kernel for that
-        ds.mul_(_upstream(grad.to(_F32), ds, True))
-    else:
-        # on the device, no host sync; rows whose factor is 1 are not touched (all of them for the
-        # usual loss.backward() of a scalar loss). A 3-D [N, C, d] buffer is scaled as [N, C d] rows.
-        ds2 = ds if ds.dim() == 2 else ds.view(ds.shape[0], -1)
-        _ops.run_scale_rows(ds2, grad, ctx.per_pos)
-    return ds.detach()  # a fresh alias: AccumulateGrad may adopt it as .grad without a copy
 
 
 def _margin_fwd_setup(ctx, inputs, output):
@@ -594,7 +553,7 @@ def _margin_lg_bwd(ctx, grad, grad_ds):
     if grad is None or not ctx.needs_input_grad[0]:
         return (None,) + nones
     (ds,) = ctx.saved_tensors
-    return (_scale_kept_grad(ctx, grad, ds, "margin_cross_entropy"),) + nones
+    return (scale_kept_grad(ctx, grad, ds, "margin_cross_entropy"),) + nones
 
 
 def _focal_fwd_setup(ctx, inputs, output):
@@ -626,7 +585,7 @@ def _focal_lg_bwd(ctx, grad, grad_ds):
     if grad is None or not ctx.needs_input_grad[0]:
         return (None,) + nones
     (ds,) = ctx.saved_tensors
-    return (_scale_kept_grad(ctx, grad, ds, "softmax_focal_loss"),) + nones
+    return (scale_kept_grad(ctx, grad, ds, "softmax_focal_loss"),) + nones
 
 
 def _margin_no_double_backward(ctx, *grads):
