@@ -1081,7 +1081,7 @@ FL_API fl_status fl_softmax_focal_fused_cuda(float* loss, void* dlogits, const v
                                              void* workspace, size_t workspace_bytes, fl_stream stream);
 
 /*-****************************************************************************
- *  13. Lovasz-softmax (Berman et al.; segmentation IoU surrogate) — CPU backend only so far
+ *  13. Lovasz-softmax (Berman et al.; segmentation IoU surrogate)
  *
  *  Input [N, C, d] in the layout of section 12 (element (n, c, k) at n * ld + c * d + k; d = H * W
  *  pixels per image), labels [N, d] (index dtype), either probabilities (from_logits == 0: the
@@ -1107,11 +1107,22 @@ FL_API fl_status fl_softmax_focal_fused_cuda(float* loss, void* dlogits, const v
  *  dx_{i,c} = p_{i,c} (gp_{i,c} - sum_k p_{i,k} gp_{i,k}). Ignored pixels: gradient 0. dinput has
  *  the input's dtype and layout (padding beyond C * d in a row of ld untouched); dinput == input
  *  allowed (in place).
- *  Numerics: double on the CPU (the reference); inputs fp32 / fp16 / bf16.
- *  Workspace: fl_lovasz_softmax_workspace_size() bytes (host memory), content ignored; the size
- *  depends on opts->from_logits (opts NULL: probabilities), so query with the options of the call.
- *  CUDA: not implemented yet (the entry points are not declared); the Python op
- *  fusedloss.lovasz_softmax runs a sort-based PyTorch formulation on CUDA tensors.
+ *  Numerics: double on the CPU (the reference); inputs fp32 / fp16 / bf16. CUDA: p and e in fp32,
+ *  the Jaccard steps and the loss sum in double; errors equal in fp32 tie (increasing pixel index),
+ *  so where the CPU's double errors differ by less than an fp32 rounding the two backends may rank
+ *  two pixels differently: same loss (it does not depend on the tie order), gradients that differ at
+ *  those pixels. Exact fp32 errors (e.g. probabilities on a 2^-k grid) give the CPU's ranks.
+ *  Out-of-range labels (not in [0, C), not ignore_index): CPU: FL_ERR_TARGET_OUT_OF_RANGE before
+ *  anything is written. CUDA: the pixel is left out, the loss is NaN, the pixel's dinput is NaN, and
+ *  *opts->error_flag = 1 when error_flag is set (as section 5).
+ *  Workspace: CPU fl_lovasz_softmax_workspace_size() bytes (host memory); CUDA
+ *  fl_lovasz_softmax_workspace_size_cuda() bytes (device memory, 256-byte aligned; about 24 bytes per
+ *  input element: the sort's keys and values, twice). Content ignored; the sizes depend on the
+ *  options (from_logits, per_image), so query with the options of the call.
+ *  CUDA method: one 64-bit key per (set, class, pixel) — (set * C + c, error descending) — through
+ *  cub::DeviceRadixSort (stable: the pixel order breaks ties), a scan of the foreground bits, then one
+ *  pass over the sorted pairs forms D_k in closed form (no J_k - J_{k-1} cancellation) and scatters
+ *  the gradient. Limit: C * N * d <= 2^31 - 1 elements (else FL_ERR_UNSUPPORTED).
  ******************************************************************************/
 typedef enum { FL_LOVASZ_PRESENT = 0, FL_LOVASZ_ALL = 1 } fl_lovasz_classes;
 
@@ -1121,9 +1132,10 @@ typedef struct fl_lovasz_options {
     int32_t           per_image;     /* default 0 */
     int32_t           from_logits;   /* default 0 (the input holds probabilities) */
     int64_t           ignore_index;  /* default -100 */
+    int32_t*          error_flag;    /* CUDA: device int set to 1 on an out-of-range label; or NULL */
 } fl_lovasz_options;
 
-#define FL_LOVASZ_OPTIONS_INIT { sizeof(fl_lovasz_options), FL_LOVASZ_PRESENT, 0, 0, -100 }
+#define FL_LOVASZ_OPTIONS_INIT { sizeof(fl_lovasz_options), FL_LOVASZ_PRESENT, 0, 0, -100, NULL }
 
 /*! fl_lovasz_softmax_workspace_size() : bytes of workspace of the Lovasz entry points for N images of
  *  C classes and d pixels; opts may be NULL.
@@ -1144,6 +1156,27 @@ FL_API fl_status fl_lovasz_softmax_fused_cpu(float* loss, void* dinput, const vo
                                              const float* grad_loss, float grad_scale, int64_t N, int64_t C,
                                              int64_t d, fl_dtype dtype, const fl_lovasz_options* opts,
                                              void* workspace, size_t workspace_bytes);
+
+/*! fl_lovasz_softmax_workspace_size_cuda() : bytes of device workspace of the CUDA entry points for
+ *  N images of C classes and d pixels on the current device (it asks CUB for its scratch size);
+ *  opts may be NULL. In a build without CUDA: FL_ERR_NOT_BUILT.
+ * @return : FL_OK, FL_ERR_INVALID_ARGUMENT, FL_ERR_UNSUPPORTED (C * N * d > 2^31 - 1) or FL_ERR_CUDA. */
+FL_API fl_status fl_lovasz_softmax_workspace_size_cuda(size_t* bytes, int64_t N, int64_t C, int64_t d,
+                                                       fl_dtype dtype, const fl_lovasz_options* opts);
+
+/*! fl_lovasz_softmax_forward_cuda() / fl_lovasz_softmax_fused_cuda() : the CPU entry points' contract
+ *  on device pointers (loss, dinput, input, labels, grad_loss), asynchronous on `stream`: no host
+ *  synchronisation, no allocation, capturable in a CUDA graph; deterministic (bitwise the same on
+ *  every run). */
+FL_API fl_status fl_lovasz_softmax_forward_cuda(float* loss, const void* input, int64_t ld, const void* labels,
+                                                fl_index_dtype index_dtype, int64_t N, int64_t C, int64_t d,
+                                                fl_dtype dtype, const fl_lovasz_options* opts,
+                                                void* workspace, size_t workspace_bytes, fl_stream stream);
+FL_API fl_status fl_lovasz_softmax_fused_cuda(float* loss, void* dinput, const void* input, int64_t ld,
+                                              const void* labels, fl_index_dtype index_dtype,
+                                              const float* grad_loss, float grad_scale, int64_t N, int64_t C,
+                                              int64_t d, fl_dtype dtype, const fl_lovasz_options* opts,
+                                              void* workspace, size_t workspace_bytes, fl_stream stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

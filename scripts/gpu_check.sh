@@ -28,9 +28,9 @@
 #              --small grid; with >= 2 GPUs torchrun python/tests/dist_vp_nccl.py and bench/bench_vp.py
 #              (NCCL); all output in $OUT/vp.log
 #   zoo        loss zoo (issue 8): the GPU tests of the elementwise losses, distillation, margin CE and
-#              softmax focal (ZOO_TESTS; + memcheck / racecheck on their --small grids); unless ZOO_PY=0,
-#              the benches (ZOO_BENCHES: bench_zoo, bench_distill, bench_softmax_losses) and the CUDA cases
-#              of the zoo's Python tests; all output in $OUT/zoo.log
+#              softmax focal, Lovasz (ZOO_TESTS; + memcheck / racecheck on their --small grids); unless ZOO_PY=0,
+#              the benches (ZOO_BENCHES: bench_zoo, bench_distill, bench_softmax_losses, bench_lovasz) and
+#              the CUDA cases of the zoo's Python tests (ZOO_PYTESTS); all output in $OUT/zoo.log
 #   pytest     the Python package's CUDA tests (PYTHONPATH=python, build/libfusedloss.so)
 # Every step's output goes to $OUT/<step>.log (OUT defaults to /tmp/out); stdout gets one line
 # per step, the tail of any failing log, the benchmark summaries, and last a summary table.
@@ -402,7 +402,7 @@ fi
 if want zoo && have build/test_elementwise_loss_cuda zoo; then
     run_step zoo "${ZOO_CAP:-360}" '
         rc=0
-        for t in ${ZOO_TESTS:-test_elementwise_loss_cuda test_distill_cuda test_margin_ce_cuda test_softmax_focal_cuda}; do
+        for t in ${ZOO_TESTS:-test_elementwise_loss_cuda test_distill_cuda test_margin_ce_cuda test_softmax_focal_cuda test_lovasz_cuda}; do
             [ -x build/$t ] || { echo "### build/$t missing"; continue; }
             echo "### $t"; timeout 150 build/$t > "$OUT/$t.out" 2>&1 || rc=1; grep -m60 -E "FAIL|input of" "$OUT/$t.out"; tail -5 "$OUT/$t.out"
             if [ -n "$SANITIZER" ]; then
@@ -414,12 +414,13 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
         done
         if [ "${ZOO_PY:-1}" != 0 ] && [ -e build/libfusedloss.so ]; then
             export PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so
-            for b in ${ZOO_BENCHES:-bench_zoo bench_distill bench_softmax_losses}; do
+            for b in ${ZOO_BENCHES:-bench_zoo bench_distill bench_softmax_losses bench_lovasz}; do
                 [ -e bench/$b.py ] || continue
                 echo "### $b.py"; timeout 200 python3 bench/$b.py --out "$OUT/$b-$DATE.json" 2>&1 | tail -30 || rc=1
             done
-            echo "### pytest test_zoo.py test_distill.py (CUDA cases)"
-            timeout 240 python3 -m pytest -q -k cuda $(ls python/tests/test_zoo.py python/tests/test_distill.py python/tests/test_linear_distill.py python/tests/test_softmax_losses.py 2>/dev/null) 2>&1 | tail -12 || rc=1
+            zpy="${ZOO_PYTESTS:-test_zoo test_distill test_linear_distill test_softmax_losses test_lovasz}"
+            echo "### pytest $zpy (CUDA cases)"
+            timeout 240 python3 -m pytest -q -k cuda $(for f in $zpy; do ls python/tests/$f.py 2>/dev/null; done) 2>&1 | tail -12 || rc=1
         fi
         exit $rc
     '

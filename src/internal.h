@@ -421,9 +421,13 @@ typedef struct {
  * pixel-major; zeroed by the fused call). SIZE_MAX when that does not fit in a size_t (the
  * size query and the validator report FL_ERR_INVALID_ARGUMENT). */
 size_t fl__lovasz_workspace_bytes(int64_t N, int64_t C, int64_t d, int from_logits);
+/* Device workspace of the CUDA entry points (src/cuda/lovasz.cu: its plan, header comment there),
+ * C N d <= 2^31 - 1 (checked by the caller); 0 when CUB's scratch size query failed. */
+size_t fl__lovasz_cuda_workspace_bytes(int64_t N, int64_t C, int64_t d, int per_image, int from_logits);
 /* pass FL__PASS_FORWARD (dinput, grad_loss NULL; loss required) or FL__PASS_FUSED (loss may be
- * NULL, dinput required when N > 0). Labels are range-checked by the backend. */
-fl_status fl__lovasz_validate(const char* fn, fl__pass pass, const float* loss, const void* dinput,
+ * NULL, dinput required when N > 0). Labels are range-checked by the backend. is_cuda: the CUDA
+ * workspace (256-byte aligned) and extent limit. */
+fl_status fl__lovasz_validate(const char* fn, fl__pass pass, int is_cuda, const float* loss, const void* dinput,
                               const void* input, int64_t ld, const void* labels, fl_index_dtype index_dtype,
                               const float* grad_loss, float grad_scale, int64_t N, int64_t C, int64_t d,
                               fl_dtype dtype, const fl_lovasz_options* opts, const void* workspace,

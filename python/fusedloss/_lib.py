@@ -157,6 +157,7 @@ class LovaszOptions(ctypes.Structure):
         ("per_image", ctypes.c_int32),
         ("from_logits", ctypes.c_int32),
         ("ignore_index", ctypes.c_int64),
+        ("error_flag", ctypes.c_void_p),      # int32_t* (device memory, CUDA only)
     ]
 
 
@@ -317,7 +318,7 @@ _OPTIONAL.update({
     "fl_softmax_focal_fused_cuda": (_INT, _SFOCAL_FUSED + [_P]),
 })
 # ---- end of sections 11 / 12 ---------------------------------------------------------------------
-# ---- section 13: Lovasz-softmax (CPU only; optional as above) -------------------------------------
+# ---- section 13: Lovasz-softmax (optional as above; CUDA entries take the stream last) ----------------
 # forward: loss, input, ld, labels, index_dtype, N, C, d, dtype, opts, workspace, bytes
 _LOVASZ_FWD = [_P, _P, _I64, _P, _INT, _I64, _I64, _I64, _INT, _OPTS, _P, _SZ]
 # fused: loss, dinput, input, ld, labels, index_dtype, grad_loss, grad_scale, N, C, d, dtype, opts, workspace,
@@ -327,6 +328,9 @@ _OPTIONAL.update({
     "fl_lovasz_softmax_workspace_size": (_INT, [ctypes.POINTER(_SZ), _I64, _I64, _I64, _INT, _OPTS]),
     "fl_lovasz_softmax_forward_cpu": (_INT, _LOVASZ_FWD),
     "fl_lovasz_softmax_fused_cpu": (_INT, _LOVASZ_FUSED),
+    "fl_lovasz_softmax_workspace_size_cuda": (_INT, [ctypes.POINTER(_SZ), _I64, _I64, _I64, _INT, _OPTS]),
+    "fl_lovasz_softmax_forward_cuda": (_INT, _LOVASZ_FWD + [_P]),
+    "fl_lovasz_softmax_fused_cuda": (_INT, _LOVASZ_FUSED + [_P]),
 })
 
 
@@ -561,19 +565,22 @@ def softmax_focal_workspace_size(N, C, d, dtype, opts=None):
     return out.value
 
 
-def lovasz_options(classes=FL_LOVASZ_PRESENT, per_image=False, from_logits=False, ignore_index=-100):
-    """An fl_lovasz_options (FL_LOVASZ_OPTIONS_INIT defaults); classes an fl_lovasz_classes number.
-    The C library validates the values."""
+def lovasz_options(classes=FL_LOVASZ_PRESENT, per_image=False, from_logits=False, ignore_index=-100,
+                   error_flag=0):
+    """An fl_lovasz_options (FL_LOVASZ_OPTIONS_INIT defaults); classes an fl_lovasz_classes number,
+    error_flag an address (0 = NULL). The C library validates the values."""
     return LovaszOptions(ctypes.sizeof(LovaszOptions), int(classes), 1 if per_image else 0,
-                         1 if from_logits else 0, int(ignore_index))
+                         1 if from_logits else 0, int(ignore_index), error_flag or None)
 
 
-def lovasz_softmax_workspace_size(N, C, d, dtype, opts=None):
-    """fl_lovasz_softmax_workspace_size(): bytes of (host) workspace the Lovasz-softmax calls need
-    for N images of C classes and d pixels (it depends on opts.from_logits). opts: a LovaszOptions,
-    its address (int), or None. NotBuiltError if the library predates section 13."""
-    fn = _optional_fn("fl_lovasz_softmax_workspace_size", "Lovasz-softmax")
+def lovasz_softmax_workspace_size(N, C, d, dtype, opts=None, cuda=False):
+    """fl_lovasz_softmax_workspace_size() (host workspace of the CPU calls) or, with cuda=True,
+    fl_lovasz_softmax_workspace_size_cuda() (device workspace on the current device): bytes for N
+    images of C classes and d pixels (it depends on the options). opts: a LovaszOptions, its
+    address (int), or None. NotBuiltError if the library predates section 13 (or its CUDA part)."""
+    name = "fl_lovasz_softmax_workspace_size_cuda" if cuda else "fl_lovasz_softmax_workspace_size"
+    fn = _optional_fn(name, "Lovasz-softmax")
     out = ctypes.c_size_t(0)
     ref = opts if opts is None or isinstance(opts, int) else ctypes.byref(opts)
-    _check(fn(ctypes.byref(out), int(N), int(C), int(d), int(dtype), ref), "fl_lovasz_softmax_workspace_size")
+    _check(fn(ctypes.byref(out), int(N), int(C), int(d), int(dtype), ref), name)
     return out.value

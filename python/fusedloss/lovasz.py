@@ -14,17 +14,20 @@ the images (an image without valid pixels counts 0). Pixels labelled ignore_inde
 valid pixel at all: loss 0, gradient 0.
 
 Paths:
-  * CPU tensors of float32 / float16 / bfloat16: the C op (fl_lovasz_softmax_{forward,fused}_cpu)
-    through the custom ops below; with a gradient needed, one fused call forms the loss and its
-    gradient (upstream 1) in the forward, scaled in the backward (fusedloss.ops.run_scale_rows in
-    eager; a plain multiply when traced by torch.compile).
-  * Everything else (CUDA tensors, float64, other devices): a PyTorch formulation of the same
-    semantics (_lovasz_reference): each class's errors as rows of a contiguous [C, P] tensor sorted
-    along the last dim with torch.sort(dim=1, descending=True, stable=True) (stable: the pixel-index
-    tie order of the header), Berman's cumsum-based lovasz_grad, autograd through the sort. It is
-    also the GPU path for now: a CUDA kernel is future work (the header declares no _cuda entries).
+  * CPU and CUDA tensors of float32 / float16 / bfloat16: the C op
+    (fl_lovasz_softmax_{forward,fused}_{cpu,cuda}) through the custom ops below; with a gradient
+    needed, one fused call forms the loss and its gradient (upstream 1) in the forward, scaled in
+    the backward (fusedloss.ops.run_scale_rows in eager; a plain multiply when traced by
+    torch.compile). On CUDA an out-of-range label does not raise (no host synchronisation): the loss
+    is NaN and the device error flag is set (fusedloss.ops.check_errors raises; debug mode checks
+    after every call). CPU raises TargetOutOfRangeError.
+  * Everything else (float64, other devices): a PyTorch formulation of the same semantics
+    (_lovasz_reference): each class's errors as rows of a contiguous [C, P] tensor sorted along the
+    last dim with torch.sort(dim=1, descending=True, stable=True) (stable: the pixel-index tie order
+    of the header), Berman's cumsum-based lovasz_grad, autograd through the sort. It is also the
+    PyTorch baseline of bench/bench_lovasz.py.
 
-Custom ops (torch.library, CPU; fake kernels for torch.compile / meta tensors):
+Custom ops (torch.library, CPU and CUDA; fake kernels for torch.compile / meta tensors):
   lovasz_softmax_forward(input, labels, classes, per_image, from_logits, ignore_index) -> loss
   lovasz_softmax_fused(input, labels, grad?, classes, per_image, from_logits, ignore_index) -> dinput
   lovasz_softmax_loss_and_grad(input, labels, classes, per_image, from_logits, ignore_index)
@@ -40,6 +43,7 @@ import torch
 from torch import Tensor
 
 from . import _lib
+from . import ops as _ops
 from ._lib import LOVASZ_CLASSES, TargetOutOfRangeError, _check
 from .autograd import KEPT_GRAD_DOUBLE_BACKWARD_MSG as _DOUBLE_BACKWARD_MSG, scale_kept_grad
 
@@ -103,45 +107,71 @@ def _options(key):
     return o
 
 
+_ws_cache = {}
+
+
+def _ws_bytes(key, opts_addr, cuda):
+    """The workspace size for (N, C, d, dtype, options key, device index), cached (the CUDA query
+    asks CUB for its scratch size on the host)."""
+    b = _ws_cache.get(key)
+    if b is None:
+        if len(_ws_cache) >= 256:
+            _ws_cache.clear()
+        N, C, d, dt = key[:4]
+        b = _ws_cache[key] = _lib.lovasz_softmax_workspace_size(N, C, d, dt, opts_addr, cuda=cuda)
+    return b
+
+
 def _run(kind, x, labels, grad, classes, per_image, from_logits, ignore_index):
     """kind 0: loss (forward); 1: dinput for grad (fused, loss NULL); 2: (loss, dinput) for an
     upstream gradient of 1 (fused, grad_loss NULL)."""
     op = ("lovasz_softmax_forward", "lovasz_softmax_fused", "lovasz_softmax_loss_and_grad")[kind]
     _check_opts(op, classes)
     N, C, d, dt, it = _layout(op, x, labels)
-    if x.device.type != "cpu":
-        raise NotImplementedError(f"fusedloss::{op}: CPU only (a CUDA kernel is future work; "
-                                  "fusedloss.lovasz_softmax uses the PyTorch formulation on CUDA)")
+    dev = x.device
+    if dev.type not in ("cpu", "cuda"):
+        raise NotImplementedError(f"fusedloss::{op}: CPU and CUDA tensors only, got {dev}")
     if kind == 1 and grad is not None:
-        if grad.dtype != _F32 or grad.numel() != 1 or grad.device != x.device:
-            raise ValueError(f"fusedloss::{op}: grad must be float32 with 1 element on {x.device}, got "
+        if grad.dtype != _F32 or grad.numel() != 1 or grad.device != dev:
+            raise ValueError(f"fusedloss::{op}: grad must be float32 with 1 element on {dev}, got "
                              f"{grad.dtype} {tuple(grad.shape)} on {grad.device}")
         grad = grad.contiguous()
-    loss = torch.zeros((), dtype=_F32) if kind != 1 else None
+    loss = torch.zeros((), dtype=_F32, device=dev) if kind != 1 else None
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if kind != 0 else None
     if N == 0:
         return loss if kind == 0 else (dx if kind == 1 else (loss, dx))
-    opts = _options((int(classes), bool(per_image), bool(from_logits), int(ignore_index)))
-    nbytes = _lib.lovasz_softmax_workspace_size(N, C, d, dt, opts[1])
-    ws = torch.empty(max(nbytes, 1), dtype=torch.uint8)
+    cuda = dev.type == "cuda"
+    if cuda and dev.index is not None and torch.cuda.current_device() != dev.index:
+        with torch.cuda.device(dev.index):
+            return _run(kind, x, labels, grad, classes, per_image, from_logits, ignore_index)
+    idx = (dev.index if dev.index is not None else torch.cuda.current_device()) if cuda else -1
+    flag = _ops.flag_ptr(idx) if cuda else 0
+    opts = _options((int(classes), bool(per_image), bool(from_logits), int(ignore_index), flag))
+    nbytes = _ws_bytes((N, C, d, dt, int(classes), bool(per_image), bool(from_logits), idx), opts[1], cuda)
+    ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev)
+    tail = (torch.cuda.current_stream(dev).cuda_stream,) if cuda else ()
+    sfx = "cuda" if cuda else "cpu"
     if kind == 0:
-        name = "fl_lovasz_softmax_forward_cpu"
+        name = f"fl_lovasz_softmax_forward_{sfx}"
         st = _lib._optional_fn(name, "Lovasz-softmax")(loss.data_ptr(), x.data_ptr(), C * d, labels.data_ptr(),
-                                                       it, N, C, d, dt, opts[1], ws.data_ptr(), nbytes)
+                                                       it, N, C, d, dt, opts[1], ws.data_ptr(), nbytes, *tail)
     else:
-        name = "fl_lovasz_softmax_fused_cpu"
+        name = f"fl_lovasz_softmax_fused_{sfx}"
         gptr = grad.data_ptr() if (kind == 1 and grad is not None) else None
         st = _lib._optional_fn(name, "Lovasz-softmax")(loss.data_ptr() if loss is not None else None,
                                                        dx.data_ptr(), x.data_ptr(), C * d, labels.data_ptr(), it,
-                                                       gptr, 1.0, N, C, d, dt, opts[1], ws.data_ptr(), nbytes)
+                                                       gptr, 1.0, N, C, d, dt, opts[1], ws.data_ptr(), nbytes,
+                                                       *tail)
     _check(st, name)
+    if cuda and _ops.is_debug() and not torch.cuda.is_current_stream_capturing():
+        _ops.check_errors(dev)  # synchronises; raises TargetOutOfRangeError if the flag was set
     if kind == 0:
         return loss
     return dx if kind == 1 else (loss, dx)
 
 
 # ---- custom ops ----------------------------------------------------------------------------------
-@torch.library.custom_op("fusedloss::lovasz_softmax_forward", mutates_args=(), device_types=("cpu",))
+@torch.library.custom_op("fusedloss::lovasz_softmax_forward", mutates_args=(), device_types=("cpu", "cuda"))
 def lovasz_softmax_forward(input: Tensor, labels: Tensor, classes: int, per_image: bool, from_logits: bool,
                            ignore_index: int) -> Tensor:
     """The Lovasz-softmax loss (fl_lovasz_softmax_forward_cpu): fp32, 0-d."""
@@ -155,7 +185,7 @@ def _(input, labels, classes, per_image, from_logits, ignore_index):
     return input.new_empty((), dtype=_F32)
 
 
-@torch.library.custom_op("fusedloss::lovasz_softmax_fused", mutates_args=(), device_types=("cpu",))
+@torch.library.custom_op("fusedloss::lovasz_softmax_fused", mutates_args=(), device_types=("cpu", "cuda"))
 def lovasz_softmax_fused(input: Tensor, labels: Tensor, grad: Optional[Tensor], classes: int, per_image: bool,
                          from_logits: bool, ignore_index: int) -> Tensor:
     """dinput = grad * dloss/dinput (fl_lovasz_softmax_fused_cpu, loss NULL); grad fp32 [1] / 0-d or None (1)."""
@@ -169,7 +199,7 @@ def _(input, labels, grad, classes, per_image, from_logits, ignore_index):
     return torch.empty_like(input, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("fusedloss::lovasz_softmax_loss_and_grad", mutates_args=(), device_types=("cpu",))
+@torch.library.custom_op("fusedloss::lovasz_softmax_loss_and_grad", mutates_args=(), device_types=("cpu", "cuda"))
 def lovasz_softmax_loss_and_grad(input: Tensor, labels: Tensor, classes: int, per_image: bool, from_logits: bool,
                                  ignore_index: int) -> tuple[Tensor, Tensor]:
     """(loss, dinput) in one fl_lovasz_softmax_fused_cpu call, dinput for an upstream gradient of 1."""
@@ -228,7 +258,7 @@ lovasz_softmax_fused.register_autograd(_no_double_backward, setup_context=_no_se
 lovasz_softmax_loss_and_grad.register_autograd(_lg_bwd, setup_context=_lg_setup)
 
 
-# ---- the PyTorch formulation (fallback; the CUDA path for now) ----------------------------------------
+# ---- the PyTorch formulation (float64 / other devices; the bench's PyTorch baseline) -------------------
 def _flat(p, y, C, all_classes):
     """Loss of one set: p [C, V] (rows contiguous), y [V] valid labels in pixel-index order."""
     if p.shape[1] == 0:
@@ -294,9 +324,10 @@ def lovasz_softmax(probas_or_logits: Tensor, labels: Tensor, classes: str = "pre
     ``labels``: ``[N, H, W]`` class indices (int32 / int64); ``ignore_index`` pixels are dropped.
     ``classes``: ``'present'`` (average over the classes present; default) or ``'all'``.
     ``per_image``: mean of per-image losses instead of one loss over the batch. Returns a 0-d loss
-    in the input's dtype; differentiable w.r.t. the input. CPU float32 / float16 / bfloat16 run the
-    C op (torch.compile(fullgraph=True) works); CUDA and other dtypes run the PyTorch formulation
-    (a CUDA kernel is future work)."""
+    in the input's dtype; differentiable w.r.t. the input. CPU and CUDA float32 / float16 / bfloat16
+    run the C op (torch.compile(fullgraph=True) works; on CUDA an out-of-range label gives a NaN loss
+    and sets the device error flag instead of raising); other dtypes and devices run the PyTorch
+    formulation."""
     fn = _FN
     x = probas_or_logits
     if not isinstance(x, Tensor) or not x.is_floating_point():
@@ -323,7 +354,7 @@ def lovasz_softmax(probas_or_logits: Tensor, labels: Tensor, classes: str = "pre
         return (x.sum() * 0).to(x.dtype)
     x3 = x.reshape(N, C, d)
     y = labels.reshape(N, d)
-    if x.device.type != "cpu" or x.dtype not in _DTYPES:
+    if x.device.type not in ("cpu", "cuda") or x.dtype not in _DTYPES:
         if not torch.compiler.is_compiling():
             _check_labels(y, C, ignore_index)
         loss = _lovasz_reference(x3, y, cls, per_image, ignore_index, from_logits)

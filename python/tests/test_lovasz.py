@@ -1,12 +1,13 @@
-"""Tests of fusedloss.lovasz_softmax (include/fusedloss.h section 13): the C op on CPU (fused loss +
-gradient) and the PyTorch formulation (CUDA, float64) against an independent float64 reference
+"""Tests of fusedloss.lovasz_softmax (include/fusedloss.h section 13): the C op (CPU and CUDA, fused
+loss + gradient) and the PyTorch formulation (float64) against an independent float64 reference
 written from Berman's lovasz_softmax_flat (per class: sort, lovasz_grad, dot), with a Python loop
 over classes and images; gradients of the reference by autograd through the sort. Options classes
 present / all, per_image, from_logits, ignore_index (ignored pixels, every pixel ignored, an image
 without valid pixels), an absent class, fp32 / fp16 / bf16 / float64, upstream gradients != 1,
 ties, the module, torch.compile(fullgraph=True) (aot_eager, CPU op path), torch.library.opcheck on
-the three ops, double backward refused, and bad arguments. On CUDA (when available) the PyTorch
-formulation must match the C op on the same inputs moved to the CPU.
+the three ops, double backward refused, and bad arguments. On CUDA (when available): the CUDA op
+against the reference and against the CPU op on the same inputs, out-of-range labels (NaN and the
+device error flag), run-to-run bitwise equality and CUDA graph replay.
 
 Run: make lib && PYTHONPATH=python python3 -m pytest -q python/tests/test_lovasz.py
 """
@@ -231,8 +232,21 @@ def test_bad_arguments(device):
         fusedloss.lovasz_softmax(y, y)
     yb = y.clone()
     yb[1, 2, 3] = 3
-    with pytest.raises(fusedloss.TargetOutOfRangeError, match="labels"):
-        fusedloss.lovasz_softmax(x, yb)
+    if device == "cuda":
+        # no host sync on CUDA: NaN loss, NaN gradient at the bad pixel, the device error flag set
+        fusedloss.check_errors()  # start clean
+        xb = x.clone().requires_grad_()
+        loss = fusedloss.lovasz_softmax(xb, yb)
+        loss.backward()
+        assert torch.isnan(loss).item()
+        assert torch.isnan(xb.grad[1, :, 2, 3]).all().item()
+        assert torch.isfinite(xb.grad[0]).all().item()
+        with pytest.raises(fusedloss.TargetOutOfRangeError):
+            fusedloss.check_errors()
+        fusedloss.check_errors()  # the flag was reset
+    else:
+        with pytest.raises(fusedloss.TargetOutOfRangeError, match="labels"):
+            fusedloss.lovasz_softmax(x, yb)
     with pytest.raises(IndexError):
         fusedloss.lovasz_softmax(x.double(), yb)
     if device == "cpu":
@@ -242,6 +256,26 @@ def test_bad_arguments(device):
         with pytest.raises(ValueError, match="grad"):
             torch.ops.fusedloss.lovasz_softmax_fused(x.reshape(2, 3, 16), y.reshape(2, 16), torch.ones(2), 0, False,
                                                      False, -100)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_and_determinism(dtype):
+    x, y = make((2, 19, 33, 31), dtype, "cuda", 16, from_logits=True)
+    args = (0, False, True, -100)
+    l1, g1 = torch.ops.fusedloss.lovasz_softmax_loss_and_grad(x, y, *args)
+    l2, g2 = torch.ops.fusedloss.lovasz_softmax_loss_and_grad(x, y, *args)
+    assert torch.equal(l1, l2) and torch.equal(g1, g2)   # bitwise, run to run
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph):
+            l3, g3 = torch.ops.fusedloss.lovasz_softmax_loss_and_grad(x, y, *args)
+    torch.cuda.current_stream().wait_stream(s)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(l3, l1) and torch.equal(g3, g1)
 
 
 def test_workspace_size():

@@ -1,6 +1,7 @@
 /* lovasz_validate.c — argument checks of the Lovasz-softmax loss (include/fusedloss.h section 13;
- * CPU backend only so far), the workspace layout (src/internal.h, fl__lovasz_workspace_bytes) and
- * the public size query fl_lovasz_softmax_workspace_size().
+ * both backends), the CPU workspace layout (src/internal.h, fl__lovasz_workspace_bytes) and the
+ * public size queries fl_lovasz_softmax_workspace_size() (CPU) and
+ * fl_lovasz_softmax_workspace_size_cuda() (src/cuda/lovasz.cu plans the CUDA workspace).
  *
  * Every message names the public function and the offending value. Nothing here dereferences a
  * caller pointer except *opts (the CPU backend range-checks the labels itself).
@@ -46,31 +47,70 @@ static fl_status check_opts(const char* fn, const fl_lovasz_options* o) {
     return FL_OK;
 }
 
-fl_status fl_lovasz_softmax_workspace_size(size_t* bytes, int64_t N, int64_t C, int64_t d, fl_dtype dtype,
-                                           const fl_lovasz_options* opts) {
-    static const char* fn = "fl_lovasz_softmax_workspace_size";
+/* the size queries' common checks; *o the options to use */
+static fl_status check_query(const char* fn, size_t* bytes, int64_t N, int64_t C, int64_t d, fl_dtype dtype,
+                             const fl_lovasz_options* opts, const fl_lovasz_options** o) {
     static const fl_lovasz_options defaults = FL_LOVASZ_OPTIONS_INIT;
-    fl__clear_error();
     if (!bytes) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: bytes is NULL", fn);
     if (N < 0) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: N (%lld) < 0", fn, (long long)N);
     if (C < 1) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: C (%lld) < 1", fn, (long long)C);
     if (d < 1) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: d (%lld) < 1", fn, (long long)d);
     if (fl__dtype_size(dtype) == 0)
         return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown dtype (%d)", fn, (int)dtype);
-    const fl_lovasz_options* o = opts ? opts : &defaults;
-    FL_CHECK(check_opts(fn, o));
-    const int fl = o->from_logits != 0;
-    if (lovasz_ws_overflows(N, C, d, fl))
+    *o = opts ? opts : &defaults;
+    FL_CHECK(check_opts(fn, *o));
+    if (lovasz_ws_overflows(N, C, d, (*o)->from_logits != 0))
         return fl__fail(FL_ERR_INVALID_ARGUMENT,
                         "%s: workspace for N (%lld) x d (%lld) pixels x C (%lld) classes overflows size_t", fn,
                         (long long)N, (long long)d, (long long)C);
-    *bytes = fl__lovasz_workspace_bytes(N, C, d, fl);
     return FL_OK;
+}
+
+/* CUDA: C N d elements must fit the sort's int count */
+static fl_status check_cuda_extent(const char* fn, int64_t N, int64_t C, int64_t d) {
+    if (N > 0 && (d > INT32_MAX / N || C > INT32_MAX / (N * d)))
+        return fl__fail(FL_ERR_UNSUPPORTED,
+                        "%s: C x N x d (%lld x %lld x %lld) elements > 2^31 - 1, the CUDA backend's limit", fn,
+                        (long long)C, (long long)N, (long long)d);
+    return FL_OK;
+}
+
+/* the CUDA workspace of a call (0: the CUB size query failed) */
+static fl_status cuda_need(const char* fn, int64_t N, int64_t C, int64_t d, const fl_lovasz_options* o,
+                           size_t* need) {
+#ifdef FL_WITH_CUDA
+    FL_CHECK(check_cuda_extent(fn, N, C, d));
+    *need = fl__lovasz_cuda_workspace_bytes(N, C, d, o->per_image != 0, o->from_logits != 0);
+    if (*need == 0) return fl__fail(FL_ERR_CUDA, "%s: the CUB scratch size query failed (no usable device?)", fn);
+    return FL_OK;
+#else
+    (void)N; (void)C; (void)d; (void)o; (void)need;
+    return fl__fail(FL_ERR_NOT_BUILT, "%s: this build of fusedloss has no CUDA backend", fn);
+#endif
+}
+
+fl_status fl_lovasz_softmax_workspace_size(size_t* bytes, int64_t N, int64_t C, int64_t d, fl_dtype dtype,
+                                           const fl_lovasz_options* opts) {
+    static const char* fn = "fl_lovasz_softmax_workspace_size";
+    const fl_lovasz_options* o;
+    fl__clear_error();
+    FL_CHECK(check_query(fn, bytes, N, C, d, dtype, opts, &o));
+    *bytes = fl__lovasz_workspace_bytes(N, C, d, o->from_logits != 0);
+    return FL_OK;
+}
+
+fl_status fl_lovasz_softmax_workspace_size_cuda(size_t* bytes, int64_t N, int64_t C, int64_t d, fl_dtype dtype,
+                                                const fl_lovasz_options* opts) {
+    static const char* fn = "fl_lovasz_softmax_workspace_size_cuda";
+    const fl_lovasz_options* o;
+    fl__clear_error();
+    FL_CHECK(check_query(fn, bytes, N, C, d, dtype, opts, &o));
+    return cuda_need(fn, N, C, d, o, bytes);
 }
 
 static int finitef_(float v) { return v == v && v - v == 0.0f; }
 
-fl_status fl__lovasz_validate(const char* fn, fl__pass pass, const float* loss, const void* dinput,
+fl_status fl__lovasz_validate(const char* fn, fl__pass pass, int is_cuda, const float* loss, const void* dinput,
                               const void* input, int64_t ld, const void* labels, fl_index_dtype index_dtype,
                               const float* grad_loss, float grad_scale, int64_t N, int64_t C, int64_t d,
                               fl_dtype dtype, const fl_lovasz_options* opts, const void* workspace,
@@ -111,8 +151,12 @@ fl_status fl__lovasz_validate(const char* fn, fl__pass pass, const float* loss, 
                                 fn, names[k], ps[k], al[k]);
     }
 
-    const size_t need = fl__lovasz_workspace_bytes(N, C, d, from_logits);
-    FL_CHECK(fl__check_workspace(fn, 0, workspace, workspace_bytes, need, "fl_lovasz_softmax_workspace_size()"));
+    size_t need = 0;
+    if (is_cuda) FL_CHECK(cuda_need(fn, N, C, d, o, &need));
+    else need = fl__lovasz_workspace_bytes(N, C, d, from_logits);
+    FL_CHECK(fl__check_workspace(fn, is_cuda, workspace, workspace_bytes, need,
+                                 is_cuda ? "fl_lovasz_softmax_workspace_size_cuda()"
+                                         : "fl_lovasz_softmax_workspace_size()"));
 
     /* aliasing: dinput == input is the only overlap allowed; the workspace is an output */
     const size_t x_bytes = N > 0 ? ((size_t)(N - 1) * (size_t)ld + (size_t)Cd) * es : 0;

@@ -200,7 +200,7 @@ fl_status fl_lovasz_softmax_forward_cpu(float* loss, const void* input, int64_t 
     static const char* fn = "fl_lovasz_softmax_forward_cpu";
     fl__clear_error();
     fl__lovasz_params p;
-    FL_CHECK(fl__lovasz_validate(fn, FL__PASS_FORWARD, loss, NULL, input, ld, labels, index_dtype, NULL, 1.0f, N, C,
+    FL_CHECK(fl__lovasz_validate(fn, FL__PASS_FORWARD, 0, loss, NULL, input, ld, labels, index_dtype, NULL, 1.0f, N, C,
                                  d, dtype, opts, workspace, workspace_bytes, &p));
     return lovasz_run(fn, &p, loss, NULL, input, labels, NULL, 1.0f, workspace);
 }
@@ -212,7 +212,7 @@ fl_status fl_lovasz_softmax_fused_cpu(float* loss, void* dinput, const void* inp
     static const char* fn = "fl_lovasz_softmax_fused_cpu";
     fl__clear_error();
     fl__lovasz_params p;
-    FL_CHECK(fl__lovasz_validate(fn, FL__PASS_FUSED, loss, dinput, input, ld, labels, index_dtype, grad_loss,
+    FL_CHECK(fl__lovasz_validate(fn, FL__PASS_FUSED, 0, loss, dinput, input, ld, labels, index_dtype, grad_loss,
                                  grad_scale, N, C, d, dtype, opts, workspace, workspace_bytes, &p));
     return lovasz_run(fn, &p, loss, dinput, input, labels, grad_loss, grad_scale, workspace);
 }

@@ -1,0 +1,430 @@
+/* lovasz.cu — CUDA backend of the Lovasz-softmax loss (include/fusedloss.h section 13), the same
+ * semantics as src/cpu/lovasz.c. One pipeline, every step on the caller's stream:
+ *
+ *   P = N d pixels, a set = the batch (per_image == 0, L = P) or one image (L = d); a segment
+ *   s = set * C + c is class c over one set: L elements, S = sets * C segments, E = S L = C P.
+ *
+ *   1. lv_keys     one thread per pixel (lse first when from_logits): for every class c, at
+ *                  position s L + j (j: the pixel's place in its set) a 64-bit key
+ *                  (s << 32) | (0x7FFFFFFF - bits(e)) (e = |fg - p| in fp32 >= 0, so its bits
+ *                  order like its value; a NaN e maps to 0: first, as on the CPU), or
+ *                  (s << 32) | 0xFFFFFFFF for an ignored pixel (last in its segment), and a
+ *                  32-bit value (j << 1) | fg. Probabilities + fused: ignored pixels' dinput = 0.
+ *   2. cub::DeviceRadixSort::SortPairs over bits [0, 32 + bits(S - 1)): LSD radix sort is stable,
+ *                  and the keys are laid out in increasing pixel index, so equal errors keep the
+ *                  header's tie order (increasing pixel index). Each segment stays in place.
+ *   3. lv_flags + cub::DeviceScan::InclusiveSum: the fg bits in sorted order, scanned over all E
+ *                  (a segment's count = the scan minus its value before the segment).
+ *   4. lv_segments one thread per set: G_s per class, V (valid pixels = sum G), K (classes
+ *                  averaged), the loss weight 1 / K [/ N] and the gradient weight g / K [/ N] per
+ *                  segment (0 for classes not averaged and sets without valid pixels); g from
+ *                  grad_loss on the device (no host read).
+ *   5. lv_jaccard  one thread per sorted position (rank k = 1..V of its segment): with a = the fg
+ *                  count and b = k - a the bg count up to k, J_k = k / (G + b) and
+ *                  D_k = 1 / (G + b) (fg)  or  (G - a) / ((G + b)(G + b - 1)) (bg, k > 1; 1 / (G + 1)
+ *                  at k = 1) — Berman's J_k - J_{k-1} in closed form (no cancellation), in double;
+ *                  the loss term e D_k in double, summed per block in a fixed order; the gradient
+ *                  w D_k (fg ? -1 : +1) to dinput (probabilities) or to gp [C][P] fp32 (logits).
+ *   6. lv_final    one block: the block partials in a fixed order (deterministic), NaN if a label
+ *                  was out of range; lv_softmax_bwd (logits + fused): per pixel dx_c = p_c (gp_c -
+ *                  sum_k p_k gp_k), every x read before dx is written (in place works).
+ *
+ * Numerics: e in fp32 (the CPU uses double), so errors that differ by less than an fp32 rounding
+ * may tie here (ordered by pixel index) where the CPU separates them: the loss does not depend on
+ * the tie order, the gradient does (the CPU and CUDA gradients agree exactly when the fp32 errors
+ * are exact, e.g. probabilities on a 2^-12 grid). Out-of-range labels: that pixel is ignored in the
+ * sort, the loss is NaN, its dinput is NaN, and *opts->error_flag = 1 when error_flag is set.
+ * Limits: E = C N d <= 2^31 - 1 elements (FL_ERR_UNSUPPORTED beyond).
+ * Workspace (256-byte aligned pieces): 256 header | keys 2 x 8E | values 2 x 4E | lse 4P (logits)
+ * | per segment G, base, V int32 + loss / gradient weights double | block partials | CUB temp.
+ * SPDX-License-Identifier: MIT
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include "common.cuh"
+
+#define LV_THREADS 256
+#define LV_MAX_BLOCKS 2048
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+typedef struct {
+    const void* x;
+    void* dx;
+    const void* labels;
+    int lab64;
+    int64_t N, C, d, ld, P, L, S, E;
+    int64_t ign;
+    int per_image, from_logits, fused, all;
+    u64* keys;      /* current key buffer of the sort's input */
+    u32* vals;
+    float* lse;     /* [P] (logits) */
+    int* bad;       /* header: 1 when a label was out of range */
+    int* error_flag;
+    const float* grad_loss;
+    float grad_scale;
+} LvArgs;
+
+static __device__ __forceinline__ int64_t lv_label(const void* lab, int lab64, int64_t i) {
+    return lab64 ? ((const long long*)lab)[i] : (int64_t)((const int*)lab)[i];
+}
+
+template <typename T>
+static __global__ void __launch_bounds__(LV_THREADS) lv_keys(LvArgs a) {
+    const T* x = (const T*)a.x;
+    T* dx = (T*)a.dx;
+    for (int64_t i = (int64_t)blockIdx.x * LV_THREADS + threadIdx.x; i < a.P; i += (int64_t)gridDim.x * LV_THREADS) {
+        const int64_t y = lv_label(a.labels, a.lab64, i);
+        const int bad = y != a.ign && (y < 0 || y >= a.C);
+        const int skip = y == a.ign || bad;
+        if (bad) {
+            atomicOr(a.bad, 1);
+            if (a.error_flag) atomicOr(a.error_flag, 1);
+        }
+        const int64_t n = i / a.d, k = i - n * a.d;
+        const int64_t e0 = n * a.ld + k;
+        const int64_t set = a.per_image ? n : 0;
+        const int64_t j = a.per_image ? k : i;
+        float lse = 0.0f;
+        if (a.from_logits && !skip) {
+            float m = -INFINITY;
+            for (int64_t c = 0; c < a.C; c++) m = fmaxf(m, to_float(x[e0 + c * a.d]));
+            float s = 0.0f;
+            for (int64_t c = 0; c < a.C; c++) s += expf(to_float(x[e0 + c * a.d]) - m);
+            lse = m + logf(s);
+            a.lse[i] = lse;
+        }
+        for (int64_t c = 0; c < a.C; c++) {
+            const int64_t pos = (set * a.C + c) * a.L + j;
+            const u64 hi = (u64)(set * a.C + c) << 32;
+            if (skip) {
+                a.keys[pos] = hi | 0xFFFFFFFFull;
+                a.vals[pos] = (u32)j << 1;
+                if (a.fused && !a.from_logits) dx[e0 + c * a.d] = from_float<T>(bad ? NAN : 0.0f);
+                continue;
+            }
+            const float v = to_float(x[e0 + c * a.d]);
+            const float p = a.from_logits ? expf(v - lse) : v;
+            const int fg = y == c;
+            const float e = fabsf((fg ? 1.0f : 0.0f) - p);
+            const u32 low = e != e ? 0u : 0x7FFFFFFFu - __float_as_uint(e);
+            a.keys[pos] = hi | (u64)low;
+            a.vals[pos] = ((u32)j << 1) | (u32)fg;
+        }
+    }
+}
+
+static __global__ void __launch_bounds__(LV_THREADS) lv_flags(const u32* vals, int* flags, u32 E) {
+    for (u32 i = blockIdx.x * LV_THREADS + threadIdx.x; i < E; i += gridDim.x * LV_THREADS)
+        flags[i] = (int)(vals[i] & 1u);
+}
+
+/* one thread per set: the segment table */
+static __global__ void lv_segments(const int* scan, int64_t nsets, int64_t C, int64_t L, int all, int per_image,
+                                   int64_t N, const float* grad_loss, float grad_scale, int* G, int* base, int* Vs,
+                                   double* lw, double* gw) {
+    const int64_t set = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (set >= nsets) return;
+    const double g = (double)grad_scale * (grad_loss ? (double)grad_loss[0] : 1.0);
+    int64_t V = 0, K = 0;
+    for (int64_t c = 0; c < C; c++) {
+        const int64_t s = set * C + c, p0 = s * L;
+        const int b = p0 > 0 ? scan[p0 - 1] : 0;
+        const int Gc = scan[p0 + L - 1] - b;
+        G[s] = Gc;
+        base[s] = b;
+        V += Gc;
+        K += all || Gc > 0;
+    }
+    const double div = (double)K * (per_image ? (double)N : 1.0);
+    for (int64_t c = 0; c < C; c++) {
+        const int64_t s = set * C + c;
+        const int counted = V > 0 && (all || G[s] > 0);
+        lw[s] = counted ? 1.0 / div : 0.0;
+        gw[s] = counted ? g / div : 0.0;
+        Vs[s] = (int)V;
+    }
+}
+
+static __device__ __forceinline__ double lv_block_sum(double v, double* sh) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads();
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    double t = 0.0;
+    if (threadIdx.x == 0)
+        for (int k = 0; k < (int)(blockDim.x >> 5); k++) t += sh[k];
+    return t;
+}
+
+template <typename T>
+static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard(LvArgs a, const u64* keys, const u32* vals,
+                                                                 const int* scan, const int* G, const int* base,
+                                                                 const int* Vs, const double* lw, const double* gw,
+                                                                 float* gp, double* part) {
+    __shared__ double sh[LV_THREADS / 32];
+    double acc = 0.0;
+    T* dx = (T*)a.dx;
+    const u32 E = (u32)a.E, L = (u32)a.L;   /* E < 2^31 (lv_plan) */
+    for (u32 pos = blockIdx.x * LV_THREADS + threadIdx.x; pos < E; pos += gridDim.x * LV_THREADS) {
+        const u32 s = pos / L, r = pos - s * L;
+        if ((int)r >= Vs[s]) continue;   /* an ignored pixel (sorted last) */
+        const u64 key = keys[pos];
+        const u32 v = vals[pos];
+        const int fg = (int)(v & 1u);
+        const double Gs = (double)G[s];
+        const double k = (double)(r + 1);
+        const double A = (double)(scan[pos] - base[s]);   /* fg up to and including k */
+        const double B = k - A;                           /* bg up to k */
+        double D;
+        if (fg) D = 1.0 / (Gs + B);
+        else if (r == 0) D = 1.0 / (Gs + 1.0);
+        else D = (Gs - A) / ((Gs + B) * (Gs + B - 1.0));
+        const float e = __uint_as_float(0x7FFFFFFFu - (u32)(key & 0xFFFFFFFFull));
+        acc += lw[s] * (double)e * D;
+        if (a.fused) {
+            const float gv = (float)(gw[s] * D * (fg ? -1.0 : 1.0));
+            const int64_t set = (int64_t)s / a.C, c = (int64_t)s - set * a.C;
+            const int64_t j = (int64_t)(v >> 1);
+            const int64_t i = a.per_image ? set * a.d + j : j;
+            if (a.from_logits) {
+                gp[c * a.P + i] = gv;
+            } else {
+                const int64_t n = i / a.d, kk = i - n * a.d;
+                dx[n * a.ld + c * a.d + kk] = from_float<T>(gv);
+            }
+        }
+    }
+    const double t = lv_block_sum(acc, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = t;
+}
+
+static __global__ void lv_final(const double* part, int nparts, const int* bad, float* loss) {
+    __shared__ double sh[LV_THREADS / 32];
+    double acc = 0.0;
+    for (int k = threadIdx.x; k < nparts; k += blockDim.x) acc += part[k];
+    const double t = lv_block_sum(acc, sh);
+    if (threadIdx.x == 0) loss[0] = *bad ? NAN : (float)t;
+}
+
+template <typename T>
+static __global__ void __launch_bounds__(LV_THREADS) lv_softmax_bwd(LvArgs a, const float* gp) {
+    const T* x = (const T*)a.x;
+    T* dx = (T*)a.dx;
+    for (int64_t i = (int64_t)blockIdx.x * LV_THREADS + threadIdx.x; i < a.P; i += (int64_t)gridDim.x * LV_THREADS) {
+        const int64_t y = lv_label(a.labels, a.lab64, i);
+        const int bad = y != a.ign && (y < 0 || y >= a.C);
+        const int64_t n = i / a.d, k = i - n * a.d;
+        const int64_t e0 = n * a.ld + k;
+        if (y == a.ign || bad) {
+            for (int64_t c = 0; c < a.C; c++) dx[e0 + c * a.d] = from_float<T>(bad ? NAN : 0.0f);
+            continue;
+        }
+        const float lse = a.lse[i];
+        float s = 0.0f;
+        for (int64_t c = 0; c < a.C; c++) s += expf(to_float(x[e0 + c * a.d]) - lse) * gp[c * a.P + i];
+        for (int64_t c = 0; c < a.C; c++) {
+            const float p = expf(to_float(x[e0 + c * a.d]) - lse);
+            dx[e0 + c * a.d] = from_float<T>(p * (gp[c * a.P + i] - s));
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* workspace plan                                                                             */
+
+typedef struct {
+    int64_t P, L, S, E, nsets;
+    int end_bit;
+    size_t off_keys0, off_keys1, off_vals0, off_vals1, off_lse, off_G, off_base, off_V, off_lw, off_gw, off_part,
+        off_temp;
+    size_t temp_bytes, total;
+} LvPlan;
+
+/* blocks of a grid-stride loop over n items: at most cap */
+static unsigned lv_grid(int64_t n, int64_t cap) {
+    int64_t g = (n + LV_THREADS - 1) / LV_THREADS;
+    if (g > cap) g = cap;
+    return (unsigned)(g < 1 ? 1 : g);
+}
+
+static size_t al256(size_t v) { return (v + 255u) & ~(size_t)255u; }
+
+static cudaError_t lv_plan(int64_t N, int64_t C, int64_t d, int per_image, int from_logits, LvPlan* pl) {
+    memset(pl, 0, sizeof *pl);
+    pl->P = N * d;
+    pl->nsets = per_image ? N : (N > 0 ? 1 : 0);
+    pl->L = per_image ? d : pl->P;
+    pl->S = pl->nsets * C;
+    pl->E = pl->S * pl->L;
+    int bits = 0;
+    while (bits < 31 && ((int64_t)1 << bits) < pl->S) bits++;
+    pl->end_bit = 32 + bits;
+    const size_t E = (size_t)pl->E, S = (size_t)pl->S;
+    size_t o = 256;
+    pl->off_keys0 = o; o += al256(8 * E);
+    pl->off_keys1 = o; o += al256(8 * E);
+    pl->off_vals0 = o; o += al256(4 * E);
+    pl->off_vals1 = o; o += al256(4 * E);
+    pl->off_lse = o;   o += from_logits ? al256(4 * (size_t)pl->P) : 0;
+    pl->off_G = o;     o += al256(4 * S);
+    pl->off_base = o;  o += al256(4 * S);
+    pl->off_V = o;     o += al256(4 * S);
+    pl->off_lw = o;    o += al256(8 * S);
+    pl->off_gw = o;    o += al256(8 * S);
+    pl->off_part = o;  o += al256(8 * LV_MAX_BLOCKS);
+    pl->off_temp = o;
+    size_t t_sort = 0, t_scan = 0;
+    if (pl->E > 0) {
+        cub::DoubleBuffer<u64> k((u64*)nullptr, (u64*)nullptr);
+        cub::DoubleBuffer<u32> v((u32*)nullptr, (u32*)nullptr);
+        cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, t_sort, k, v, (int)pl->E, 0, pl->end_bit);
+        if (e != cudaSuccess) return e;
+        e = cub::DeviceScan::InclusiveSum(nullptr, t_scan, (int*)nullptr, (int*)nullptr, (int)pl->E);
+        if (e != cudaSuccess) return e;
+    }
+    pl->temp_bytes = al256(t_sort > t_scan ? t_sort : t_scan);
+    pl->total = o + pl->temp_bytes;
+    return cudaSuccess;
+}
+
+extern "C" {
+
+/* the CUDA workspace of one call (src/internal.h); 0 when the CUB size query failed (no device) */
+size_t fl__lovasz_cuda_workspace_bytes(int64_t N, int64_t C, int64_t d, int per_image, int from_logits) {
+    LvPlan pl;
+    if (lv_plan(N, C, d, per_image, from_logits, &pl) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return pl.total;
+}
+
+}  // extern "C"
+
+template <typename T>
+static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPlan& pl, float* loss, void* dinput,
+                          const void* x, const void* labels, const float* grad_loss, float grad_scale,
+                          int* error_flag, void* workspace, cudaStream_t stream) {
+    char* ws = (char*)workspace;
+    LvArgs a;
+    memset(&a, 0, sizeof a);
+    a.x = x;
+    a.dx = dinput;
+    a.labels = labels;
+    a.lab64 = p->index_dtype == FL_INDEX_I64;
+    a.N = p->N; a.C = p->C; a.d = p->d; a.ld = p->ld; a.P = pl.P; a.L = pl.L; a.S = pl.S; a.E = pl.E;
+    a.ign = p->ignore_index;
+    a.per_image = p->per_image; a.from_logits = p->from_logits; a.fused = dinput != nullptr;
+    a.all = p->classes == FL_LOVASZ_ALL;
+    a.keys = (u64*)(ws + pl.off_keys0);
+    a.vals = (u32*)(ws + pl.off_vals0);
+    a.lse = p->from_logits ? (float*)(ws + pl.off_lse) : nullptr;
+    a.bad = (int*)ws;
+    a.error_flag = error_flag;
+    a.grad_loss = grad_loss;
+    a.grad_scale = grad_scale;
+
+    int dev = 0, sms = 132;
+    FL_CUDA_TRY(cudaGetDevice(&dev));
+    FL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int64_t cap = (int64_t)sms * 8;
+
+    FL_CUDA_TRY(cudaMemsetAsync(ws, 0, 256, stream));
+    lv_keys<T><<<lv_grid(pl.P, cap), LV_THREADS, 0, stream>>>(a);
+    FL_CUDA_TRY(cudaGetLastError());
+
+    cub::DoubleBuffer<u64> kb((u64*)(ws + pl.off_keys0), (u64*)(ws + pl.off_keys1));
+    cub::DoubleBuffer<u32> vb((u32*)(ws + pl.off_vals0), (u32*)(ws + pl.off_vals1));
+    size_t tb = pl.temp_bytes;
+    FL_CUDA_TRY(cub::DeviceRadixSort::SortPairs((void*)(ws + pl.off_temp), tb, kb, vb, (int)pl.E, 0, pl.end_bit,
+                                                stream));
+    const u64* keys = kb.Current();
+    const u32* vals = vb.Current();
+    int* scan = (int*)vb.Alternate();                 /* E ints: the fg flags, scanned in place */
+    float* gp = (float*)kb.Alternate();               /* C x P floats (4E bytes of the 8E) */
+    lv_flags<<<lv_grid(pl.E, cap), LV_THREADS, 0, stream>>>(vals, scan, (u32)pl.E);
+    FL_CUDA_TRY(cudaGetLastError());
+    tb = pl.temp_bytes;
+    FL_CUDA_TRY(cub::DeviceScan::InclusiveSum((void*)(ws + pl.off_temp), tb, scan, scan, (int)pl.E, stream));
+
+    int* G = (int*)(ws + pl.off_G);
+    int* base = (int*)(ws + pl.off_base);
+    int* Vs = (int*)(ws + pl.off_V);
+    double* lw = (double*)(ws + pl.off_lw);
+    double* gw = (double*)(ws + pl.off_gw);
+    double* part = (double*)(ws + pl.off_part);
+    lv_segments<<<(unsigned)((pl.nsets + 127) / 128), 128, 0, stream>>>(scan, pl.nsets, p->C, pl.L, a.all,
+                                                                         p->per_image, p->N, grad_loss, grad_scale,
+                                                                         G, base, Vs, lw, gw);
+    FL_CUDA_TRY(cudaGetLastError());
+    int64_t nb = (pl.E + LV_THREADS - 1) / LV_THREADS;
+    if (nb > LV_MAX_BLOCKS) nb = LV_MAX_BLOCKS;
+    lv_jaccard<T><<<(unsigned)nb, LV_THREADS, 0, stream>>>(a, keys, vals, scan, G, base, Vs, lw, gw, gp, part);
+    FL_CUDA_TRY(cudaGetLastError());
+    if (loss) {
+        lv_final<<<1, LV_THREADS, 0, stream>>>(part, (int)nb, a.bad, loss);
+        FL_CUDA_TRY(cudaGetLastError());
+    }
+    if (a.fused && p->from_logits) {
+        lv_softmax_bwd<T><<<lv_grid(pl.P, cap), LV_THREADS, 0, stream>>>(a, gp);
+        FL_CUDA_TRY(cudaGetLastError());
+    }
+    return FL_OK;
+}
+
+static fl_status lv_cuda(const char* fn, fl__pass pass, float* loss, void* dinput, const void* input, int64_t ld,
+                         const void* labels, fl_index_dtype index_dtype, const float* grad_loss, float grad_scale,
+                         int64_t N, int64_t C, int64_t d, fl_dtype dtype, const fl_lovasz_options* opts,
+                         void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+    fl__clear_error();
+    fl__lovasz_params p;
+    FL_CHECK(fl__lovasz_validate(fn, pass, 1, loss, dinput, input, ld, labels, index_dtype, grad_loss, grad_scale, N,
+                                 C, d, dtype, opts, workspace, workspace_bytes, &p));
+    if (N == 0) {
+        if (loss) FL_CUDA_TRY(cudaMemsetAsync(loss, 0, sizeof(float), stream));
+        return FL_OK;
+    }
+    LvPlan pl;
+    FL_CUDA_TRY(lv_plan(N, C, d, p.per_image, p.from_logits, &pl));
+    int* ef = opts ? opts->error_flag : nullptr;
+    switch (dtype) {
+        case FL_DTYPE_F32:
+            return lv_run_t<float>(fn, &p, pl, loss, dinput, input, labels, grad_loss, grad_scale, ef, workspace,
+                                   stream);
+        case FL_DTYPE_F16:
+            return lv_run_t<__half>(fn, &p, pl, loss, dinput, input, labels, grad_loss, grad_scale, ef, workspace,
+                                    stream);
+        default:
+            return lv_run_t<__nv_bfloat16>(fn, &p, pl, loss, dinput, input, labels, grad_loss, grad_scale, ef,
+                                           workspace, stream);
+    }
+}
+
+extern "C" {
+
+fl_status fl_lovasz_softmax_forward_cuda(float* loss, const void* input, int64_t ld, const void* labels,
+                                         fl_index_dtype index_dtype, int64_t N, int64_t C, int64_t d, fl_dtype dtype,
+                                         const fl_lovasz_options* opts, void* workspace, size_t workspace_bytes,
+                                         fl_stream stream) {
+    return lv_cuda("fl_lovasz_softmax_forward_cuda", FL__PASS_FORWARD, loss, NULL, input, ld, labels, index_dtype,
+                   NULL, 1.0f, N, C, d, dtype, opts, workspace, workspace_bytes, (cudaStream_t)stream);
+}
+
+fl_status fl_lovasz_softmax_fused_cuda(float* loss, void* dinput, const void* input, int64_t ld, const void* labels,
+                                       fl_index_dtype index_dtype, const float* grad_loss, float grad_scale,
+                                       int64_t N, int64_t C, int64_t d, fl_dtype dtype,
+                                       const fl_lovasz_options* opts, void* workspace, size_t workspace_bytes,
+                                       fl_stream stream) {
+    return lv_cuda("fl_lovasz_softmax_fused_cuda", FL__PASS_FUSED, loss, dinput, input, ld, labels, index_dtype,
+                   grad_loss, grad_scale, N, C, d, dtype, opts, workspace, workspace_bytes, (cudaStream_t)stream);
+}
+
+}  // extern "C"
