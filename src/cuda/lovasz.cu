@@ -13,11 +13,9 @@
  *   2. cub::DeviceRadixSort::SortPairs over bits [0, 32 + bits(S - 1)): LSD radix sort is stable,
  *                  and the keys are laid out in increasing pixel index, so equal errors keep the
  *                  header's tie order (increasing pixel index). Each segment stays in place.
- *                  Long segments (L >= 2^19, or a single one): instead one 32-bit sort per segment
- *                  (keys = the low words only): 4 passes of 8 bytes per element instead of 5 of 12,
- *                  S launch sequences (lv_seg_sorts; FUSEDLOSS_LOVASZ_SORT=segments / global).
- *   3. lv_flags + cub::DeviceScan::InclusiveSum: the fg bits in sorted order, scanned over all E
- *                  (a segment's count = the scan minus its value before the segment).
+ *   3. cub::DeviceScan::InclusiveSum of the fg bits in sorted order (read from the values through
+ *                  a transform iterator), over all E (a segment's count = the scan minus its value
+ *                  before the segment).
  *   4. lv_segments one thread per set: G_s per class, V (valid pixels = sum G), K (classes
  *                  averaged), the loss weight 1 / K [/ N] and the gradient weight g / K [/ N] per
  *                  segment (0 for classes not averaged and sets without valid pixels); g from
@@ -38,18 +36,17 @@
  * are exact, e.g. probabilities on a 2^-12 grid). Out-of-range labels: that pixel is ignored in the
  * sort, the loss is NaN, its dinput is NaN, and *opts->error_flag = 1 when error_flag is set.
  * Limits: E = C N d <= 2^31 - 1 elements (FL_ERR_UNSUPPORTED beyond).
- * Workspace (256-byte aligned pieces): 256 header | keys 2 x 8E (2 x 4E with segment sorts) |
- * values 2 x 4E | lse 4P (logits)
+ * Workspace (256-byte aligned pieces): 256 header | keys 2 x 8E | values 2 x 4E | lse 4P (logits)
  * | per segment G, base, V int32 + loss / gradient weights double | block partials | CUB temp.
  * SPDX-License-Identifier: MIT
  */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
+#include <thrust/iterator/transform_iterator.h>
 
 #include "common.cuh"
 
@@ -67,8 +64,7 @@ typedef struct {
     int64_t N, C, d, ld, P, L, S, E;
     int64_t ign;
     int per_image, from_logits, fused, all;
-    u64* keys;      /* the sort's input keys (global sort) */
-    u32* keys32;    /* or the low words only (segment sorts) */
+    u64* keys;      /* current key buffer of the sort's input */
     u32* vals;
     float* lse;     /* [P] (logits) */
     int* bad;       /* header: 1 when a label was out of range */
@@ -110,8 +106,7 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_keys(LvArgs a) {
             const int64_t pos = (set * a.C + c) * a.L + j;
             const u64 hi = (u64)(set * a.C + c) << 32;
             if (skip) {
-                if (a.keys32) a.keys32[pos] = 0xFFFFFFFFu;
-                else a.keys[pos] = hi | 0xFFFFFFFFull;
+                a.keys[pos] = hi | 0xFFFFFFFFull;
                 a.vals[pos] = (u32)j << 1;
                 if (a.fused && !a.from_logits) dx[e0 + c * a.d] = from_float<T>(bad ? NAN : 0.0f);
                 continue;
@@ -121,17 +116,17 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_keys(LvArgs a) {
             const int fg = y == c;
             const float e = fabsf((fg ? 1.0f : 0.0f) - p);
             const u32 low = e != e ? 0u : 0x7FFFFFFFu - __float_as_uint(e);
-            if (a.keys32) a.keys32[pos] = low;
-            else a.keys[pos] = hi | (u64)low;
+            a.keys[pos] = hi | (u64)low;
             a.vals[pos] = ((u32)j << 1) | (u32)fg;
         }
     }
 }
 
-static __global__ void __launch_bounds__(LV_THREADS) lv_flags(const u32* vals, int* flags, u32 E) {
-    for (u32 i = blockIdx.x * LV_THREADS + threadIdx.x; i < E; i += gridDim.x * LV_THREADS)
-        flags[i] = (int)(vals[i] & 1u);
-}
+/* the fg bit of a sorted value, as the scan's input */
+struct LvFg {
+    __host__ __device__ int operator()(u32 v) const { return (int)(v & 1u); }
+};
+typedef thrust::transform_iterator<LvFg, const u32*> LvFgIt;
 
 /* one thread per set: the segment table */
 static __global__ void lv_segments(const int* scan, int64_t nsets, int64_t C, int64_t L, int all, int per_image,
@@ -173,19 +168,18 @@ static __device__ __forceinline__ double lv_block_sum(double v, double* sh) {
 }
 
 template <typename T>
-static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard(LvArgs a, const u64* keys, const u32* keys32,
-                                                                 const u32* vals,
+static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard(LvArgs a, const u64* keys, const u32* vals,
                                                                  const int* scan, const int* G, const int* base,
                                                                  const int* Vs, const double* lw, const double* gw,
                                                                  float* gp, double* part) {
     __shared__ double sh[LV_THREADS / 32];
     double acc = 0.0;
     T* dx = (T*)a.dx;
-    const u32 E = (u32)a.E, L = (u32)a.L;   /* E < 2^31 (lv_plan) */
+    const u32 E = (u32)a.E, L = (u32)a.L, C32 = (u32)a.C, d32 = (u32)a.d, P32 = (u32)a.P;   /* all < 2^31 */
     for (u32 pos = blockIdx.x * LV_THREADS + threadIdx.x; pos < E; pos += gridDim.x * LV_THREADS) {
         const u32 s = pos / L, r = pos - s * L;
         if ((int)r >= Vs[s]) continue;   /* an ignored pixel (sorted last) */
-        const u32 low = keys32 ? keys32[pos] : (u32)(keys[pos] & 0xFFFFFFFFull);
+        const u64 key = keys[pos];
         const u32 v = vals[pos];
         const int fg = (int)(v & 1u);
         const double Gs = (double)G[s];
@@ -196,18 +190,19 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard(LvArgs a, const 
         if (fg) D = 1.0 / (Gs + B);
         else if (r == 0) D = 1.0 / (Gs + 1.0);
         else D = (Gs - A) / ((Gs + B) * (Gs + B - 1.0));
-        const float e = __uint_as_float(0x7FFFFFFFu - low);
+        const float e = __uint_as_float(0x7FFFFFFFu - (u32)(key & 0xFFFFFFFFull));
         acc += lw[s] * (double)e * D;
         if (a.fused) {
             const float gv = (float)(gw[s] * D * (fg ? -1.0 : 1.0));
-            const int64_t set = (int64_t)s / a.C, c = (int64_t)s - set * a.C;
-            const int64_t j = (int64_t)(v >> 1);
-            const int64_t i = a.per_image ? set * a.d + j : j;
+            /* 32-bit index arithmetic: every index < E < 2^31 */
+            const u32 set = s / C32, c = s - set * C32;
+            const u32 j = v >> 1;
+            const u32 i = a.per_image ? set * d32 + j : j;
             if (a.from_logits) {
-                gp[c * a.P + i] = gv;
+                gp[(size_t)c * P32 + i] = gv;
             } else {
-                const int64_t n = i / a.d, kk = i - n * a.d;
-                dx[n * a.ld + c * a.d + kk] = from_float<T>(gv);
+                const u32 n = i / d32, kk = i - n * d32;
+                dx[(int64_t)n * a.ld + (int64_t)c * d32 + kk] = from_float<T>(gv);
             }
         }
     }
@@ -252,7 +247,6 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_softmax_bwd(LvArgs a, co
 typedef struct {
     int64_t P, L, S, E, nsets;
     int end_bit;
-    int seg_sorts;   /* 1: one 32-bit sort per segment; 0: one 64-bit sort of everything */
     size_t off_keys0, off_keys1, off_vals0, off_vals1, off_lse, off_G, off_base, off_V, off_lw, off_gw, off_part,
         off_temp;
     size_t temp_bytes, total;
@@ -263,17 +257,6 @@ static unsigned lv_grid(int64_t n, int64_t cap) {
     int64_t g = (n + LV_THREADS - 1) / LV_THREADS;
     if (g > cap) g = cap;
     return (unsigned)(g < 1 ? 1 : g);
-}
-
-/* The sort: one 32-bit (key, value) sort per segment when segments are long (few launches, 4
- * passes of 8 bytes per element) or one 64-bit-key sort of all segments (5+ passes of 12 bytes,
- * one launch sequence). FUSEDLOSS_LOVASZ_SORT=segments / global forces one (A/B). */
-#define LV_SEG_MIN_LEN (1 << 19)
-static int lv_seg_sorts(int64_t S, int64_t L) {
-    const char* f = getenv("FUSEDLOSS_LOVASZ_SORT");
-    if (f && !strcmp(f, "segments")) return 1;
-    if (f && !strcmp(f, "global")) return 0;
-    return S == 1 || L >= LV_SEG_MIN_LEN;
 }
 
 static size_t al256(size_t v) { return (v + 255u) & ~(size_t)255u; }
@@ -288,11 +271,10 @@ static cudaError_t lv_plan(int64_t N, int64_t C, int64_t d, int per_image, int f
     int bits = 0;
     while (bits < 31 && ((int64_t)1 << bits) < pl->S) bits++;
     pl->end_bit = 32 + bits;
-    pl->seg_sorts = lv_seg_sorts(pl->S, pl->L);
-    const size_t E = (size_t)pl->E, S = (size_t)pl->S, kb = pl->seg_sorts ? 4 : 8;
+    const size_t E = (size_t)pl->E, S = (size_t)pl->S;
     size_t o = 256;
-    pl->off_keys0 = o; o += al256(kb * E);
-    pl->off_keys1 = o; o += al256(kb * E);
+    pl->off_keys0 = o; o += al256(8 * E);
+    pl->off_keys1 = o; o += al256(8 * E);
     pl->off_vals0 = o; o += al256(4 * E);
     pl->off_vals1 = o; o += al256(4 * E);
     pl->off_lse = o;   o += from_logits ? al256(4 * (size_t)pl->P) : 0;
@@ -305,18 +287,12 @@ static cudaError_t lv_plan(int64_t N, int64_t C, int64_t d, int per_image, int f
     pl->off_temp = o;
     size_t t_sort = 0, t_scan = 0;
     if (pl->E > 0) {
-        cudaError_t e;
-        if (pl->seg_sorts) {
-            cub::DoubleBuffer<u32> k((u32*)nullptr, (u32*)nullptr);
-            cub::DoubleBuffer<u32> v((u32*)nullptr, (u32*)nullptr);
-            e = cub::DeviceRadixSort::SortPairs(nullptr, t_sort, k, v, (int)pl->L, 0, 32);
-        } else {
-            cub::DoubleBuffer<u64> k((u64*)nullptr, (u64*)nullptr);
-            cub::DoubleBuffer<u32> v((u32*)nullptr, (u32*)nullptr);
-            e = cub::DeviceRadixSort::SortPairs(nullptr, t_sort, k, v, (int)pl->E, 0, pl->end_bit);
-        }
+        cub::DoubleBuffer<u64> k((u64*)nullptr, (u64*)nullptr);
+        cub::DoubleBuffer<u32> v((u32*)nullptr, (u32*)nullptr);
+        cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, t_sort, k, v, (int)pl->E, 0, pl->end_bit);
         if (e != cudaSuccess) return e;
-        e = cub::DeviceScan::InclusiveSum(nullptr, t_scan, (int*)nullptr, (int*)nullptr, (int)pl->E);
+        e = cub::DeviceScan::InclusiveSum(nullptr, t_scan, LvFgIt((const u32*)nullptr, LvFg()), (int*)nullptr,
+                                          (int)pl->E);
         if (e != cudaSuccess) return e;
     }
     pl->temp_bytes = al256(t_sort > t_scan ? t_sort : t_scan);
@@ -353,8 +329,7 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
     a.ign = p->ignore_index;
     a.per_image = p->per_image; a.from_logits = p->from_logits; a.fused = dinput != nullptr;
     a.all = p->classes == FL_LOVASZ_ALL;
-    a.keys = pl.seg_sorts ? nullptr : (u64*)(ws + pl.off_keys0);
-    a.keys32 = pl.seg_sorts ? (u32*)(ws + pl.off_keys0) : nullptr;
+    a.keys = (u64*)(ws + pl.off_keys0);
     a.vals = (u32*)(ws + pl.off_vals0);
     a.lse = p->from_logits ? (float*)(ws + pl.off_lse) : nullptr;
     a.bad = (int*)ws;
@@ -371,43 +346,18 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
     lv_keys<T><<<lv_grid(pl.P, cap), LV_THREADS, 0, stream>>>(a);
     FL_CUDA_TRY(cudaGetLastError());
 
-    const u64* keys = nullptr;
-    const u32* keys32 = nullptr;
-    const u32* vals;
-    int* scan;    /* E ints: the fg flags, scanned in place (the values' spare buffer) */
-    float* gp;    /* C x P floats (the keys' spare buffer: 4E bytes) */
+    cub::DoubleBuffer<u64> kb((u64*)(ws + pl.off_keys0), (u64*)(ws + pl.off_keys1));
+    cub::DoubleBuffer<u32> vb((u32*)(ws + pl.off_vals0), (u32*)(ws + pl.off_vals1));
     size_t tb = pl.temp_bytes;
-    if (pl.seg_sorts) {
-        /* every segment sorts with the same number of passes, so the same buffer ends current */
-        int sel = -1;
-        for (int64_t sg = 0; sg < pl.S; sg++) {
-            cub::DoubleBuffer<u32> kb((u32*)(ws + pl.off_keys0) + sg * pl.L, (u32*)(ws + pl.off_keys1) + sg * pl.L);
-            cub::DoubleBuffer<u32> vb((u32*)(ws + pl.off_vals0) + sg * pl.L, (u32*)(ws + pl.off_vals1) + sg * pl.L);
-            tb = pl.temp_bytes;
-            FL_CUDA_TRY(cub::DeviceRadixSort::SortPairs((void*)(ws + pl.off_temp), tb, kb, vb, (int)pl.L, 0, 32,
-                                                        stream));
-            if (kb.selector != vb.selector || (sel >= 0 && kb.selector != sel))
-                return fl__fail(FL_ERR_INTERNAL, "%s: CUB's segment sorts ended in different buffers", fn);
-            sel = kb.selector;
-        }
-        keys32 = (const u32*)(ws + (sel ? pl.off_keys1 : pl.off_keys0));
-        vals = (const u32*)(ws + (sel ? pl.off_vals1 : pl.off_vals0));
-        scan = (int*)(ws + (sel ? pl.off_vals0 : pl.off_vals1));
-        gp = (float*)(ws + (sel ? pl.off_keys0 : pl.off_keys1));
-    } else {
-        cub::DoubleBuffer<u64> kb((u64*)(ws + pl.off_keys0), (u64*)(ws + pl.off_keys1));
-        cub::DoubleBuffer<u32> vb((u32*)(ws + pl.off_vals0), (u32*)(ws + pl.off_vals1));
-        FL_CUDA_TRY(cub::DeviceRadixSort::SortPairs((void*)(ws + pl.off_temp), tb, kb, vb, (int)pl.E, 0, pl.end_bit,
-                                                    stream));
-        keys = kb.Current();
-        vals = vb.Current();
-        scan = (int*)vb.Alternate();
-        gp = (float*)kb.Alternate();
-    }
-    lv_flags<<<lv_grid(pl.E, cap), LV_THREADS, 0, stream>>>(vals, scan, (u32)pl.E);
-    FL_CUDA_TRY(cudaGetLastError());
+    FL_CUDA_TRY(cub::DeviceRadixSort::SortPairs((void*)(ws + pl.off_temp), tb, kb, vb, (int)pl.E, 0, pl.end_bit,
+                                                stream));
+    const u64* keys = kb.Current();
+    const u32* vals = vb.Current();
+    int* scan = (int*)vb.Alternate();                 /* E ints: the scanned fg bits */
+    float* gp = (float*)kb.Alternate();               /* C x P floats (4E bytes of the 8E) */
     tb = pl.temp_bytes;
-    FL_CUDA_TRY(cub::DeviceScan::InclusiveSum((void*)(ws + pl.off_temp), tb, scan, scan, (int)pl.E, stream));
+    FL_CUDA_TRY(cub::DeviceScan::InclusiveSum((void*)(ws + pl.off_temp), tb, LvFgIt(vals, LvFg()), scan, (int)pl.E,
+                                              stream));
 
     int* G = (int*)(ws + pl.off_G);
     int* base = (int*)(ws + pl.off_base);
@@ -421,7 +371,7 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
     FL_CUDA_TRY(cudaGetLastError());
     int64_t nb = (pl.E + LV_THREADS - 1) / LV_THREADS;
     if (nb > LV_MAX_BLOCKS) nb = LV_MAX_BLOCKS;
-    lv_jaccard<T><<<(unsigned)nb, LV_THREADS, 0, stream>>>(a, keys, keys32, vals, scan, G, base, Vs, lw, gw, gp, part);
+    lv_jaccard<T><<<(unsigned)nb, LV_THREADS, 0, stream>>>(a, keys, vals, scan, G, base, Vs, lw, gw, gp, part);
     FL_CUDA_TRY(cudaGetLastError());
     if (loss) {
         lv_final<<<1, LV_THREADS, 0, stream>>>(part, (int)nb, a.bad, loss);
