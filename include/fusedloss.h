@@ -1178,6 +1178,70 @@ FL_API fl_status fl_lovasz_softmax_fused_cuda(float* loss, void* dinput, const v
                                               int64_t d, fl_dtype dtype, const fl_lovasz_options* opts,
                                               void* workspace, size_t workspace_bytes, fl_stream stream);
 
+/*-****************************************************************************
+ *  14. Taylor softmax cross-entropy (pytorch-loss TaylorSoftmax + NLL; Banerjee et al.)
+ *
+ *  Logits x [N, C] (row stride ld >= C), class targets y [N] (index dtype). With the Taylor
+ *  series of exp of even order n (n = 2 or 4; f > 0 for every real x):
+ *
+ *    f_2(x) = 1 + x + x^2 / 2,   f_4(x) = f_2(x) + x^3 / 6 + x^4 / 24,
+ *    p_j = f(x_j) / S,  S = sum_k f(x_k),  l_i = log S - log f(x_y)
+ *
+ *  Ignored rows (target == ignore_index): loss 0, gradient 0, the row is not read. Reductions NONE
+ *  / SUM / MEAN (over rows not ignored; NaN if none), as section 5 without weights.
+ *  Gradient: dx_j = g_i (f'(x_j) / S - [j == y] f'(x_y) / f(x_y)), f'_n = f_{n-1} (f'_2 = 1 + x,
+ *  f'_4 = 1 + x + x^2 / 2 + x^3 / 6), g_i = grad_scale * (grad_loss ? grad_loss[NONE ? i : 0] : 1)
+ *  [/ D for MEAN, D = the number of rows not ignored]. dlogits == logits allowed (in place); the
+ *  padding columns C .. ld - 1 are neither read nor written.
+ *  Numerics: CUDA computes in fp32 on fp32 / fp16 / bf16 inputs; f grows as x^n, so |x| beyond ~1e9
+ *  (n = 4) or ~1e19 (n = 2) overflows S to inf there (loss inf or NaN, as the PyTorch module in
+ *  fp32), while the CPU backend, the reference, computes in double and stays finite.
+ *  CUDA: one warp per row up to C = 1024 (the row in registers: one read), one
+ *  CTA per row beyond (the gradient pass reads the row again); deterministic (fixed reduction
+ *  order), asynchronous, no allocation, capturable in a CUDA graph.
+ *  Out-of-range targets: CPU FL_ERR_TARGET_OUT_OF_RANGE before anything is written; CUDA: that
+ *  row's loss and gradient NaN and *error_flag = 1 when error_flag is non-NULL (as section 5).
+ ******************************************************************************/
+typedef struct fl_taylor_options {
+    size_t        struct_size;   /* = sizeof(fl_taylor_options); set by FL_TAYLOR_OPTIONS_INIT */
+    int32_t       order;         /* n: 2 (default, pytorch-loss's module) or 4 */
+    int64_t       ignore_index;  /* default -100 (PyTorch's; pytorch-loss's module uses -1) */
+    fl_reduction  reduction;     /* NONE, SUM or MEAN (default); MEAN's D counts out-of-range rows */
+    int32_t*      error_flag;    /* CUDA: device int set to 1 on an out-of-range target; or NULL */
+} fl_taylor_options;
+
+#define FL_TAYLOR_OPTIONS_INIT { sizeof(fl_taylor_options), 2, -100, FL_REDUCTION_MEAN, NULL }
+
+/*! fl_taylor_ce_workspace_size() : bytes of workspace of every Taylor CE entry point (both backends;
+ *  CUDA: device memory, 256-byte aligned; content ignored and overwritten): 0 for NONE, else
+ *  2304 + 4 N rounded up to a multiple of 256. opts may be NULL.
+ * @return : FL_OK or FL_ERR_INVALID_ARGUMENT. */
+FL_API fl_status fl_taylor_ce_workspace_size(size_t* bytes, int64_t N, int64_t C, fl_dtype dtype,
+                                             const fl_taylor_options* opts);
+
+/*! fl_taylor_ce_forward_{cpu,cuda}() : loss fp32 ([N] for NONE, else [1]); required.
+ *  fl_taylor_ce_fused_{cpu,cuda}() : loss (optional, NULL allowed) and dlogits [N, ld] of dtype
+ *  (first C columns of each row written), for the upstream gradient given up front.
+ *  N >= 0, C >= 1, ld >= C; opts NULL = FL_TAYLOR_OPTIONS_INIT; no alignment beyond the element
+ *  size. CUDA: device pointers, asynchronous on `stream`.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_taylor_ce_forward_cpu(float* loss, const void* logits, int64_t ld, const void* targets,
+                                          fl_index_dtype index_dtype, int64_t N, int64_t C, fl_dtype dtype,
+                                          const fl_taylor_options* opts, void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_taylor_ce_forward_cuda(float* loss, const void* logits, int64_t ld, const void* targets,
+                                           fl_index_dtype index_dtype, int64_t N, int64_t C, fl_dtype dtype,
+                                           const fl_taylor_options* opts, void* workspace, size_t workspace_bytes,
+                                           fl_stream stream);
+FL_API fl_status fl_taylor_ce_fused_cpu(float* loss, void* dlogits, const void* logits, int64_t ld,
+                                        const void* targets, fl_index_dtype index_dtype, const float* grad_loss,
+                                        float grad_scale, int64_t N, int64_t C, fl_dtype dtype,
+                                        const fl_taylor_options* opts, void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_taylor_ce_fused_cuda(float* loss, void* dlogits, const void* logits, int64_t ld,
+                                         const void* targets, fl_index_dtype index_dtype, const float* grad_loss,
+                                         float grad_scale, int64_t N, int64_t C, fl_dtype dtype,
+                                         const fl_taylor_options* opts, void* workspace, size_t workspace_bytes,
+                                         fl_stream stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -433,6 +433,31 @@ fl_status fl__lovasz_validate(const char* fn, fl__pass pass, int is_cuda, const 
                               fl_dtype dtype, const fl_lovasz_options* opts, const void* workspace,
                               size_t workspace_bytes, fl__lovasz_params* p);
 
+/* ---- Taylor softmax cross-entropy (header section 14) ----------------------------------------- */
+
+typedef struct {
+    int64_t         N, C, ld;
+    fl_dtype        dtype;
+    fl_index_dtype  index_dtype;
+    int             order;          /* 2 or 4 */
+    int64_t         ignore_index;
+    fl_reduction    reduction;
+    int32_t*        error_flag;
+} fl__taylor_params;
+
+/* Workspace of every entry point (both backends; the CPU ignores its content): 0 for NONE, else
+ * FL__TAYLOR_WS_HEAD bytes (a float D = MEAN's count at 16; the two-stage reductions' partials,
+ * 8 x RP_RED_MAX = 2048 bytes, from 256) then align256(4 N) per-row fp32 losses. */
+#define FL__TAYLOR_WS_HEAD 2304u
+size_t fl__taylor_workspace_bytes(int64_t N, fl_reduction reduction);
+/* pass FL__PASS_FORWARD (dlogits, grad_loss NULL; loss required) or FL__PASS_FUSED (loss may be
+ * NULL, dlogits required when N > 0). Targets are range-checked by the backend. */
+fl_status fl__taylor_validate(const char* fn, fl__pass pass, int is_cuda, const float* loss, const void* dlogits,
+                              const void* logits, int64_t ld, const void* targets, fl_index_dtype index_dtype,
+                              const float* grad_loss, float grad_scale, int64_t N, int64_t C, fl_dtype dtype,
+                              const fl_taylor_options* opts, const void* workspace, size_t workspace_bytes,
+                              fl__taylor_params* p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -12,6 +12,7 @@
     loss = fusedloss.margin_cross_entropy(cosine, target, s=64.0, m2=0.5)   # ArcFace (also ArcFaceLoss, CosFaceLoss)
     loss = fusedloss.softmax_focal_loss(seg_logits, seg_target, gamma=2.0)  # [N, C, H, W] / [N, C] focal
     loss = fusedloss.lovasz_softmax(seg_probas, seg_target)                 # Lovasz-softmax (mIoU surrogate)
+    loss = fusedloss.taylor_cross_entropy(logits, target, order=2)          # Taylor softmax CE (TaylorCrossEntropyLoss)
 
 Layers (STYLE.md section 7): _lib (ctypes, no torch) -> ops (torch.library custom ops) ->
 autograd -> functional -> nn -> patch (Hugging Face transformers models; transformers is
@@ -32,6 +33,7 @@ from .distill import distillation_loss, kl_div_logits, jsd_logits, DistillationL
 from .softmax_losses import margin_cross_entropy, ArcFaceLoss, CosFaceLoss, CombinedMarginLoss  # noqa: E402  (section 11)
 from .softmax_losses import softmax_focal_loss, SoftmaxFocalLoss  # noqa: E402  (section 12)
 from .lovasz import lovasz_softmax, LovaszSoftmaxLoss  # noqa: E402  (section 13)
+from .taylor import taylor_cross_entropy, TaylorCrossEntropyLoss  # noqa: E402  (section 14)
 from .vocab_parallel_linear import vocab_parallel_linear_cross_entropy  # noqa: E402
 from .linear_distill import linear_distillation_loss, LinearDistillationLoss  # noqa: E402  (section 10, no logits)
 from . import functional, nn, patch  # noqa: E402,F401
@@ -44,5 +46,6 @@ __all__ = ["cross_entropy", "gelu", "linear_cross_entropy", "vocab_parallel_cros
            "distillation_loss", "kl_div_logits", "jsd_logits", "DistillationLoss",
            "linear_distillation_loss", "LinearDistillationLoss",
            "margin_cross_entropy", "ArcFaceLoss", "CosFaceLoss", "CombinedMarginLoss",
-           "softmax_focal_loss", "SoftmaxFocalLoss", "lovasz_softmax", "LovaszSoftmaxLoss"]
+           "softmax_focal_loss", "SoftmaxFocalLoss", "lovasz_softmax", "LovaszSoftmaxLoss",
+           "taylor_cross_entropy", "TaylorCrossEntropyLoss"]
 

@@ -29,7 +29,7 @@ __all__ = [
     "distill_workspace_size", "DISTILL_REDUCTIONS", "MarginOptions", "margin_options",
     "margin_ce_workspace_size", "MARGIN_GRAD", "FocalOptions", "focal_options",
     "softmax_focal_workspace_size", "LovaszOptions", "lovasz_options", "lovasz_softmax_workspace_size",
-    "LOVASZ_CLASSES",
+    "LOVASZ_CLASSES", "TaylorOptions", "taylor_options", "taylor_ce_workspace_size",
 ]
 
 EXPECTED_VERSION_NUMBER = 100  # FL_VERSION_NUMBER of 0.1.0 (MAJOR*10000 + MINOR*100 + PATCH)
@@ -157,6 +157,18 @@ class LovaszOptions(ctypes.Structure):
         ("per_image", ctypes.c_int32),
         ("from_logits", ctypes.c_int32),
         ("ignore_index", ctypes.c_int64),
+        ("error_flag", ctypes.c_void_p),      # int32_t* (device memory, CUDA only)
+    ]
+
+
+class TaylorOptions(ctypes.Structure):
+    """fl_taylor_options (section 14); build it with taylor_options() (FL_TAYLOR_OPTIONS_INIT)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("order", ctypes.c_int32),            # n: 2 or 4
+        ("ignore_index", ctypes.c_int64),
+        ("reduction", ctypes.c_int),          # fl_reduction
         ("error_flag", ctypes.c_void_p),      # int32_t* (device memory, CUDA only)
     ]
 
@@ -332,6 +344,21 @@ _OPTIONAL.update({
     "fl_lovasz_softmax_forward_cuda": (_INT, _LOVASZ_FWD + [_P]),
     "fl_lovasz_softmax_fused_cuda": (_INT, _LOVASZ_FUSED + [_P]),
 })
+# ---- end of section 13 ---------------------------------------------------------------------------
+# ---- section 14: Taylor softmax cross-entropy (optional as above; used by fusedloss.taylor) ---------
+# forward: loss, logits, ld, targets, index_dtype, N, C, dtype, opts, workspace, bytes[, stream]
+_TAYLOR_FWD = [_P, _P, _I64, _P, _INT, _I64, _I64, _INT, _OPTS, _P, _SZ]
+# fused: loss, dlogits, logits, ld, targets, index_dtype, grad_loss, grad_scale, N, C, dtype, opts, workspace,
+# bytes[, stream]
+_TAYLOR_FUSED = [_P, _P, _P, _I64, _P, _INT, _P, _F32, _I64, _I64, _INT, _OPTS, _P, _SZ]
+_OPTIONAL.update({
+    "fl_taylor_ce_workspace_size": (_INT, [ctypes.POINTER(_SZ), _I64, _I64, _INT, _OPTS]),
+    "fl_taylor_ce_forward_cpu": (_INT, _TAYLOR_FWD),
+    "fl_taylor_ce_forward_cuda": (_INT, _TAYLOR_FWD + [_P]),
+    "fl_taylor_ce_fused_cpu": (_INT, _TAYLOR_FUSED),
+    "fl_taylor_ce_fused_cuda": (_INT, _TAYLOR_FUSED + [_P]),
+})
+# ---- end of section 14 ---------------------------------------------------------------------------
 
 
 def _candidates():
@@ -583,4 +610,24 @@ def lovasz_softmax_workspace_size(N, C, d, dtype, opts=None, cuda=False):
     out = ctypes.c_size_t(0)
     ref = opts if opts is None or isinstance(opts, int) else ctypes.byref(opts)
     _check(fn(ctypes.byref(out), int(N), int(C), int(d), int(dtype), ref), name)
+    return out.value
+
+
+def taylor_options(order=2, ignore_index=-100, reduction=FL_REDUCTION_MEAN, error_flag=0):
+    """An fl_taylor_options (FL_TAYLOR_OPTIONS_INIT defaults: order 2, ignore_index -100, MEAN);
+    reduction an fl_reduction number, error_flag an address (0 = NULL). The C library validates the
+    values."""
+    return TaylorOptions(ctypes.sizeof(TaylorOptions), int(order), int(ignore_index), int(reduction),
+                         error_flag or None)
+
+
+def taylor_ce_workspace_size(N, C, dtype, opts=None):
+    """fl_taylor_ce_workspace_size(): bytes of workspace every Taylor softmax cross-entropy call needs
+    (both backends; 0 for reduction none). opts: a TaylorOptions, its address (int), or None.
+    NotBuiltError if the library predates section 14."""
+    fn = entry_point("fl_taylor_ce_workspace_size",
+                     "Taylor softmax cross-entropy entry points (include/fusedloss.h section 14)")
+    out = ctypes.c_size_t(0)
+    ref = opts if opts is None or isinstance(opts, int) else ctypes.byref(opts)
+    _check(fn(ctypes.byref(out), int(N), int(C), int(dtype), ref), "fl_taylor_ce_workspace_size")
     return out.value

@@ -66,6 +66,7 @@ static fl_status check_query(const char* fn, size_t* bytes, int64_t N, int64_t C
     return FL_OK;
 }
 
+#ifdef FL_WITH_CUDA
 /* CUDA: C N d elements must fit the sort's int count */
 static fl_status check_cuda_extent(const char* fn, int64_t N, int64_t C, int64_t d) {
     if (N > 0 && (d > INT32_MAX / N || C > INT32_MAX / (N * d)))
@@ -74,6 +75,7 @@ static fl_status check_cuda_extent(const char* fn, int64_t N, int64_t C, int64_t
                         (long long)C, (long long)N, (long long)d);
     return FL_OK;
 }
+#endif
 
 /* the CUDA workspace of a call (0: the CUB size query failed) */
 static fl_status cuda_need(const char* fn, int64_t N, int64_t C, int64_t d, const fl_lovasz_options* o,

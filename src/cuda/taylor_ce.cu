@@ -1,0 +1,244 @@
+/* taylor_ce.cu — CUDA backend of the Taylor softmax cross-entropy (include/fusedloss.h section 14),
+ * the semantics of src/cpu/taylor_ce.c in fp32 arithmetic.
+ *
+ *   C <= 1024 : tc_warp_kernel, one warp per row (8 rows per CTA, rows grid-strided): the row's
+ *               values in registers (VPL = up to 32 per lane, lane l holding columns l + 32 k), so
+ *               the logits are read once and dlogits written once;
+ *   C >  1024 : tc_cta_kernel, one 256-thread CTA per row: pass 1 sums f(x) over the row, pass 2
+ *               reads it again (from L2 for rows in flight) and writes the gradient.
+ *   Row sums: per-lane / per-thread partials in column order, then a fixed shuffle / shared tree:
+ *   deterministic. MEAN's count of rows not ignored and the SUM / MEAN reduction of the per-row
+ *   losses are rowpass.cuh's two-stage kernels (rp_count before, rp_reduce after: fixed ranges,
+ *   partials in order). Out-of-range targets: the row's loss and gradient NaN, *error_flag = 1.
+ * Workspace (SUM / MEAN; src/internal.h): float D at 16 | reduction partials at 256 | per-row fp32
+ * losses at FL__TAYLOR_WS_HEAD. NONE: the per-row losses go straight to loss[].
+ * SPDX-License-Identifier: MIT
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "common.cuh"
+#include "rowpass.cuh"
+
+#define TC_THREADS 256
+
+typedef struct {
+    const void* x;
+    void* dx;
+    const void* tg;
+    int lab64;
+    int64_t N, C, ld, ign;
+    int order, none, mean, fused;
+    const float* gl;
+    float gscale;
+    const float* Ddev;   /* MEAN's count (device), else NULL */
+    float* rowloss;      /* per-row losses: loss[] for NONE, the workspace's otherwise (NULL: not wanted) */
+    int* error_flag;
+} TcArgs;
+
+static __device__ __forceinline__ float tc_f(float x, int order) {
+    const float f2 = fmaf(0.5f * x, x, 1.0f + x);
+    if (order == 2) return f2;
+    const float x2 = x * x;
+    return f2 + x2 * x * (1.0f / 6.0f) + x2 * x2 * (1.0f / 24.0f);
+}
+static __device__ __forceinline__ float tc_df(float x, int order) {
+    return order == 2 ? 1.0f + x : fmaf(0.5f * x, x, 1.0f + x) + x * x * x * (1.0f / 6.0f);
+}
+
+/* the row's upstream gradient g_i (MEAN: / D) */
+static __device__ __forceinline__ float tc_g(const TcArgs& a, int64_t i) {
+    float g = a.gscale * (a.gl ? a.gl[a.none ? i : 0] : 1.0f);
+    if (a.mean) g /= *a.Ddev;
+    return g;
+}
+
+/* 0: a regular row; 1: ignored; 2: out of range (flagged) */
+static __device__ __forceinline__ int tc_row_kind(const TcArgs& a, int64_t y) {
+    if (y == a.ign) return 1;
+    if (y < 0 || y >= a.C) return 2;
+    return 0;
+}
+
+template <typename T, int VPL>
+static __global__ void __launch_bounds__(TC_THREADS) tc_warp_kernel(TcArgs a) {
+    const T* x = (const T*)a.x;
+    T* dx = (T*)a.dx;
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (TC_THREADS / 32);
+    for (int64_t i = (int64_t)blockIdx.x * (TC_THREADS / 32) + (threadIdx.x >> 5); i < a.N; i += warps) {
+        const int64_t y = rp_label(a.tg, a.lab64, i);
+        const int kind = tc_row_kind(a, y);
+        const int64_t r0 = i * a.ld;
+        if (kind != 0) {
+            const float v = kind == 1 ? 0.0f : NAN;
+            if (kind == 2 && lane == 0 && a.error_flag) atomicOr(a.error_flag, 1);
+            if (lane == 0 && a.rowloss) a.rowloss[i] = v;
+            if (a.fused)
+                for (int64_t j = lane; j < a.C; j += 32) dx[r0 + j] = from_float<T>(v);
+            continue;
+        }
+        float v[VPL];
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < VPL; k++) {
+            const int64_t j = lane + 32 * k;
+            v[k] = j < a.C ? to_float(x[r0 + j]) : 0.0f;
+            if (j < a.C) s += tc_f(v[k], a.order);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        const float xy = to_float(x[r0 + y]);
+        const float fy = tc_f(xy, a.order);
+        if (lane == 0 && a.rowloss) a.rowloss[i] = logf(s) - logf(fy);
+        if (a.fused) {
+            const float g = tc_g(a, i);
+            const float ginvS = g / s, gdy = g * (tc_df(xy, a.order) / fy);
+#pragma unroll
+            for (int k = 0; k < VPL; k++) {
+                const int64_t j = lane + 32 * k;
+                if (j < a.C) dx[r0 + j] = from_float<T>(tc_df(v[k], a.order) * ginvS - (j == y ? gdy : 0.0f));
+            }
+        }
+    }
+}
+
+template <typename T>
+static __global__ void __launch_bounds__(TC_THREADS) tc_cta_kernel(TcArgs a) {
+    __shared__ float sh[TC_THREADS / 32];
+    __shared__ float tot;
+    const T* x = (const T*)a.x;
+    T* dx = (T*)a.dx;
+    for (int64_t i = blockIdx.x; i < a.N; i += gridDim.x) {
+        const int64_t y = rp_label(a.tg, a.lab64, i);
+        const int kind = tc_row_kind(a, y);
+        const int64_t r0 = i * a.ld;
+        if (kind != 0) {
+            const float v = kind == 1 ? 0.0f : NAN;
+            if (kind == 2 && threadIdx.x == 0 && a.error_flag) atomicOr(a.error_flag, 1);
+            if (threadIdx.x == 0 && a.rowloss) a.rowloss[i] = v;
+            if (a.fused)
+                for (int64_t j = threadIdx.x; j < a.C; j += TC_THREADS) dx[r0 + j] = from_float<T>(v);
+            continue;
+        }
+        float s = 0.0f;
+        for (int64_t j = threadIdx.x; j < a.C; j += TC_THREADS) s += tc_f(to_float(x[r0 + j]), a.order);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float t = 0.0f;
+            for (int k = 0; k < TC_THREADS / 32; k++) t += sh[k];
+            tot = t;
+        }
+        __syncthreads();
+        const float S = tot;
+        __syncthreads();   /* sh and tot are rewritten by the next row */
+        const float xy = to_float(x[r0 + y]);
+        const float fy = tc_f(xy, a.order);
+        if (threadIdx.x == 0 && a.rowloss) a.rowloss[i] = logf(S) - logf(fy);
+        if (a.fused) {
+            const float g = tc_g(a, i);
+            const float ginvS = g / S, gdy = g * (tc_df(xy, a.order) / fy);
+            for (int64_t j = threadIdx.x; j < a.C; j += TC_THREADS) {
+                const float v = to_float(x[r0 + j]);
+                dx[r0 + j] = from_float<T>(tc_df(v, a.order) * ginvS - (j == y ? gdy : 0.0f));
+            }
+        }
+    }
+}
+
+typedef void (*tc_fn)(TcArgs);
+
+template <typename T>
+static tc_fn tc_pick_t(int64_t C) {
+    if (C <= 32) return tc_warp_kernel<T, 1>;
+    if (C <= 64) return tc_warp_kernel<T, 2>;
+    if (C <= 128) return tc_warp_kernel<T, 4>;
+    if (C <= 256) return tc_warp_kernel<T, 8>;
+    if (C <= 512) return tc_warp_kernel<T, 16>;
+    if (C <= 1024) return tc_warp_kernel<T, 32>;
+    return tc_cta_kernel<T>;
+}
+static tc_fn tc_pick(fl_dtype dt, int64_t C) {
+    switch (dt) {
+        case FL_DTYPE_F32: return tc_pick_t<float>(C);
+        case FL_DTYPE_F16: return tc_pick_t<__half>(C);
+        default: return tc_pick_t<__nv_bfloat16>(C);
+    }
+}
+
+static fl_status tc_cuda(const char* fn, fl__pass pass, float* loss, void* dlogits, const void* logits, int64_t ld,
+                         const void* targets, fl_index_dtype index_dtype, const float* grad_loss, float grad_scale,
+                         int64_t N, int64_t C, fl_dtype dtype, const fl_taylor_options* opts, void* workspace,
+                         size_t workspace_bytes, cudaStream_t stream) {
+    fl__clear_error();
+    fl__taylor_params p;
+    FL_CHECK(fl__taylor_validate(fn, pass, 1, loss, dlogits, logits, ld, targets, index_dtype, grad_loss, grad_scale,
+                                 N, C, dtype, opts, workspace, workspace_bytes, &p));
+    const int none = p.reduction == FL_REDUCTION_NONE, mean = p.reduction == FL_REDUCTION_MEAN;
+    char* ws = (char*)workspace;
+    float* Dslot = none ? nullptr : (float*)(ws + 16);
+    void* part = none ? nullptr : (void*)(ws + 256);
+    float* rowloss = none ? loss : (float*)(ws + FL__TAYLOR_WS_HEAD);
+    if (N == 0) {
+        if (!none && loss) FL_CUDA_TRY(rp_reduce(rowloss, 0, part, nullptr, mean ? 0.0f : 1.0f, loss, stream));
+        return FL_OK;
+    }
+    const int fused = pass == FL__PASS_FUSED;
+    if (mean) FL_CUDA_TRY(rp_count(targets, index_dtype == FL_INDEX_I64, p.ignore_index, N, part, Dslot, stream));
+    TcArgs a;
+    memset(&a, 0, sizeof a);
+    a.x = logits;
+    a.dx = fused ? dlogits : nullptr;
+    a.tg = targets;
+    a.lab64 = index_dtype == FL_INDEX_I64;
+    a.N = N;
+    a.C = C;
+    a.ld = ld;
+    a.ign = p.ignore_index;
+    a.order = p.order;
+    a.none = none;
+    a.mean = mean;
+    a.fused = fused;
+    a.gl = grad_loss;
+    a.gscale = grad_scale;
+    a.Ddev = mean ? Dslot : nullptr;
+    a.rowloss = loss ? rowloss : nullptr;
+    a.error_flag = p.error_flag;
+
+    int dev = 0, sms = 132;
+    FL_CUDA_TRY(cudaGetDevice(&dev));
+    FL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const tc_fn kfn = tc_pick(dtype, C);
+    const int64_t per_cta = C <= 1024 ? TC_THREADS / 32 : 1;
+    int64_t grid = (N + per_cta - 1) / per_cta;
+    const int64_t cap = (int64_t)sms * 16;
+    if (grid > cap) grid = cap;
+    kfn<<<(unsigned)grid, TC_THREADS, 0, stream>>>(a);
+    FL_CUDA_TRY(cudaGetLastError());
+    if (!none && loss) FL_CUDA_TRY(rp_reduce(rowloss, N, part, a.Ddev, 1.0f, loss, stream));
+    return FL_OK;
+}
+
+extern "C" {
+
+fl_status fl_taylor_ce_forward_cuda(float* loss, const void* logits, int64_t ld, const void* targets,
+                                    fl_index_dtype index_dtype, int64_t N, int64_t C, fl_dtype dtype,
+                                    const fl_taylor_options* opts, void* workspace, size_t workspace_bytes,
+                                    fl_stream stream) {
+    return tc_cuda("fl_taylor_ce_forward_cuda", FL__PASS_FORWARD, loss, NULL, logits, ld, targets, index_dtype, NULL,
+                   1.0f, N, C, dtype, opts, workspace, workspace_bytes, (cudaStream_t)stream);
+}
+
+fl_status fl_taylor_ce_fused_cuda(float* loss, void* dlogits, const void* logits, int64_t ld, const void* targets,
+                                  fl_index_dtype index_dtype, const float* grad_loss, float grad_scale, int64_t N,
+                                  int64_t C, fl_dtype dtype, const fl_taylor_options* opts, void* workspace,
+                                  size_t workspace_bytes, fl_stream stream) {
+    return tc_cuda("fl_taylor_ce_fused_cuda", FL__PASS_FUSED, loss, dlogits, logits, ld, targets, index_dtype,
+                   grad_loss, grad_scale, N, C, dtype, opts, workspace, workspace_bytes, (cudaStream_t)stream);
+}
+
+}  // extern "C"
