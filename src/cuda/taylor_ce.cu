@@ -4,8 +4,9 @@
  *   C <= 1024 : tc_warp_kernel, one warp per row (8 rows per CTA, rows grid-strided): the row's
  *               values in registers (VPL = up to 32 per lane, lane l holding columns l + 32 k), so
  *               the logits are read once and dlogits written once;
- *   C >  1024 : tc_cta_kernel, one 256-thread CTA per row: pass 1 sums f(x) over the row, pass 2
- *               reads it again (from L2 for rows in flight) and writes the gradient.
+ *   C >  1024 : tc_cta_kernel, one 512-thread CTA per row, 2 per SM: pass 1 sums f(x) over the row,
+ *               pass 2 reads it again (from L2: at most 2 rows per SM in flight) and writes the
+ *               gradient; 16-byte vectors when the rows are 16-byte aligned.
  *   Row sums: per-lane / per-thread partials in column order, then a fixed shuffle / shared tree:
  *   deterministic. MEAN's count of rows not ignored and the SUM / MEAN reduction of the per-row
  *   losses are rowpass.cuh's two-stage kernels (rp_count before, rp_reduce after: fixed ranges,
@@ -87,9 +88,15 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_warp_kernel(TcArgs a) {
             v[k] = j < a.C ? to_float(x[r0 + j]) : 0.0f;
             if (j < a.C) s += tc_f(v[k], a.order);
         }
+        /* x_y from the registers of the lane that holds it: no second global read, which in place
+         * could see another lane's gradient already stored there */
+        float t = 0.0f;
+#pragma unroll
+        for (int k = 0; k < VPL; k++)
+            if (lane + 32 * k == y) t = v[k];
+        const float xy = __shfl_sync(0xffffffffu, t, (int)(y & 31));
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        const float xy = to_float(x[r0 + y]);
         const float fy = tc_f(xy, a.order);
         if (lane == 0 && a.rowloss) a.rowloss[i] = logf(s) - logf(fy);
         if (a.fused) {
@@ -104,12 +111,55 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_warp_kernel(TcArgs a) {
     }
 }
 
+/* 16 bytes of T as fp32 values, and back (VEC = 16 / sizeof(T)) */
 template <typename T>
-static __global__ void __launch_bounds__(TC_THREADS) tc_cta_kernel(TcArgs a) {
-    __shared__ float sh[TC_THREADS / 32];
+static __device__ __forceinline__ void tc_load16(const T* p, float* out) {
+    uint4 u = *(const uint4*)p;
+    const T* e = (const T*)&u;
+#pragma unroll
+    for (int k = 0; k < (int)(16 / sizeof(T)); k++) out[k] = to_float(e[k]);
+}
+template <typename T>
+static __device__ __forceinline__ void tc_store16(T* p, const float* in) {
+    uint4 u;
+    T* e = (T*)&u;
+#pragma unroll
+    for (int k = 0; k < (int)(16 / sizeof(T)); k++) e[k] = from_float<T>(in[k]);
+    *(uint4*)p = u;
+}
+/* the same 16 bytes' worth of elements, one at a time (unaligned rows): the same values in the
+ * same order, so the row sums do not depend on the alignment */
+template <typename T, bool VEC16>
+static __device__ __forceinline__ void tc_load_v(const T* p, float* out) {
+    if (VEC16) {
+        tc_load16<T>(p, out);
+    } else {
+#pragma unroll
+        for (int k = 0; k < (int)(16 / sizeof(T)); k++) out[k] = to_float(p[k]);
+    }
+}
+template <typename T, bool VEC16>
+static __device__ __forceinline__ void tc_store_v(T* p, const float* in) {
+    if (VEC16) {
+        tc_store16<T>(p, in);
+    } else {
+#pragma unroll
+        for (int k = 0; k < (int)(16 / sizeof(T)); k++) p[k] = from_float<T>(in[k]);
+    }
+}
+
+/* One CTA of TC_CTA_THREADS per row; thread t takes the 16-byte groups t, t + 512, ... then the
+ * tail; VEC16: rows (and dlogits) 16-byte aligned, so the groups move as vectors. The grid keeps at most 2 rows per SM in flight so that pass 2's re-read of
+ * the row comes from L2 (tc_cuda). */
+#define TC_CTA_THREADS 512
+template <typename T, bool VEC16>
+static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a) {
+    constexpr int VEC = 16 / (int)sizeof(T);
+    __shared__ float sh[TC_CTA_THREADS / 32];
     __shared__ float tot;
     const T* x = (const T*)a.x;
     T* dx = (T*)a.dx;
+    const int64_t nvec = a.C / VEC, tail0 = nvec * VEC;
     for (int64_t i = blockIdx.x; i < a.N; i += gridDim.x) {
         const int64_t y = rp_label(a.tg, a.lab64, i);
         const int kind = tc_row_kind(a, y);
@@ -119,30 +169,47 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_cta_kernel(TcArgs a) {
             if (kind == 2 && threadIdx.x == 0 && a.error_flag) atomicOr(a.error_flag, 1);
             if (threadIdx.x == 0 && a.rowloss) a.rowloss[i] = v;
             if (a.fused)
-                for (int64_t j = threadIdx.x; j < a.C; j += TC_THREADS) dx[r0 + j] = from_float<T>(v);
+                for (int64_t j = threadIdx.x; j < a.C; j += TC_CTA_THREADS) dx[r0 + j] = from_float<T>(v);
             continue;
         }
+        /* x_y before the barriers below: in place, the gradient stores after them overwrite it */
+        const float xy = to_float(x[r0 + y]);
         float s = 0.0f;
-        for (int64_t j = threadIdx.x; j < a.C; j += TC_THREADS) s += tc_f(to_float(x[r0 + j]), a.order);
+#pragma unroll 4
+        for (int64_t q = threadIdx.x; q < nvec; q += TC_CTA_THREADS) {
+            float v[VEC];
+            tc_load_v<T, VEC16>(x + r0 + q * VEC, v);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) s += tc_f(v[k], a.order);
+        }
+        for (int64_t j = tail0 + threadIdx.x; j < a.C; j += TC_CTA_THREADS) s += tc_f(to_float(x[r0 + j]), a.order);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
         __syncthreads();
         if (threadIdx.x == 0) {
             float t = 0.0f;
-            for (int k = 0; k < TC_THREADS / 32; k++) t += sh[k];
+            for (int k = 0; k < TC_CTA_THREADS / 32; k++) t += sh[k];
             tot = t;
         }
         __syncthreads();
         const float S = tot;
         __syncthreads();   /* sh and tot are rewritten by the next row */
-        const float xy = to_float(x[r0 + y]);
         const float fy = tc_f(xy, a.order);
         if (threadIdx.x == 0 && a.rowloss) a.rowloss[i] = logf(S) - logf(fy);
         if (a.fused) {
             const float g = tc_g(a, i);
             const float ginvS = g / S, gdy = g * (tc_df(xy, a.order) / fy);
-            for (int64_t j = threadIdx.x; j < a.C; j += TC_THREADS) {
+#pragma unroll 4
+            for (int64_t q = threadIdx.x; q < nvec; q += TC_CTA_THREADS) {
+                float v[VEC];
+                tc_load_v<T, VEC16>(x + r0 + q * VEC, v);
+#pragma unroll
+                for (int k = 0; k < VEC; k++)
+                    v[k] = tc_df(v[k], a.order) * ginvS - (q * VEC + k == y ? gdy : 0.0f);
+                tc_store_v<T, VEC16>(dx + r0 + q * VEC, v);
+            }
+            for (int64_t j = tail0 + threadIdx.x; j < a.C; j += TC_CTA_THREADS) {
                 const float v = to_float(x[r0 + j]);
                 dx[r0 + j] = from_float<T>(tc_df(v, a.order) * ginvS - (j == y ? gdy : 0.0f));
             }
@@ -153,20 +220,20 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_cta_kernel(TcArgs a) {
 typedef void (*tc_fn)(TcArgs);
 
 template <typename T>
-static tc_fn tc_pick_t(int64_t C) {
+static tc_fn tc_pick_t(int64_t C, bool vec16) {
     if (C <= 32) return tc_warp_kernel<T, 1>;
     if (C <= 64) return tc_warp_kernel<T, 2>;
     if (C <= 128) return tc_warp_kernel<T, 4>;
     if (C <= 256) return tc_warp_kernel<T, 8>;
     if (C <= 512) return tc_warp_kernel<T, 16>;
     if (C <= 1024) return tc_warp_kernel<T, 32>;
-    return tc_cta_kernel<T>;
+    return vec16 ? tc_cta_kernel<T, true> : tc_cta_kernel<T, false>;
 }
-static tc_fn tc_pick(fl_dtype dt, int64_t C) {
+static tc_fn tc_pick(fl_dtype dt, int64_t C, bool vec16) {
     switch (dt) {
-        case FL_DTYPE_F32: return tc_pick_t<float>(C);
-        case FL_DTYPE_F16: return tc_pick_t<__half>(C);
-        default: return tc_pick_t<__nv_bfloat16>(C);
+        case FL_DTYPE_F32: return tc_pick_t<float>(C, vec16);
+        case FL_DTYPE_F16: return tc_pick_t<__half>(C, vec16);
+        default: return tc_pick_t<__nv_bfloat16>(C, vec16);
     }
 }
 
@@ -212,12 +279,17 @@ static fl_status tc_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
     int dev = 0, sms = 132;
     FL_CUDA_TRY(cudaGetDevice(&dev));
     FL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const tc_fn kfn = tc_pick(dtype, C);
-    const int64_t per_cta = C <= 1024 ? TC_THREADS / 32 : 1;
+    const size_t es = fl__dtype_size(dtype);
+    const bool vec16 = ((uintptr_t)logits % 16) == 0 && (!fused || ((uintptr_t)dlogits % 16) == 0) &&
+                       ((size_t)ld * es) % 16 == 0;
+    const tc_fn kfn = tc_pick(dtype, C, vec16);
+    const bool warp = C <= 1024;
+    const int64_t per_cta = warp ? TC_THREADS / 32 : 1;
     int64_t grid = (N + per_cta - 1) / per_cta;
-    const int64_t cap = (int64_t)sms * 16;
+    /* warp kernel: up to 16 CTAs per SM (grid-strided); CTA kernel: 2 rows per SM in flight */
+    const int64_t cap = (int64_t)sms * (warp ? 16 : 2);
     if (grid > cap) grid = cap;
-    kfn<<<(unsigned)grid, TC_THREADS, 0, stream>>>(a);
+    kfn<<<(unsigned)grid, warp ? TC_THREADS : TC_CTA_THREADS, 0, stream>>>(a);
     FL_CUDA_TRY(cudaGetLastError());
     if (!none && loss) FL_CUDA_TRY(rp_reduce(rowloss, N, part, a.Ddev, 1.0f, loss, stream));
     return FL_OK;
