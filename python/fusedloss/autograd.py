@@ -126,6 +126,58 @@ def scale_kept_grad(ctx, grad, ds, family, reductions="mean / sum"):
     return ds.detach()
 
 
+def register_kept_grad_autograd(forward, fused, loss_and_grad, fused_name, family, n_tensors, n_args,
+                                reduction_index=None, reductions="mean / sum"):
+    """The autograd of a zoo loss's three custom ops (distillation, margin CE, softmax focal,
+    Lovasz, Taylor CE): inputs are n_tensors tensors (the first, the only differentiable one, the
+    prediction) then n_args non-tensor arguments.
+      forward       : saves its tensors; backward calls torch.ops.fusedloss.<fused_name>(*tensors,
+                      g, *args) with the upstream gradient g (fp32, contiguous, flattened): the
+                      gradient in one more pass.
+      fused         : its backward (double backward) raises.
+      loss_and_grad : the gradient formed in the forward (output 1, non-differentiable) is kept;
+                      backward scales it by the upstream gradient (scale_kept_grad). reduction_index:
+                      the input holding the reduction (NONE: one upstream gradient per row or
+                      position), or None for a loss that is always a scalar."""
+    nones = (None,) * (n_tensors - 1 + n_args)
+    double_msg = KEPT_GRAD_DOUBLE_BACKWARD_MSG.format(family)
+
+    def fwd_setup(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:n_tensors])
+        ctx.args = tuple(inputs[n_tensors:])
+
+    def fwd_bwd(ctx, grad):
+        if grad is None or not ctx.needs_input_grad[0]:
+            return (None,) + nones
+        g = grad.reshape(-1)
+        if g.dtype != torch.float32:
+            g = g.float()
+        op = getattr(torch.ops.fusedloss, fused_name)
+        return (op(*ctx.saved_tensors, g.contiguous(), *ctx.args),) + nones
+
+    def lg_setup(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(output[1])
+        ctx.per_pos = reduction_index is not None and inputs[reduction_index] == FL_REDUCTION_NONE
+        ctx.used = False
+
+    def lg_bwd(ctx, grad, grad_ds):
+        if grad is None or not ctx.needs_input_grad[0]:
+            return (None,) + nones
+        (ds,) = ctx.saved_tensors
+        return (scale_kept_grad(ctx, grad, ds, family, reductions),) + nones
+
+    def no_double_backward(ctx, *grads):
+        raise RuntimeError(double_msg)
+
+    def no_setup(ctx, inputs, output):
+        pass
+
+    forward.register_autograd(fwd_bwd, setup_context=fwd_setup)
+    fused.register_autograd(no_double_backward, setup_context=no_setup)
+    loss_and_grad.register_autograd(lg_bwd, setup_context=lg_setup)
+
+
 def _grad_loss(grad, reduction):
     """The upstream gradient as the contiguous fp32 buffer the C API reads (N or 1 floats)."""
     g = grad if grad.dtype == torch.float32 else grad.float()

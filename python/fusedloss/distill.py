@@ -72,7 +72,7 @@ from torch import Tensor
 
 from . import _lib
 from ._lib import DISTILL_REDUCTIONS, _check
-from .autograd import KEPT_GRAD_DOUBLE_BACKWARD_MSG, scale_kept_grad
+from .autograd import register_kept_grad_autograd
 
 __all__ = ["distillation_loss", "kl_div_logits", "jsd_logits", "DistillationLoss",
            "distill_forward", "distill_fused", "distill_loss_and_grad"]
@@ -309,54 +309,11 @@ def _(student, teacher, labels, temperature, beta, ignore_index, reduction, t2_s
     return student.new_empty(_loss_shape(N, reduction), dtype=_F32), _fake_dstudent(student, N, V, lds)
 
 
-# ---- autograd ------------------------------------------------------------------------------------
-_DOUBLE_BACKWARD_MSG = KEPT_GRAD_DOUBLE_BACKWARD_MSG.format("distillation_loss")
-
-
-def _forward_setup(ctx, inputs, output):
-    student, teacher, labels, temperature, beta, ignore_index, reduction, t2_scale = inputs
-    ctx.save_for_backward(student, teacher, labels)
-    ctx.args = (temperature, beta, ignore_index, reduction, t2_scale)
-
-
-def _forward_bwd(ctx, grad):
-    nones = (None,) * 7
-    if grad is None or not ctx.needs_input_grad[0]:
-        return (None,) + nones
-    student, teacher, labels = ctx.saved_tensors
-    g = grad.reshape(-1)
-    if g.dtype != _F32:
-        g = g.float()
-    ds = torch.ops.fusedloss.distill_fused(student, teacher, labels, g.contiguous(), *ctx.args)
-    return (ds,) + nones  # no gradient for the teacher (a constant; see the module docstring)
-
-
-def _lg_setup(ctx, inputs, output):
-    ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(output[1])
-    ctx.per_pos = inputs[6] == _NONE  # reduction none: one upstream gradient per row
-    ctx.used = False
-
-
-def _lg_bwd(ctx, grad, grad_ds):
-    nones = (None,) * 7
-    if grad is None or not ctx.needs_input_grad[0]:
-        return (None,) + nones
-    (ds,) = ctx.saved_tensors
-    return (scale_kept_grad(ctx, grad, ds, "distillation_loss", "mean / sum / batchmean"),) + nones
-
-
-def _no_double_backward(ctx, *grads):
-    raise RuntimeError(_DOUBLE_BACKWARD_MSG)
-
-
-def _no_setup(ctx, inputs, output):
-    pass
-
-
-distill_forward.register_autograd(_forward_bwd, setup_context=_forward_setup)
-distill_fused.register_autograd(_no_double_backward, setup_context=_no_setup)
-distill_loss_and_grad.register_autograd(_lg_bwd, setup_context=_lg_setup)
+# ---- autograd (the zoo's shared registration: fusedloss.autograd) ----------------------------------
+# inputs: student, teacher, labels, then temperature, beta, ignore_index, reduction (input 6), t2_scale;
+# no gradient for the teacher (a constant; see the module docstring)
+register_kept_grad_autograd(distill_forward, distill_fused, distill_loss_and_grad, "distill_fused",
+                            "distillation_loss", 3, 5, reduction_index=6, reductions="mean / sum / batchmean")
 
 
 # ---- the PyTorch formula (fallback) -----------------------------------------------------------------

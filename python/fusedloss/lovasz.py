@@ -45,7 +45,7 @@ from torch import Tensor
 from . import _lib
 from . import ops as _ops
 from ._lib import LOVASZ_CLASSES, TargetOutOfRangeError, _check
-from .autograd import KEPT_GRAD_DOUBLE_BACKWARD_MSG as _DOUBLE_BACKWARD_MSG, scale_kept_grad
+from .autograd import register_kept_grad_autograd
 
 __all__ = ["lovasz_softmax", "LovaszSoftmaxLoss", "lovasz_softmax_forward", "lovasz_softmax_fused",
            "lovasz_softmax_loss_and_grad"]
@@ -213,49 +213,9 @@ def _(input, labels, classes, per_image, from_logits, ignore_index):
     return input.new_empty((), dtype=_F32), torch.empty_like(input, memory_format=torch.contiguous_format)
 
 
-# ---- autograd ------------------------------------------------------------------------------------
-def _fwd_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], inputs[1])
-    ctx.args = inputs[2:]
-
-
-def _fwd_bwd(ctx, grad):
-    nones = (None,) * (1 + _ARGS)
-    if grad is None or not ctx.needs_input_grad[0]:
-        return (None,) + nones
-    x, labels = ctx.saved_tensors
-    g = grad.reshape(1)
-    if g.dtype != _F32:
-        g = g.float()
-    return (torch.ops.fusedloss.lovasz_softmax_fused(x, labels, g.contiguous(), *ctx.args),) + nones
-
-
-def _lg_setup(ctx, inputs, output):
-    ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(output[1])
-    ctx.per_pos = False
-    ctx.used = False
-
-
-def _lg_bwd(ctx, grad, grad_dx):
-    nones = (None,) * (1 + _ARGS)
-    if grad is None or not ctx.needs_input_grad[0]:
-        return (None,) + nones
-    (dx,) = ctx.saved_tensors
-    return (scale_kept_grad(ctx, grad, dx, "lovasz_softmax"),) + nones
-
-
-def _no_double_backward(ctx, *grads):
-    raise RuntimeError(_DOUBLE_BACKWARD_MSG.format("lovasz_softmax"))
-
-
-def _no_setup(ctx, inputs, output):
-    pass
-
-
-lovasz_softmax_forward.register_autograd(_fwd_bwd, setup_context=_fwd_setup)
-lovasz_softmax_fused.register_autograd(_no_double_backward, setup_context=_no_setup)
-lovasz_softmax_loss_and_grad.register_autograd(_lg_bwd, setup_context=_lg_setup)
+# ---- autograd (the zoo's shared registration: fusedloss.autograd) ----------------------------------
+register_kept_grad_autograd(lovasz_softmax_forward, lovasz_softmax_fused, lovasz_softmax_loss_and_grad,
+                            "lovasz_softmax_fused", "lovasz_softmax", 2, _ARGS)
 
 
 # ---- the PyTorch formulation (float64 / other devices; the bench's PyTorch baseline) -------------------

@@ -91,7 +91,7 @@ from torch import Tensor
 from . import _lib
 from . import ops as _ops
 from ._lib import MARGIN_GRAD, REDUCTIONS, _check
-from .autograd import KEPT_GRAD_DOUBLE_BACKWARD_MSG, scale_kept_grad
+from .autograd import register_kept_grad_autograd
 
 __all__ = ["margin_cross_entropy", "ArcFaceLoss", "CosFaceLoss", "CombinedMarginLoss",
            "softmax_focal_loss", "SoftmaxFocalLoss",
@@ -214,8 +214,9 @@ def _logits_code(op, logits):
     return dt
 
 
-def _margin_layout(op, logits, target):
-    """Validate the margin ops' tensors: (N, C, ld, dtype code, index dtype code)."""
+def _rows_layout(op, logits, target):
+    """Validate the tensors of a row loss's ops (margin CE, Taylor CE): logits [N, C] with a unit
+    column stride, target [N]: (N, C, ld, dtype code, index dtype code)."""
     if logits.dim() != 2:
         raise ValueError(f"fusedloss::{op}: logits must be 2-D [N, C], got shape {tuple(logits.shape)}")
     dt = _logits_code(op, logits)
@@ -345,7 +346,7 @@ def _run_margin(kind, logits, target, grad, s, m1, m2, m3, easy_margin, grad_mod
     upstream gradient of 1 (fused, grad_loss NULL)."""
     op = ("margin_ce_forward", "margin_ce_fused", "margin_ce_loss_and_grad")[kind]
     _check_margin_options(s, m1, m2, m3, grad_mode, reduction, fn=f"fusedloss::{op}")
-    N, C, ld, dt, it = _margin_layout(op, logits, target)
+    N, C, ld, dt, it = _rows_layout(op, logits, target)
     dev = logits.device
     if kind == 1 and grad is not None:
         _check_grad(op, grad, N if reduction == _NONE else 1, dev)
@@ -434,7 +435,7 @@ def margin_ce_forward(logits: Tensor, target: Tensor, s: float, m1: float, m2: f
 @margin_ce_forward.register_fake
 def _(logits, target, s, m1, m2, m3, easy_margin, grad_mode, ignore_index, reduction):
     _check_margin_options(s, m1, m2, m3, grad_mode, reduction, fn="fusedloss::margin_ce_forward")
-    N = _margin_layout("margin_ce_forward", logits, target)[0]
+    N = _rows_layout("margin_ce_forward", logits, target)[0]
     return logits.new_empty((N,) if reduction == _NONE else (), dtype=_F32)
 
 
@@ -449,7 +450,7 @@ def margin_ce_fused(logits: Tensor, target: Tensor, grad: Optional[Tensor], s: f
 @margin_ce_fused.register_fake
 def _(logits, target, grad, s, m1, m2, m3, easy_margin, grad_mode, ignore_index, reduction):
     _check_margin_options(s, m1, m2, m3, grad_mode, reduction, fn="fusedloss::margin_ce_fused")
-    N, C, ld = _margin_layout("margin_ce_fused", logits, target)[:3]
+    N, C, ld = _rows_layout("margin_ce_fused", logits, target)[:3]
     if grad is not None:
         _check_grad("margin_ce_fused", grad, N if reduction == _NONE else 1, logits.device)
     return _fake_grad(logits, ld)
@@ -466,7 +467,7 @@ def margin_ce_loss_and_grad(logits: Tensor, target: Tensor, s: float, m1: float,
 @margin_ce_loss_and_grad.register_fake
 def _(logits, target, s, m1, m2, m3, easy_margin, grad_mode, ignore_index, reduction):
     _check_margin_options(s, m1, m2, m3, grad_mode, reduction, fn="fusedloss::margin_ce_loss_and_grad")
-    N, C, ld = _margin_layout("margin_ce_loss_and_grad", logits, target)[:3]
+    N, C, ld = _rows_layout("margin_ce_loss_and_grad", logits, target)[:3]
     return logits.new_empty((N,) if reduction == _NONE else (), dtype=_F32), _fake_grad(logits, ld)
 
 
@@ -519,93 +520,15 @@ def _(logits, target, alpha, gamma, ignore_index, reduction):
             _fake_grad(logits, ld))
 
 
-# ---- autograd ------------------------------------------------------------------------------------
-_DOUBLE_BACKWARD_MSG = KEPT_GRAD_DOUBLE_BACKWARD_MSG
+# ---- autograd (the zoo's shared registration: fusedloss.autograd) ----------------------------------
 _MARGIN_ARGS = 8  # non-tensor arguments after (logits, target): s, m1, m2, m3, easy_margin, grad_mode, ...
 _FOCAL_ARGS = 3   # after (logits, target, alpha): gamma, ignore_index, reduction
-
-
-def _margin_fwd_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], inputs[1])
-    ctx.args = inputs[2:]
-
-
-def _margin_fwd_bwd(ctx, grad):
-    nones = (None,) * (1 + _MARGIN_ARGS)
-    if grad is None or not ctx.needs_input_grad[0]:
-        return (None,) + nones
-    logits, target = ctx.saved_tensors
-    g = grad.reshape(-1)
-    if g.dtype != _F32:
-        g = g.float()
-    return (torch.ops.fusedloss.margin_ce_fused(logits, target, g.contiguous(), *ctx.args),) + nones
-
-
-def _margin_lg_setup(ctx, inputs, output):
-    ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(output[1])
-    ctx.per_pos = inputs[-1] == _NONE
-    ctx.used = False
-
-
-def _margin_lg_bwd(ctx, grad, grad_ds):
-    nones = (None,) * (1 + _MARGIN_ARGS)
-    if grad is None or not ctx.needs_input_grad[0]:
-        return (None,) + nones
-    (ds,) = ctx.saved_tensors
-    return (scale_kept_grad(ctx, grad, ds, "margin_cross_entropy"),) + nones
-
-
-def _focal_fwd_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], inputs[1], inputs[2])
-    ctx.args = inputs[3:]
-
-
-def _focal_fwd_bwd(ctx, grad):
-    nones = (None,) * (2 + _FOCAL_ARGS)
-    if grad is None or not ctx.needs_input_grad[0]:
-        return (None,) + nones
-    logits, target, alpha = ctx.saved_tensors
-    g = grad.reshape(-1)
-    if g.dtype != _F32:
-        g = g.float()
-    # no gradient for alpha (class weights are constants here; see the module docstring)
-    return (torch.ops.fusedloss.softmax_focal_fused(logits, target, alpha, g.contiguous(), *ctx.args),) + nones
-
-
-def _focal_lg_setup(ctx, inputs, output):
-    ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(output[1])
-    ctx.per_pos = inputs[-1] == _NONE
-    ctx.used = False
-
-
-def _focal_lg_bwd(ctx, grad, grad_ds):
-    nones = (None,) * (2 + _FOCAL_ARGS)
-    if grad is None or not ctx.needs_input_grad[0]:
-        return (None,) + nones
-    (ds,) = ctx.saved_tensors
-    return (scale_kept_grad(ctx, grad, ds, "softmax_focal_loss"),) + nones
-
-
-def _margin_no_double_backward(ctx, *grads):
-    raise RuntimeError(_DOUBLE_BACKWARD_MSG.format("margin_cross_entropy"))
-
-
-def _focal_no_double_backward(ctx, *grads):
-    raise RuntimeError(_DOUBLE_BACKWARD_MSG.format("softmax_focal_loss"))
-
-
-def _no_setup(ctx, inputs, output):
-    pass
-
-
-margin_ce_forward.register_autograd(_margin_fwd_bwd, setup_context=_margin_fwd_setup)
-margin_ce_fused.register_autograd(_margin_no_double_backward, setup_context=_no_setup)
-margin_ce_loss_and_grad.register_autograd(_margin_lg_bwd, setup_context=_margin_lg_setup)
-softmax_focal_forward.register_autograd(_focal_fwd_bwd, setup_context=_focal_fwd_setup)
-softmax_focal_fused.register_autograd(_focal_no_double_backward, setup_context=_no_setup)
-softmax_focal_loss_and_grad.register_autograd(_focal_lg_bwd, setup_context=_focal_lg_setup)
+register_kept_grad_autograd(margin_ce_forward, margin_ce_fused, margin_ce_loss_and_grad, "margin_ce_fused",
+                            "margin_cross_entropy", 2, _MARGIN_ARGS, reduction_index=2 + _MARGIN_ARGS - 1)
+# no gradient for alpha (class weights are constants here; see the module docstring)
+register_kept_grad_autograd(softmax_focal_forward, softmax_focal_fused, softmax_focal_loss_and_grad,
+                            "softmax_focal_fused", "softmax_focal_loss", 3, _FOCAL_ARGS,
+                            reduction_index=3 + _FOCAL_ARGS - 1)
 
 
 # ---- the PyTorch formulas (fallbacks) ----------------------------------------------------------------

@@ -64,10 +64,11 @@ from torch import Tensor
 from . import _lib
 from . import ops as _ops
 from ._lib import REDUCTIONS, TargetOutOfRangeError, _check
-from .autograd import KEPT_GRAD_DOUBLE_BACKWARD_MSG as _DOUBLE_BACKWARD_MSG, scale_kept_grad
+from .autograd import register_kept_grad_autograd
 # generic row-layout helpers shared with the other softmax-family zoo ops
 from .softmax_losses import (_after_cuda_call, _as_index, _check_grad, _check_reduction, _empty_result,
-                             _fake_grad, _index_code, _index_target, _logits_code, _new_grad, _rows_ld)
+                             _fake_grad, _index_target, _new_grad, _rows_ld)
+from .softmax_losses import _rows_layout as _layout
 
 __all__ = ["taylor_cross_entropy", "TaylorCrossEntropyLoss", "taylor_ce_forward", "taylor_ce_fused",
            "taylor_ce_loss_and_grad"]
@@ -91,24 +92,6 @@ def _check_order(fn, order):
 def _check_opts(fn, order, reduction):
     _check_reduction(fn, reduction)
     _check_order(fn, order)
-
-
-def _layout(op, logits, target):
-    """Validate the ops' tensors: (N, C, ld, dtype code, index dtype code)."""
-    if logits.dim() != 2:
-        raise ValueError(f"fusedloss::{op}: logits must be 2-D [N, C], got shape {tuple(logits.shape)}")
-    dt = _logits_code(op, logits)
-    N, C = logits.shape
-    if C < 1:
-        raise ValueError(f"fusedloss::{op}: C must be >= 1, got shape {tuple(logits.shape)}")
-    ld = _rows_ld(logits, C)
-    if ld is None:
-        raise ValueError(f"fusedloss::{op}: logits need a unit column stride and a row stride >= C (got strides "
-                         f"{logits.stride()}); make them contiguous")
-    if tuple(target.shape) != (N,):
-        raise ValueError(f"fusedloss::{op}: target must have shape ({N},), got {tuple(target.shape)}")
-    it = _index_code(op, target, logits.device)
-    return N, C, ld, dt, it
 
 
 # ---- the C calls ---------------------------------------------------------------------------------
@@ -228,49 +211,9 @@ def _(logits, target, order, ignore_index, reduction):
     return logits.new_empty((N,) if reduction == _NONE else (), dtype=_F32), _fake_grad(logits, ld)
 
 
-# ---- autograd ------------------------------------------------------------------------------------
-def _fwd_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], inputs[1])
-    ctx.args = inputs[2:]
-
-
-def _fwd_bwd(ctx, grad):
-    nones = (None,) * (1 + _ARGS)
-    if grad is None or not ctx.needs_input_grad[0]:
-        return (None,) + nones
-    logits, target = ctx.saved_tensors
-    g = grad.reshape(-1)
-    if g.dtype != _F32:
-        g = g.float()
-    return (torch.ops.fusedloss.taylor_ce_fused(logits, target, g.contiguous(), *ctx.args),) + nones
-
-
-def _lg_setup(ctx, inputs, output):
-    ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(output[1])
-    ctx.per_pos = inputs[-1] == _NONE
-    ctx.used = False
-
-
-def _lg_bwd(ctx, grad, grad_dl):
-    nones = (None,) * (1 + _ARGS)
-    if grad is None or not ctx.needs_input_grad[0]:
-        return (None,) + nones
-    (dl,) = ctx.saved_tensors
-    return (scale_kept_grad(ctx, grad, dl, "taylor_cross_entropy"),) + nones
-
-
-def _no_double_backward(ctx, *grads):
-    raise RuntimeError(_DOUBLE_BACKWARD_MSG.format("taylor_cross_entropy"))
-
-
-def _no_setup(ctx, inputs, output):
-    pass
-
-
-taylor_ce_forward.register_autograd(_fwd_bwd, setup_context=_fwd_setup)
-taylor_ce_fused.register_autograd(_no_double_backward, setup_context=_no_setup)
-taylor_ce_loss_and_grad.register_autograd(_lg_bwd, setup_context=_lg_setup)
+# ---- autograd (the zoo's shared registration: fusedloss.autograd) ----------------------------------
+register_kept_grad_autograd(taylor_ce_forward, taylor_ce_fused, taylor_ce_loss_and_grad, "taylor_ce_fused",
+                            "taylor_cross_entropy", 2, _ARGS, reduction_index=2 + _ARGS - 1)
 
 
 # ---- the PyTorch formulation (float64 / other devices; the bench's eager baseline) -----------------
