@@ -559,8 +559,11 @@ __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a) {
         lse = a.lse_in[i];
     } else {
         // target logit: read before chunk_stats' barrier, after which (C == 1, in place) this
-        // CTA overwrites the row
-        const float zt = (rank == 0 && tid == 0 && tin) ? zval<F>(a, to_float(row[t])) : 0.0f;
+        // CTA overwrites the row; only where it is used (PASS_STATS, C == 1): with C > 1 the
+        // fused pass takes it from the stats, and other CTAs of the row may already have
+        // overwritten row[t]
+        const float zt = (rank == 0 && tid == 0 && tin && (PASS == PASS_STATS || C == 1))
+                             ? zval<F>(a, to_float(row[t])) : 0.0f;
         float wz;
         if (PASS == PASS_STATS || C == 1) {
             RowStats r = chunk_stats<T, K, F>(a, x, g, q0, has_x, xs, ex, sh);
@@ -831,8 +834,9 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
         Pack<T> x[SMALL_KW];
         float xs;
         small_load_row<T>(a, i, lane, x, xs);
-        // target logit read before the warp's shuffles below, which order it before any
-        // (in-place) gradient store of this warp
+        // target logit read by lane 0 here; the __syncwarp() before the gradient stores below
+        // orders this read before any other lane's (in-place) store (shuffles alone give no
+        // memory ordering: the compiler could sink this load into the lane-0 block)
         const float zt = (lane == 0 && !bad) ? zval<F>(a, to_float(row[t])) : 0.0f;
         float m = has_x ? zval<F>(a, xs) : -INFINITY;
 #pragma unroll
@@ -858,6 +862,7 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
             acc_b += (double)bi;
         }
         if (PASS != PASS_FORWARD) {
+            __syncwarp();   // lane 0's read of row[t] above happens before these stores
             const GradCoef cf = make_coef(a, d, i, t, bad, lse);
 #pragma unroll
             for (int k = 0; k < SMALL_KW; k++) {
