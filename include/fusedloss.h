@@ -1242,6 +1242,55 @@ FL_API fl_status fl_taylor_ce_fused_cuda(float* loss, void* dlogits, const void*
                                          const fl_taylor_options* opts, void* workspace, size_t workspace_bytes,
                                          fl_stream stream);
 
+/*-****************************************************************************
+ *  15. Large-margin softmax cross-entropy (Kobayashi, BMVC'19; pytorch-loss LargeMarginSoftmaxV1)
+ *      — CPU backend only so far
+ *
+ *  Logits x [N, C] (row stride ld >= C, C >= 2), class targets y [N]. With p = softmax(x) and q the
+ *  softmax over the C - 1 non-target logits (q_k = exp(x_k) / sum_{j != y} exp(x_j), k != y):
+ *
+ *    l_i = (lse(x) - x_y) + (lambda / 2) sum_{k != y} (q_k - 1 / (C - 1)) log q_k
+ *
+ *  (the cross-entropy plus a term that pushes the non-target distribution towards uniform).
+ *  Ignored rows (target == ignore_index): loss 0, gradient 0, the row is not read. Reductions NONE /
+ *  SUM / MEAN (over rows not ignored; NaN if none).
+ *  Gradient: dx_y = g_i (p_y - 1); for j != y,
+ *    dx_j = g_i (p_j + (lambda / 2) (q_j (x_j + 1 - sum_{k != y} q_k x_k) - 1 / (C - 1)))
+ *  with g_i as section 14. dlogits == logits allowed (in place); padding neither read nor written.
+ *  Numerics: the CPU backend computes in double. CUDA: not implemented yet (the entry points are
+ *  not declared); fusedloss.large_margin_cross_entropy runs a PyTorch formulation on CUDA tensors.
+ *  Out-of-range targets: FL_ERR_TARGET_OUT_OF_RANGE before anything is written.
+ ******************************************************************************/
+typedef struct fl_large_margin_options {
+    size_t        struct_size;   /* = sizeof(fl_large_margin_options); set by FL_LARGE_MARGIN_OPTIONS_INIT */
+    float         lambda;        /* finite, >= 0; default 0.3 (pytorch-loss's) */
+    int64_t       ignore_index;  /* default -100 (PyTorch's; pytorch-loss's module uses 255) */
+    fl_reduction  reduction;     /* NONE, SUM or MEAN (default) */
+    int32_t*      error_flag;    /* reserved for the CUDA backend; NULL */
+} fl_large_margin_options;
+
+#define FL_LARGE_MARGIN_OPTIONS_INIT { sizeof(fl_large_margin_options), 0.3f, -100, FL_REDUCTION_MEAN, NULL }
+
+/*! fl_large_margin_ce_workspace_size() : bytes of workspace of the large-margin entry points: the
+ *  same rule as fl_taylor_ce_workspace_size() (0 for NONE, else 2304 + 4 N rounded up to a multiple
+ *  of 256; the CPU backend does not use its content). opts may be NULL.
+ * @return : FL_OK or FL_ERR_INVALID_ARGUMENT. */
+FL_API fl_status fl_large_margin_ce_workspace_size(size_t* bytes, int64_t N, int64_t C, fl_dtype dtype,
+                                                   const fl_large_margin_options* opts);
+
+/*! fl_large_margin_ce_forward_cpu() / fl_large_margin_ce_fused_cpu() : the contract of section 14's
+ *  entry points (loss [N] for NONE else [1]; fused: loss optional, dlogits required), C >= 2.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_large_margin_ce_forward_cpu(float* loss, const void* logits, int64_t ld, const void* targets,
+                                                fl_index_dtype index_dtype, int64_t N, int64_t C, fl_dtype dtype,
+                                                const fl_large_margin_options* opts, void* workspace,
+                                                size_t workspace_bytes);
+FL_API fl_status fl_large_margin_ce_fused_cpu(float* loss, void* dlogits, const void* logits, int64_t ld,
+                                              const void* targets, fl_index_dtype index_dtype,
+                                              const float* grad_loss, float grad_scale, int64_t N, int64_t C,
+                                              fl_dtype dtype, const fl_large_margin_options* opts,
+                                              void* workspace, size_t workspace_bytes);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

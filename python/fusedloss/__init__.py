@@ -13,6 +13,7 @@
     loss = fusedloss.softmax_focal_loss(seg_logits, seg_target, gamma=2.0)  # [N, C, H, W] / [N, C] focal
     loss = fusedloss.lovasz_softmax(seg_probas, seg_target)                 # Lovasz-softmax (mIoU surrogate)
     loss = fusedloss.taylor_cross_entropy(logits, target, order=2)          # Taylor softmax CE (TaylorCrossEntropyLoss)
+    loss = fusedloss.large_margin_cross_entropy(logits, target, lam=0.3)    # large-margin softmax CE (LargeMarginSoftmaxLoss)
 
 Layers (STYLE.md section 7): _lib (ctypes, no torch) -> ops (torch.library custom ops) ->
 autograd -> functional -> nn -> patch (Hugging Face transformers models; transformers is
@@ -34,6 +35,7 @@ from .softmax_losses import margin_cross_entropy, ArcFaceLoss, CosFaceLoss, Comb
 from .softmax_losses import softmax_focal_loss, SoftmaxFocalLoss  # noqa: E402  (section 12)
 from .lovasz import lovasz_softmax, LovaszSoftmaxLoss  # noqa: E402  (section 13)
 from .taylor import taylor_cross_entropy, TaylorCrossEntropyLoss  # noqa: E402  (section 14)
+from .large_margin import large_margin_cross_entropy, LargeMarginSoftmaxLoss  # noqa: E402  (section 15)
 from .vocab_parallel_linear import vocab_parallel_linear_cross_entropy  # noqa: E402
 from .linear_distill import linear_distillation_loss, LinearDistillationLoss  # noqa: E402  (section 10, no logits)
 from . import functional, nn, patch  # noqa: E402,F401
@@ -47,5 +49,6 @@ __all__ = ["cross_entropy", "gelu", "linear_cross_entropy", "vocab_parallel_cros
            "linear_distillation_loss", "LinearDistillationLoss",
            "margin_cross_entropy", "ArcFaceLoss", "CosFaceLoss", "CombinedMarginLoss",
            "softmax_focal_loss", "SoftmaxFocalLoss", "lovasz_softmax", "LovaszSoftmaxLoss",
-           "taylor_cross_entropy", "TaylorCrossEntropyLoss"]
+           "taylor_cross_entropy", "TaylorCrossEntropyLoss",
+           "large_margin_cross_entropy", "LargeMarginSoftmaxLoss"]
 

@@ -30,6 +30,7 @@ __all__ = [
     "margin_ce_workspace_size", "MARGIN_GRAD", "FocalOptions", "focal_options",
     "softmax_focal_workspace_size", "LovaszOptions", "lovasz_options", "lovasz_softmax_workspace_size",
     "LOVASZ_CLASSES", "TaylorOptions", "taylor_options", "taylor_ce_workspace_size",
+    "LargeMarginOptions", "large_margin_options", "large_margin_ce_workspace_size",
 ]
 
 EXPECTED_VERSION_NUMBER = 100  # FL_VERSION_NUMBER of 0.1.0 (MAJOR*10000 + MINOR*100 + PATCH)
@@ -170,6 +171,19 @@ class TaylorOptions(ctypes.Structure):
         ("ignore_index", ctypes.c_int64),
         ("reduction", ctypes.c_int),          # fl_reduction
         ("error_flag", ctypes.c_void_p),      # int32_t* (device memory, CUDA only)
+    ]
+
+
+class LargeMarginOptions(ctypes.Structure):
+    """fl_large_margin_options (section 15); build it with large_margin_options()
+    (FL_LARGE_MARGIN_OPTIONS_INIT)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("lambda_", ctypes.c_float),          # lambda (a Python keyword): finite, >= 0
+        ("ignore_index", ctypes.c_int64),
+        ("reduction", ctypes.c_int),          # fl_reduction
+        ("error_flag", ctypes.c_void_p),      # int32_t* (reserved for the CUDA backend; NULL)
     ]
 
 
@@ -359,6 +373,14 @@ _OPTIONAL.update({
     "fl_taylor_ce_fused_cuda": (_INT, _TAYLOR_FUSED + [_P]),
 })
 # ---- end of section 14 ---------------------------------------------------------------------------
+# ---- section 15: large-margin softmax cross-entropy (optional as above; CPU backend only so far; used
+# by fusedloss.large_margin). The entry points take section 14's arguments (no stream: no CUDA entry).
+_OPTIONAL.update({
+    "fl_large_margin_ce_workspace_size": (_INT, [ctypes.POINTER(_SZ), _I64, _I64, _INT, _OPTS]),
+    "fl_large_margin_ce_forward_cpu": (_INT, _TAYLOR_FWD),
+    "fl_large_margin_ce_fused_cpu": (_INT, _TAYLOR_FUSED),
+})
+# ---- end of section 15 ---------------------------------------------------------------------------
 
 
 def _candidates():
@@ -407,6 +429,28 @@ del _name, _res, _args, _fn
 def optional_symbol(name):
     """The bound C function `name` of the _OPTIONAL table, or None if the library lacks it."""
     return _optional[name]
+
+
+def cached_struct(cache, build, key, limit=64):
+    """(struct, its address) for an options key: build(*key) once, kept in `cache` (a dict owned by
+    the caller; cleared when it reaches `limit` entries), so every call passes a live address."""
+    o = cache.get(key)
+    if o is None:
+        if len(cache) >= limit:
+            cache.clear()
+        st = build(*key)
+        o = cache[key] = (st, ctypes.addressof(st))
+    return o
+
+
+def cached_value(cache, key, compute, limit=4096):
+    """cache[key], computed once by compute() (e.g. a workspace size query); cleared at `limit`."""
+    v = cache.get(key)
+    if v is None:
+        if len(cache) >= limit:
+            cache.clear()
+        v = cache[key] = compute()
+    return v
 
 
 def entry_point(name, what):
@@ -630,4 +674,24 @@ def taylor_ce_workspace_size(N, C, dtype, opts=None):
     out = ctypes.c_size_t(0)
     ref = opts if opts is None or isinstance(opts, int) else ctypes.byref(opts)
     _check(fn(ctypes.byref(out), int(N), int(C), int(dtype), ref), "fl_taylor_ce_workspace_size")
+    return out.value
+
+
+def large_margin_options(lam=0.3, ignore_index=-100, reduction=FL_REDUCTION_MEAN, error_flag=0):
+    """An fl_large_margin_options (FL_LARGE_MARGIN_OPTIONS_INIT defaults: lambda 0.3, ignore_index -100,
+    MEAN); reduction an fl_reduction number, error_flag an address (0 = NULL; reserved for the CUDA
+    backend). The C library validates the values."""
+    return LargeMarginOptions(ctypes.sizeof(LargeMarginOptions), float(lam), int(ignore_index), int(reduction),
+                              error_flag or None)
+
+
+def large_margin_ce_workspace_size(N, C, dtype, opts=None):
+    """fl_large_margin_ce_workspace_size(): bytes of workspace every large-margin softmax cross-entropy
+    call needs (0 for reduction none; the rule of section 14). opts: a LargeMarginOptions, its address
+    (int), or None. NotBuiltError if the library predates section 15."""
+    fn = entry_point("fl_large_margin_ce_workspace_size",
+                     "large-margin softmax cross-entropy entry points (include/fusedloss.h section 15)")
+    out = ctypes.c_size_t(0)
+    ref = opts if opts is None or isinstance(opts, int) else ctypes.byref(opts)
+    _check(fn(ctypes.byref(out), int(N), int(C), int(dtype), ref), "fl_large_margin_ce_workspace_size")
     return out.value

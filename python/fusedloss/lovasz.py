@@ -35,7 +35,6 @@ Custom ops (torch.library, CPU and CUDA; fake kernels for torch.compile / meta t
 input: contiguous [N, C, d] (float32 / float16 / bfloat16), labels contiguous [N, d] int32 / int64;
 loss fp32 0-d; dinput the input's dtype and shape.
 """
-import ctypes
 import math
 from typing import Optional
 
@@ -98,13 +97,7 @@ _opts_cache = {}
 
 
 def _options(key):
-    o = _opts_cache.get(key)
-    if o is None:
-        if len(_opts_cache) >= 64:
-            _opts_cache.clear()
-        st = _lib.lovasz_options(*key)
-        o = _opts_cache[key] = (st, ctypes.addressof(st))
-    return o
+    return _lib.cached_struct(_opts_cache, _lib.lovasz_options, key)
 
 
 _ws_cache = {}
@@ -113,13 +106,8 @@ _ws_cache = {}
 def _ws_bytes(key, opts_addr, cuda):
     """The workspace size for (N, C, d, dtype, options key, device index), cached (the CUDA query
     asks CUB for its scratch size on the host)."""
-    b = _ws_cache.get(key)
-    if b is None:
-        if len(_ws_cache) >= 256:
-            _ws_cache.clear()
-        N, C, d, dt = key[:4]
-        b = _ws_cache[key] = _lib.lovasz_softmax_workspace_size(N, C, d, dt, opts_addr, cuda=cuda)
-    return b
+    return _lib.cached_value(_ws_cache, key, lambda: _lib.lovasz_softmax_workspace_size(*key[:4], opts_addr,
+                                                                                         cuda=cuda), limit=256)
 
 
 def _run(kind, x, labels, grad, classes, per_image, from_logits, ignore_index):

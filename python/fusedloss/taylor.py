@@ -54,7 +54,6 @@ Autograd (as fusedloss.softmax_losses):
     the inputs), taylor_ce_fused with the per-row upstream gradient in the backward.
   * double backward raises RuntimeError (use the PyTorch formulation, float64, for that).
 """
-import ctypes
 from typing import Optional, Tuple
 
 import torch
@@ -100,22 +99,11 @@ _ws_cache = {}    # (N, C, dtype, reduction) -> bytes
 
 
 def _options(key):
-    o = _opts_cache.get(key)
-    if o is None:
-        if len(_opts_cache) >= 64:
-            _opts_cache.clear()
-        st = _lib.taylor_options(*key)
-        o = _opts_cache[key] = (st, ctypes.addressof(st))
-    return o
+    return _lib.cached_struct(_opts_cache, _lib.taylor_options, key)
 
 
 def _ws_bytes(key, addr):
-    n = _ws_cache.get(key)
-    if n is None:
-        if len(_ws_cache) >= 4096:
-            _ws_cache.clear()
-        n = _ws_cache[key] = _lib.taylor_ce_workspace_size(key[0], key[1], key[2], addr)
-    return n
+    return _lib.cached_value(_ws_cache, key, lambda: _lib.taylor_ce_workspace_size(key[0], key[1], key[2], addr))
 
 
 def _sym(name):
