@@ -65,11 +65,10 @@ import torch
 from torch import Tensor
 
 from . import _lib
-from ._lib import REDUCTIONS, TargetOutOfRangeError, _check
 from .autograd import register_kept_grad_autograd
+from .taylor import _call_rows, _row_loss
 # generic row-layout helpers shared with the other softmax-family zoo ops
-from .softmax_losses import (_as_index, _check_grad, _check_reduction, _empty_result, _fake_grad, _finite,
-                             _index_target, _new_grad, _rows_ld)
+from .softmax_losses import _check_grad, _check_reduction, _empty_result, _fake_grad, _finite, _new_grad
 from .softmax_losses import _rows_layout
 
 __all__ = ["large_margin_cross_entropy", "LargeMarginSoftmaxLoss", "large_margin_ce_forward",
@@ -140,20 +139,8 @@ def _run(kind, logits, target, grad, lam, ignore_index, reduction):
         return _empty_result(kind, loss, dl, reduction)
     opts = _options((float(lam), int(ignore_index), int(reduction)))
     nbytes = _ws_bytes((N, C, dt, int(reduction)), opts[1])
-    wst = torch.empty(nbytes, dtype=torch.uint8, device=dev) if nbytes else None  # none: 0 bytes, NULL
-    ws = wst.data_ptr() if wst is not None else None
-    if kind == 0:
-        name = "fl_large_margin_ce_forward_cpu"
-        st = _sym(name)(loss.data_ptr(), logits.data_ptr(), ld, target.data_ptr(), it, N, C, dt, opts[1], ws, nbytes)
-    else:
-        name = "fl_large_margin_ce_fused_cpu"
-        gptr = grad.data_ptr() if (kind == 1 and grad is not None) else None
-        st = _sym(name)(loss.data_ptr() if loss is not None else None, dl.data_ptr(), logits.data_ptr(), ld,
-                        target.data_ptr(), it, gptr, 1.0, N, C, dt, opts[1], ws, nbytes)
-    _check(st, name)
-    if kind == 0:
-        return loss
-    return dl if kind == 1 else (loss, dl)
+    return _call_rows(kind, "fl_large_margin_ce", _sym, logits, target, grad, loss, dl, N, C, ld, dt, it, opts[1],
+                      nbytes)
 
 
 # ---- custom ops (CPU kernels only: section 15 has no CUDA backend yet) ------------------------------
@@ -239,14 +226,6 @@ def _large_margin_torch(logits, target, lam=0.3, ignore_index=-100, reduction="m
     return l.to(logits.dtype)
 
 
-def _check_targets(t, C, ignore_index):
-    bad = ((t < 0) | (t >= C)) & (t != ignore_index)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0, 0])
-        raise TargetOutOfRangeError(f"{_FN}: targets[{i}] = {int(t[i])} not in [0, C = {C}) and not ignore_index "
-                                    f"({ignore_index})", _lib.FL_ERR_TARGET_OUT_OF_RANGE)
-
-
 # ---- public API ------------------------------------------------------------------------------------
 def large_margin_cross_entropy(logits: Tensor, target: Tensor, lam: float = 0.3, ignore_index: int = -100,
                                reduction: str = "mean") -> Tensor:
@@ -269,44 +248,12 @@ def large_margin_cross_entropy(logits: Tensor, target: Tensor, lam: float = 0.3,
     if not logits.is_floating_point():
         raise TypeError(f"{fn}: logits must be a floating-point Tensor, got {logits.dtype}")
     _check_opts(fn, lam, reduction)
-    _index_target(fn, target, logits.device)
-    if logits.dim() == 0:
-        raise ValueError(f"{fn}: logits must be [N, C] or [N, C, d1, ...], got a 0-d tensor")
-    if logits.dim() == 1:  # one unbatched sample [C], target [] (as F.cross_entropy)
-        if target.dim() != 0:
-            raise ValueError(f"{fn}: for logits of shape ({logits.shape[0]},) the target must be 0-d, got "
-                             f"shape {tuple(target.shape)}")
-        out = large_margin_cross_entropy(logits[None], target[None], lam, ignore_index, reduction)
-        return out.reshape(()) if reduction == "none" else out
-    N, C = logits.shape[0], logits.shape[1]
-    if C < 2:
-        raise ValueError(f"{fn}: the number of classes C (dimension 1) must be >= 2 (q is a softmax over the "
-                         f"C - 1 non-target classes), got shape {tuple(logits.shape)}")
-    want = (N,) + tuple(logits.shape[2:])
-    if tuple(target.shape) != want:
-        raise ValueError(f"{fn}: target shape {tuple(target.shape)} must be {want} (logits {tuple(logits.shape)} "
-                         "are [N, C, d1, ...]: the class dimension is 1)")
-    lam, ignore_index = float(lam), int(ignore_index)
-    # rows [M, C]: the class dimension last (a copy for [N, C, d1, ...] maps)
-    x = logits if logits.dim() == 2 else logits.movedim(1, -1).reshape(-1, C)
-    t = target.reshape(-1)
-    if logits.dtype not in _DTYPES or logits.device.type != "cpu":
-        if not torch.compiler.is_compiling() and x.device.type != "meta":
-            _check_targets(t, C, ignore_index)
-        loss = _large_margin_torch(x, t, lam, ignore_index, reduction)
-        return loss.reshape(target.shape) if reduction == "none" else loss
-    if _rows_ld(x, C) is None:
-        x = x.contiguous()
-    t = _as_index(t)
-    red = REDUCTIONS[reduction]
-    args = (lam, ignore_index, red)
-    if red != _NONE and logits.requires_grad and torch.is_grad_enabled():
-        loss, _ = torch.ops.fusedloss.large_margin_ce_loss_and_grad(x, t, *args)
-    else:
-        loss = torch.ops.fusedloss.large_margin_ce_forward(x, t, *args)
-        if red == _NONE:
-            loss = loss.reshape(target.shape)
-    return loss if loss.dtype == logits.dtype else loss.to(logits.dtype)
+    return _row_loss(fn, logits, target, float(lam), ignore_index, reduction, 2,
+                     " (q is a softmax over the C - 1 non-target classes)", _DTYPES, ("cpu",),
+                     _large_margin_torch,
+                     (torch.ops.fusedloss.large_margin_ce_forward,
+                      torch.ops.fusedloss.large_margin_ce_loss_and_grad),
+                     lambda x, t: large_margin_cross_entropy(x, t, lam, ignore_index, reduction))
 
 
 class LargeMarginSoftmaxLoss(torch.nn.Module):

@@ -133,19 +133,29 @@ def _run(kind, logits, target, grad, order, ignore_index, reduction):
     flag = _ops.flag_ptr(dev.index if dev.index is not None else torch.cuda.current_device()) if cuda else 0
     opts = _options((int(order), int(ignore_index), int(reduction), flag))
     nbytes = _ws_bytes((N, C, dt, int(reduction)), opts[1])
-    wst = torch.empty(nbytes, dtype=torch.uint8, device=dev) if nbytes else None  # none: 0 bytes, NULL
+    return _call_rows(kind, "fl_taylor_ce", _sym, logits, target, grad, loss, dl, N, C, ld, dt, it, opts[1], nbytes)
+
+
+def _call_rows(kind, stem, sym, logits, target, grad, loss, dl, N, C, ld, dt, it, opts_addr, nbytes):
+    """The C call of a row loss with the entry-point contract of header sections 14 / 15:
+    <stem>_forward_<dev> (kind 0) or <stem>_fused_<dev> (kind 1: grad given; kind 2: grad NULL),
+    with its workspace (none: 0 bytes, NULL) and, on CUDA, the current stream; returns the op's
+    outputs (loss / dlogits / both)."""
+    dev = logits.device
+    cuda = dev.type == "cuda"
+    wst = torch.empty(nbytes, dtype=torch.uint8, device=dev) if nbytes else None
     ws = wst.data_ptr() if wst is not None else None
     tail = (torch.cuda.current_stream(dev).cuda_stream,) if cuda else ()
     sfx = "cuda" if cuda else "cpu"
     if kind == 0:
-        name = f"fl_taylor_ce_forward_{sfx}"
-        st = _sym(name)(loss.data_ptr(), logits.data_ptr(), ld, target.data_ptr(), it, N, C, dt, opts[1],
-                        ws, nbytes, *tail)
+        name = f"{stem}_forward_{sfx}"
+        st = sym(name)(loss.data_ptr(), logits.data_ptr(), ld, target.data_ptr(), it, N, C, dt, opts_addr,
+                       ws, nbytes, *tail)
     else:
-        name = f"fl_taylor_ce_fused_{sfx}"
+        name = f"{stem}_fused_{sfx}"
         gptr = grad.data_ptr() if (kind == 1 and grad is not None) else None
-        st = _sym(name)(loss.data_ptr() if loss is not None else None, dl.data_ptr(), logits.data_ptr(), ld,
-                        target.data_ptr(), it, gptr, 1.0, N, C, dt, opts[1], ws, nbytes, *tail)
+        st = sym(name)(loss.data_ptr() if loss is not None else None, dl.data_ptr(), logits.data_ptr(), ld,
+                       target.data_ptr(), it, gptr, 1.0, N, C, dt, opts_addr, ws, nbytes, *tail)
     _check(st, name)
     if cuda:
         _after_cuda_call(dev)
@@ -229,12 +239,60 @@ def _taylor_reference(x, t, order, ignore_index, reduction):
     return _taylor_torch(x, t, order, ignore_index, reduction)
 
 
-def _check_targets(t, C, ignore_index):
+def _check_targets(fn, t, C, ignore_index):
     bad = ((t < 0) | (t >= C)) & (t != ignore_index)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
-        raise TargetOutOfRangeError(f"{_FN}: targets[{i}] = {int(t[i])} not in [0, C = {C}) and not ignore_index "
+        raise TargetOutOfRangeError(f"{fn}: targets[{i}] = {int(t[i])} not in [0, C = {C}) and not ignore_index "
                                     f"({ignore_index})", _lib.FL_ERR_TARGET_OUT_OF_RANGE)
+
+
+def _row_loss(fn, logits, target, opt, ignore_index, reduction, min_c, why, c_dtypes, c_devices, reference, ops,
+              again):
+    """The public functions' shared body (taylor_cross_entropy, large_margin_cross_entropy), after
+    their option checks: [C] / [N, C] / [N, C, d1, ...] logits to rows [M, C] (the class dimension
+    last), the PyTorch formulation reference(x, t, opt, ignore_index, reduction) for dtypes and
+    devices the C op does not serve (c_dtypes, c_devices), else the C op: ops = (forward, loss_and_grad), the
+    latter when a gradient is needed for a scalar loss. again(logits, target): the public function
+    itself, for the unbatched [C] case. min_c / why: the class-count rule and its reason."""
+    _index_target(fn, target, logits.device)
+    if logits.dim() == 0:
+        raise ValueError(f"{fn}: logits must be [N, C] or [N, C, d1, ...], got a 0-d tensor")
+    if logits.dim() == 1:  # one unbatched sample [C], target [] (as F.cross_entropy)
+        if target.dim() != 0:
+            raise ValueError(f"{fn}: for logits of shape ({logits.shape[0]},) the target must be 0-d, got "
+                             f"shape {tuple(target.shape)}")
+        out = again(logits[None], target[None])
+        return out.reshape(()) if reduction == "none" else out
+    N, C = logits.shape[0], logits.shape[1]
+    if C < min_c:
+        raise ValueError(f"{fn}: the number of classes C (dimension 1) must be >= {min_c}{why}, got shape "
+                         f"{tuple(logits.shape)}")
+    want = (N,) + tuple(logits.shape[2:])
+    if tuple(target.shape) != want:
+        raise ValueError(f"{fn}: target shape {tuple(target.shape)} must be {want} (logits {tuple(logits.shape)} "
+                         "are [N, C, d1, ...]: the class dimension is 1)")
+    ignore_index = int(ignore_index)
+    # rows [M, C]: the class dimension last (a copy for [N, C, d1, ...] maps)
+    x = logits if logits.dim() == 2 else logits.movedim(1, -1).reshape(-1, C)
+    t = target.reshape(-1)
+    if logits.dtype not in c_dtypes or logits.device.type not in c_devices:
+        if not torch.compiler.is_compiling() and x.device.type != "meta":
+            _check_targets(fn, t, C, ignore_index)
+        loss = reference(x, t, opt, ignore_index, reduction)
+        return loss.reshape(target.shape) if reduction == "none" else loss
+    if _rows_ld(x, C) is None:
+        x = x.contiguous()
+    t = _as_index(t)
+    red = REDUCTIONS[reduction]
+    args = (opt, ignore_index, red)
+    if red != _NONE and logits.requires_grad and torch.is_grad_enabled():
+        loss, _ = ops[1](x, t, *args)
+    else:
+        loss = ops[0](x, t, *args)
+        if red == _NONE:
+            loss = loss.reshape(target.shape)
+    return loss if loss.dtype == logits.dtype else loss.to(logits.dtype)
 
 
 # ---- public API ------------------------------------------------------------------------------------
@@ -259,44 +317,10 @@ def taylor_cross_entropy(logits: Tensor, target: Tensor, order: int = 2, ignore_
     if not logits.is_floating_point():
         raise TypeError(f"{fn}: logits must be a floating-point Tensor, got {logits.dtype}")
     _check_opts(fn, order, reduction)
-    _index_target(fn, target, logits.device)
-    if logits.dim() == 0:
-        raise ValueError(f"{fn}: logits must be [N, C] or [N, C, d1, ...], got a 0-d tensor")
-    if logits.dim() == 1:  # one unbatched sample [C], target [] (as F.cross_entropy)
-        if target.dim() != 0:
-            raise ValueError(f"{fn}: for logits of shape ({logits.shape[0]},) the target must be 0-d, got "
-                             f"shape {tuple(target.shape)}")
-        out = taylor_cross_entropy(logits[None], target[None], order, ignore_index, reduction)
-        return out.reshape(()) if reduction == "none" else out
-    N, C = logits.shape[0], logits.shape[1]
-    if C < 1:
-        raise ValueError(f"{fn}: the number of classes C (dimension 1) must be >= 1, got shape "
-                         f"{tuple(logits.shape)}")
-    want = (N,) + tuple(logits.shape[2:])
-    if tuple(target.shape) != want:
-        raise ValueError(f"{fn}: target shape {tuple(target.shape)} must be {want} (logits {tuple(logits.shape)} "
-                         "are [N, C, d1, ...]: the class dimension is 1)")
-    order, ignore_index = int(order), int(ignore_index)
-    # rows [M, C]: the class dimension last (a copy for [N, C, d1, ...] maps)
-    x = logits if logits.dim() == 2 else logits.movedim(1, -1).reshape(-1, C)
-    t = target.reshape(-1)
-    if logits.dtype not in _DTYPES or logits.device.type not in ("cpu", "cuda"):
-        if not torch.compiler.is_compiling() and x.device.type != "meta":
-            _check_targets(t, C, ignore_index)
-        loss = _taylor_reference(x, t.long(), order, ignore_index, reduction)
-        return loss.reshape(target.shape) if reduction == "none" else loss
-    if _rows_ld(x, C) is None:
-        x = x.contiguous()
-    t = _as_index(t)
-    red = REDUCTIONS[reduction]
-    args = (order, ignore_index, red)
-    if red != _NONE and logits.requires_grad and torch.is_grad_enabled():
-        loss, _ = torch.ops.fusedloss.taylor_ce_loss_and_grad(x, t, *args)
-    else:
-        loss = torch.ops.fusedloss.taylor_ce_forward(x, t, *args)
-        if red == _NONE:
-            loss = loss.reshape(target.shape)
-    return loss if loss.dtype == logits.dtype else loss.to(logits.dtype)
+    return _row_loss(fn, logits, target, int(order), ignore_index, reduction, 1, "", _DTYPES, ("cpu", "cuda"),
+                     lambda x, t, *a: _taylor_reference(x, t.long(), *a),
+                     (torch.ops.fusedloss.taylor_ce_forward, torch.ops.fusedloss.taylor_ce_loss_and_grad),
+                     lambda x, t: taylor_cross_entropy(x, t, order, ignore_index, reduction))
 
 
 class TaylorCrossEntropyLoss(torch.nn.Module):

@@ -149,8 +149,8 @@ static __device__ __forceinline__ void tc_store_v(T* p, const float* in) {
 }
 
 /* One CTA of TC_CTA_THREADS per row; thread t takes the 16-byte groups t, t + 512, ... then the
- * tail; VEC16: rows (and dlogits) 16-byte aligned, so the groups move as vectors. The grid keeps at most 2 rows per SM in flight so that pass 2's re-read of
- * the row comes from L2 (tc_cuda). */
+ * tail; VEC16: rows (and dlogits) 16-byte aligned, so the groups move as vectors. The grid keeps
+ * at most 2 rows per SM in flight so that pass 2's re-read of the row comes from L2 (tc_cuda). */
 #define TC_CTA_THREADS 512
 template <typename T, bool VEC16>
 static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a) {
