@@ -26,10 +26,10 @@
  *   buffer runs on gradient values: the memory traffic and the arithmetic are the same, so the
  *   timing is unaffected; they run last so that the other passes see the random logits.
  *
- * Usage: bench_cross_entropy [--case N V dtype]... [--ignore F] [--smoothing F] [--reps R]
- *                            [--warmup W] [--csv FILE] [--no-graph]
- *   dtype: f32 | f16 | bf16. --case (repeatable) replaces the default grid; --ignore and
- *   --smoothing apply to the --case entries. --csv appends one row per (case, pass):
+ * Usage: bench_cross_entropy [--case N V dtype]... [--ignore F] [--smoothing F] [--offset]
+ *                            [--reps R] [--warmup W] [--csv FILE] [--no-graph]
+ *   dtype: f32 | f16 | bf16. --case (repeatable) replaces the default grid; --ignore,
+ *   --smoothing and --offset (random per-class logit offsets) apply to the --case entries. --csv appends one row per (case, pass):
  *   op,pass,dtype,N,V,options,ms,ratio_to_floor,gbps,copy_gbps,gpu,commit,date
  *   (commit from $FL_COMMIT, else "unknown"; date UTC ISO-8601).
  */
@@ -56,6 +56,7 @@ typedef struct {
     fl_dtype dt;
     double ignore;  /* fraction of rows with target = ignore_index */
     float eps;      /* label smoothing */
+    int offset;     /* per-class logit offsets (opts->logit_offset, values in [-2, 2)) */
 } bcase;
 
 enum { P_FUSED = 0, P_FUSED_IP = 1, P_FWD = 2, P_BWD = 3, NPASS = 4 };
@@ -184,6 +185,7 @@ static void options_str(const bcase* b, char* s, size_t n) {
     int k = snprintf(s, n, "mean");
     if (b->ignore > 0) k += snprintf(s + k, n - (size_t)k, ";ignore=%g", b->ignore);
     if (b->eps > 0) k += snprintf(s + k, n - (size_t)k, ";smoothing=%g", (double)b->eps);
+    if (b->offset) k += snprintf(s + k, n - (size_t)k, ";logit_offset");
 }
 
 /* returns 0 if the case could not run (memory) */
@@ -243,6 +245,16 @@ static int run_case(const bcase* b, double copy_gbps, result_t res[NPASS]) {
     CK(cudaMalloc((void**)&c.lse, (size_t)b->N * 4));
     fl_ce_options o = FL_CE_OPTIONS_INIT;
     o.label_smoothing = b->eps;
+    float* d_off = NULL;
+    if (b->offset) {
+        float* h = (float*)malloc((size_t)b->V * 4);
+        for (int64_t j = 0; j < b->V; j++) h[j] = (float)((double)(mix64((uint64_t)j ^ 0x0ff5ULL) >> 11) *
+                                                         (4.0 / 9007199254740992.0) - 2.0);
+        CK(cudaMalloc((void**)&d_off, (size_t)b->V * 4));
+        CK(cudaMemcpy(d_off, h, (size_t)b->V * 4, cudaMemcpyHostToDevice));
+        free(h);
+        o.logit_offset = d_off;
+    }
     c.o = o;
     FLK(fl_cross_entropy_workspace_size(&c.ws_bytes, b->N, b->V, b->dt, &c.o));
     CK(cudaMalloc(&c.ws, c.ws_bytes ? c.ws_bytes : 256));
@@ -265,14 +277,15 @@ static int run_case(const bcase* b, double copy_gbps, result_t res[NPASS]) {
     }
     CK(cudaFree(c.x)); CK(cudaFree(c.dl)); CK(cudaFree(c.tgt)); CK(cudaFree(c.loss)); CK(cudaFree(c.lse));
     CK(cudaFree(c.ws));
+    if (d_off) CK(cudaFree(d_off));
     return 1;
 }
 
 /* ------------------------------------------------------------------------------------------ */
 static void usage(void) {
     fprintf(stderr,
-            "usage: bench_cross_entropy [--case N V dtype]... [--ignore F] [--smoothing F] [--reps R]\n"
-            "                           [--warmup W] [--csv FILE] [--no-graph]\n");
+            "usage: bench_cross_entropy [--case N V dtype]... [--ignore F] [--smoothing F] [--offset]\n"
+            "                           [--reps R] [--warmup W] [--csv FILE] [--no-graph]\n");
 }
 
 int main(int argc, char** argv) {
@@ -280,6 +293,7 @@ int main(int argc, char** argv) {
     int ncases = 0;
     double ignore = 0.0;
     float eps = 0.0f;
+    int offset = 0;
     const char* csv = NULL;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--case") && a + 3 < argc && ncases < 64) {
@@ -287,11 +301,12 @@ int main(int argc, char** argv) {
             b->N = atoll(argv[a + 1]);
             b->V = atoll(argv[a + 2]);
             if (b->N < 1 || b->V < 1 || !parse_dt(argv[a + 3], &b->dt)) { usage(); return 2; }
-            b->ignore = 0.0; b->eps = 0.0f;
+            b->ignore = 0.0; b->eps = 0.0f; b->offset = 0;
             ncases++;
             a += 3;
         } else if (!strcmp(argv[a], "--ignore") && a + 1 < argc) ignore = atof(argv[++a]);
         else if (!strcmp(argv[a], "--smoothing") && a + 1 < argc) eps = (float)atof(argv[++a]);
+        else if (!strcmp(argv[a], "--offset")) offset = 1;
         else if (!strcmp(argv[a], "--reps") && a + 1 < argc) g_reps = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--warmup") && a + 1 < argc) g_warmup = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--csv") && a + 1 < argc) csv = argv[++a];
@@ -301,18 +316,19 @@ int main(int argc, char** argv) {
     if (g_reps < 1) g_reps = 1;
     if (g_warmup < 0) g_warmup = 0;
     if (ncases == 0) {
-        static const struct { int64_t N, V; fl_dtype dt; double ign; float eps; } def[] = {
-            {8192, 128256, FL_DTYPE_BF16, 0.0, 0.0f}, {4096, 50257, FL_DTYPE_F32, 0.0, 0.0f},
-            {2048, 32000, FL_DTYPE_F16, 0.0, 0.0f},   {16384, 32000, FL_DTYPE_BF16, 0.0, 0.0f},
-            {4096, 256000, FL_DTYPE_BF16, 0.0, 0.0f}, {128, 1000, FL_DTYPE_F32, 0.0, 0.0f},
-            {8192, 128256, FL_DTYPE_BF16, 0.25, 0.0f}, {8192, 128256, FL_DTYPE_BF16, 0.0, 0.1f}};
+        static const struct { int64_t N, V; fl_dtype dt; double ign; float eps; int off; } def[] = {
+            {8192, 128256, FL_DTYPE_BF16, 0.0, 0.0f, 0}, {4096, 50257, FL_DTYPE_F32, 0.0, 0.0f, 0},
+            {2048, 32000, FL_DTYPE_F16, 0.0, 0.0f, 0},   {16384, 32000, FL_DTYPE_BF16, 0.0, 0.0f, 0},
+            {4096, 256000, FL_DTYPE_BF16, 0.0, 0.0f, 0}, {128, 1000, FL_DTYPE_F32, 0.0, 0.0f, 0},
+            {8192, 128256, FL_DTYPE_BF16, 0.25, 0.0f, 0}, {8192, 128256, FL_DTYPE_BF16, 0.0, 0.1f, 0},
+            {8192, 128256, FL_DTYPE_BF16, 0.0, 0.0f, 1}};
         for (size_t i = 0; i < sizeof def / sizeof def[0]; i++) {
             cases[ncases].N = def[i].N; cases[ncases].V = def[i].V; cases[ncases].dt = def[i].dt;
-            cases[ncases].ignore = def[i].ign; cases[ncases].eps = def[i].eps;
+            cases[ncases].ignore = def[i].ign; cases[ncases].eps = def[i].eps; cases[ncases].offset = def[i].off;
             ncases++;
         }
     } else {
-        for (int i = 0; i < ncases; i++) { cases[i].ignore = ignore; cases[i].eps = eps; }
+        for (int i = 0; i < ncases; i++) { cases[i].ignore = ignore; cases[i].eps = eps; cases[i].offset = offset; }
     }
 
     struct cudaDeviceProp prop;

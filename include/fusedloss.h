@@ -103,8 +103,12 @@ typedef struct CUstream_st* fl_stream;
  *
  *  For row i with target t = targets[i] (class index), raw logits x[j], j < V:
  *
- *    z_j   = s * x_j                     when softcap c == 0  (s = logit_scale)
- *    z_j   = c * tanh(s * x_j / c)       when softcap c  > 0  (Gemma-2 style)
+ *    z_j   = s * x_j + o_j                 when softcap c == 0  (s = logit_scale)
+ *    z_j   = c * tanh(s * x_j / c) + o_j   when softcap c  > 0  (Gemma-2 style)
+ *    o_j   = logit_offset[j], a per-class offset (0 when logit_offset == NULL): logit
+ *            adjustment (Menon et al.: o_j = tau log prior_j) and PC-softmax style priors;
+ *            every formula below uses z, so the loss is exactly
+ *            F.cross_entropy(softcap(s x) + o, ...).
  *    lse   = log sum_j exp(z_j)
  *    nll   = lse - z_t
  *    with eps = label_smoothing, w = class weights (all 1 when weight == NULL),
@@ -156,8 +160,18 @@ typedef struct CUstream_st* fl_stream;
  *  Determinism: both backends give bitwise-identical results on every run for the same
  *  inputs (no order-dependent float atomics). CPU results do not depend on the thread count.
  ******************************************************************************/
-/* Options. struct_size must equal the sizeof(fl_ce_options) the library was built with (a
- * later version that appends fields will also accept the sizes of earlier versions). */
+/*  Per-row target probability (OHEM, hard-example mining), opts->target_prob non-NULL:
+ *    target_prob[i] = p_t = exp(z_t - lse), fp32 [N], written by forward and fused (not by
+ *    backward); 1 for ignored rows (a zero loss: never "hard"), NaN for an out-of-range target
+ *    (CUDA). With reduction NONE the per-row losses come with it, so a sampler (mmseg's
+ *    OHEMPixelSampler: keep the rows with p_t below a threshold, at least min_kept of them) can
+ *    select rows on the device and pass its 0/1 (or weighted) mask as backward's per-row grad_loss.
+ *    Neither it nor logit_offset is available to the vocab-parallel steps (section 8):
+ *    FL_ERR_UNSUPPORTED there.
+ *
+ * Options. struct_size is sizeof(fl_ce_options) of the header the caller was built with: this
+ * version also accepts the size of version 1 (the fields up to error_flag, without logit_offset
+ * and target_prob), whose missing fields then take their defaults (NULL). */
 typedef struct fl_ce_options {
     size_t        struct_size;     /* = sizeof(fl_ce_options); set by FL_CE_OPTIONS_INIT */
     int64_t       ignore_index;    /* default -100 */
@@ -168,9 +182,15 @@ typedef struct fl_ce_options {
     float         softcap;         /* c >= 0; 0 = off; default 0 */
     float         logit_scale;     /* s, finite and != 0; multiplies logits first; default 1 */
     int32_t*      error_flag;      /* CUDA: device int set to 1 on an out-of-range target; or NULL */
+    /* version 2 */
+    const float*  logit_offset;    /* o, fp32 [V] (host for CPU / device for CUDA), finite, or NULL */
+    float*        target_prob;     /* output, fp32 [N]: p_t per row (forward / fused), or NULL */
 } fl_ce_options;
 
-#define FL_CE_OPTIONS_INIT { sizeof(fl_ce_options), -100, FL_REDUCTION_MEAN, 0.0f, NULL, 0.0f, 0.0f, 1.0f, NULL }
+#define FL_CE_OPTIONS_INIT { sizeof(fl_ce_options), -100, FL_REDUCTION_MEAN, 0.0f, NULL, 0.0f, 0.0f, 1.0f, NULL, \
+                             NULL, NULL }
+/* sizeof the version-1 struct (fields up to error_flag), accepted as struct_size */
+#define FL_CE_OPTIONS_V1_SIZE (offsetof(fl_ce_options, error_flag) + sizeof(int32_t*))
 
 /*! fl_cross_entropy_workspace_size() :
  *  Bytes of scratch memory that every cross-entropy entry point (both backends) needs for

@@ -43,6 +43,8 @@ typedef struct {
     float        softcap;
     float        logit_scale;
     int32_t*     error_flag;
+    const float* logit_offset;   /* version 2 fields (NULL for a version-1 struct) */
+    float*       target_prob;
 } fl__ce_params;
 
 /* Bytes per logit of a dtype (0 if unknown). */
@@ -101,6 +103,10 @@ fl_status fl__ce_resolve_options(const char* fn, const char* name, const fl_ce_o
  * `name` is how messages call the array ("weight", "ce_opts->weight"). */
 fl_status fl__ce_check_weights(const char* fn, const char* name, const float* weight, int64_t V,
                                int is_cuda);
+/* Per-class logit offsets finite (CPU only, as fl__ce_check_weights). */
+fl_status fl__ce_check_offset(const char* fn, const char* name, const float* offset, int64_t V, int is_cuda);
+/* struct_size of an fl_ce_options this version accepts (the current one or version 1). */
+int fl__ce_options_size_ok(size_t struct_size);
 
 /* ---- cross-entropy CPU backend pieces shared with linear cross-entropy (src/cpu/cross_entropy.c) */
 

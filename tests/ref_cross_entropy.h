@@ -5,7 +5,8 @@
  *
  * Per non-ignored row i with target t (eps = label_smoothing, w = weights or 1,
  * zeta = z_loss, c = softcap, s = logit_scale):
- *   u_j = s*x_j;  z_j = u_j (c == 0) or c*tanh(u_j/c);  lse = log sum_j exp z_j
+ *   u_j = s*x_j;  z_j = u_j (c == 0) or c*tanh(u_j/c), plus o_j (logit_offset, 0 without);
+ *   lse = log sum_j exp z_j
  *   ce_i = (1-eps) w_t (lse - z_t) + (eps/V) sum_j w_j (lse - z_j)
  *   zl_i = zeta * lse^2;   l_i = ce_i + zl_i
  * Reductions: NONE l_i; SUM sum l_i; MEAN sum ce_i / D_w + sum zl_i / D_n (NaN when D_n == 0).
@@ -63,6 +64,28 @@ static inline void ref_transform(long double x, long double s, long double c, lo
     }
 }
 
+/* p_t = exp(z_t - lse) per row (1 for ignored rows): the target_prob output of section 5. */
+static inline void ref_target_prob(const ref_logits* x, const void* targets, fl_index_dtype it, int64_t N,
+                                   int64_t V, const fl_ce_options* o, long double* out) {
+    for (int64_t i = 0; i < N; i++) {
+        const int64_t t = ref_target(targets, it, i);
+        if (t == o->ignore_index) { out[i] = 1.0L; continue; }
+        long double m = -INFINITY, sum = 0.0L, zt = 0.0L, z, dz;
+        for (int64_t j = 0; j < V; j++) {
+            ref_transform(ref_x(x, i, j), o->logit_scale, o->softcap, &z, &dz);
+            if (o->logit_offset) z += (long double)o->logit_offset[j];
+            if (z > m) m = z;
+        }
+        for (int64_t j = 0; j < V; j++) {
+            ref_transform(ref_x(x, i, j), o->logit_scale, o->softcap, &z, &dz);
+            if (o->logit_offset) z += (long double)o->logit_offset[j];
+            sum += expl(z - m);
+            if (j == t) zt = z;
+        }
+        out[i] = expl(zt - m) / sum;
+    }
+}
+
 /* ref_ce() : loss ([N] for NONE, [1] otherwise), lse [N] and the gradient dx (dense [N*V],
  * double) of the reduced loss times the upstream gradient. Any output may be NULL.
  * dx_saved: the same gradient computed with the given fp32 lse_saved values in place of the
@@ -109,6 +132,7 @@ static inline void ref_ce(const ref_logits* x, const void* targets, fl_index_dty
         long double m = -INFINITY, sum = 0.0L;
         for (int64_t j = 0; j < V; j++) {
             ref_transform(ref_x(x, i, j), s, c, &z[j], &dz[j]);
+            if (o.logit_offset) z[j] += (long double)o.logit_offset[j];   /* dz/dx unchanged */
             if (z[j] > m) m = z[j];
         }
         for (int64_t j = 0; j < V; j++) sum += (e[j] = expl(z[j] - m));

@@ -66,6 +66,7 @@ typedef struct {
     fl_index_dtype it;
     fl_ce_options  o;
     float*         w;       /* owned class weights or NULL */
+    float*         off;     /* owned per-class logit offsets or NULL */
     void*          x;       /* logits [N, ld] of dt */
     void*          t;       /* targets [N] of it */
     float*         gl;      /* grad_loss ([N] for NONE, [1] otherwise) or NULL */
@@ -90,7 +91,7 @@ static prob_t make_prob(tu_rng* rng, const cfg_t* c, int64_t N, int64_t V, int64
     prob_t p;
     memset(&p, 0, sizeof p);
     p.N = N; p.V = V; p.ld = ld; p.dt = dt; p.it = it; p.gs = gs;
-    p.o = cfg_options(c, V, rng, &p.w);
+    p.o = cfg_options(c, V, rng, &p.w, &p.off);
     const fl_ce_options o = p.o;
     p.t = tu_xmalloc((size_t)(N > 0 ? N : 1) * 8);
     for (int64_t i = 0; i < N; i++) {
@@ -129,7 +130,7 @@ static prob_t make_prob(tu_rng* rng, const cfg_t* c, int64_t N, int64_t V, int64
 }
 
 static void free_prob(prob_t* p) {
-    free(p->w); free(p->x); free(p->t); free(p->gl);
+    free(p->w); free(p->off); free(p->x); free(p->t); free(p->gl);
     memset(p, 0, sizeof *p);
 }
 
@@ -237,6 +238,36 @@ static void run_case(const prob_t* p, const char* label, errs_t* errs, int light
     if (errs) {
         errs->loss_rel = max_rel_err(loss, rloss, nl);
         errs->lse_rel = max_rel_err(lse, rlse, N);
+    }
+    {   /* opts->target_prob (OHEM): p_t per row vs the reference (1 on ignored rows), loss and lse
+         * bitwise unchanged by asking for it; fused writes the same p_t bits */
+        long double* rtp = (long double*)tu_xmalloc((size_t)nr * sizeof(long double));
+        float* tp = (float*)tu_xmalloc((size_t)nr * 4);
+        float* tp2 = (float*)tu_xmalloc((size_t)nr * 4);
+        float* l2 = (float*)tu_xmalloc((size_t)nr * 4);
+        float* s2 = (float*)tu_xmalloc((size_t)nr * 4);
+        void* d2 = tu_xmalloc(dlb);
+        ref_target_prob(&rx, p->t, p->it, N, V, &p->o, rtp);
+        fl_ce_options o2 = p->o;
+        o2.target_prob = tp;
+        tu_poison(tp, (size_t)nr * 4);
+        tu_poison(l2, (size_t)nr * 4);
+        tu_poison(s2, (size_t)nr * 4);
+        st = fl_cross_entropy_forward_cpu(l2, s2, p->x, p->t, N, V, ld, dt, p->it, &o2, ws, wsb);
+        snprintf(name, sizeof name, "%s: forward with target_prob", label);
+        CHECK_STATUS(st, FL_OK, name);
+        check_bitwise(name, l2, loss, (size_t)nl * 4);
+        check_bitwise(name, s2, lse, (size_t)N * 4);
+        snprintf(name, sizeof name, "%s: forward target_prob", label);
+        ref_check_f32(name, tp, rtp, N, tol.loss_atol, tol.loss_rtol);
+        o2.target_prob = tp2;
+        tu_poison(tp2, (size_t)nr * 4);
+        tu_poison(d2, dlb);
+        st = fl_cross_entropy_fused_cpu(l2, s2, d2, p->x, p->t, p->gl, p->gs, N, V, ld, dt, p->it, &o2, ws, wsb);
+        snprintf(name, sizeof name, "%s: fused target_prob == forward's", label);
+        CHECK_STATUS(st, FL_OK, name);
+        check_bitwise(name, tp2, tp, (size_t)N * 4);
+        free(rtp); free(tp); free(tp2); free(l2); free(s2); free(d2);
     }
     if (!light) {   /* lse NULL: same loss; and a second call: bitwise the same (determinism) */
         float* loss2 = (float*)tu_xmalloc((size_t)nr * 4);
@@ -632,7 +663,7 @@ static fl_status call_pass(int pass, const args_t* a) {
 }
 
 /* Storage behind the valid arguments; outputs are poisoned before each call. */
-static float   e_x[EN * ELD], e_loss[EN], e_lse[EN], e_lse_in[EN], e_gl[EN], e_dl[EN * ELD], e_w[EV];
+static float   e_x[EN * ELD], e_loss[EN], e_lse[EN], e_lse_in[EN], e_gl[EN], e_dl[EN * ELD], e_w[EV], e_off[EV];
 static int64_t e_t64[EN];
 static int32_t e_t32[EN];
 static void*   e_ws;
@@ -691,7 +722,7 @@ static void test_errors(tu_rng* rng) {
         e_gl[i] = 1.0f;
         e_lse_in[i] = 3.0f;
     }
-    for (int j = 0; j < EV; j++) e_w[j] = 1.0f;
+    for (int j = 0; j < EV; j++) e_w[j] = 1.0f, e_off[j] = 0.5f;
     fl_ce_options base = FL_CE_OPTIONS_INIT;
     base.reduction = FL_REDUCTION_NONE; /* loss has N entries */
     fl_status st = fl_cross_entropy_workspace_size(&e_wsb, EN, EV, FL_DTYPE_F32, &base);
@@ -751,6 +782,21 @@ static void test_errors(tu_rng* rng) {
         BAD(o.logit_scale = -INFINITY, FL_ERR_INVALID_ARGUMENT, "logit_scale -inf");
         BAD(o.reduction = (fl_reduction)3, FL_ERR_INVALID_ARGUMENT, "reduction 3");
         BAD(o.reduction = (fl_reduction)-1, FL_ERR_INVALID_ARGUMENT, "reduction -1");
+        /* version-2 fields: offsets finite; target_prob overlaps nothing (ignored by backward) */
+        BAD((e_off[3] = NAN, o.logit_offset = e_off), FL_ERR_INVALID_ARGUMENT, "logit_offset[3] = NaN");
+        BAD((e_off[3] = -INFINITY, o.logit_offset = e_off), FL_ERR_INVALID_ARGUMENT, "logit_offset[3] = -inf");
+        /* a version-1 struct: the fields after error_flag are not read (the NaN offset would fail) */
+        BAD((o.struct_size = FL_CE_OPTIONS_V1_SIZE, o.logit_offset = e_off), FL_OK, "version-1 struct_size");
+        e_off[3] = 0.25f;
+        BAD(o.logit_offset = e_off, FL_OK, "finite logit_offset");
+        if (pass != P_BWD) {
+            BAD(o.target_prob = a.loss, FL_ERR_INVALID_ARGUMENT, "target_prob == loss");
+            BAD(o.target_prob = (float*)a.x, FL_ERR_INVALID_ARGUMENT, "target_prob over the logits");
+            BAD(o.target_prob = (float*)a.t, FL_ERR_INVALID_ARGUMENT, "target_prob over the targets");
+            BAD((o.logit_offset = e_off, o.target_prob = e_off), FL_ERR_INVALID_ARGUMENT, "target_prob == logit_offset");
+        } else {
+            BAD(o.target_prob = (float*)a.x, FL_OK, "backward ignores target_prob");
+        }
         if (e_wsb > 0) {
             BAD(a.wsb = e_wsb - 1, FL_ERR_INSUFFICIENT_WORKSPACE, "workspace_bytes = size - 1");
             BAD((a.ws = NULL, a.wsb = 0), FL_ERR_INSUFFICIENT_WORKSPACE, "workspace NULL, 0 bytes");

@@ -291,6 +291,7 @@ typedef struct {
     int64_t ignore_index;
     float eps, zloss, softcap, scale;
     int weights;              /* class weights in [0.25, 2), w[1] = 0 when V > 100 */
+    int offset;               /* per-class logit offsets in [-2, 2) (opts->logit_offset) */
     int gl;                   /* 1: grad_loss is a device array ([N] for NONE, [1] otherwise) */
     float grad_scale;
     float sigma;              /* logits ~ sigma * N(0, 1) */
@@ -319,6 +320,7 @@ static void case_desc(const ce_case* c, char* s, size_t n) {
     if (c->ignore_index != -100) k += snprintf(s + k, n - (size_t)k, " ii=%lld", (long long)c->ignore_index);
     if (c->eps != 0.0f) k += snprintf(s + k, n - (size_t)k, " eps=%g", (double)c->eps);
     if (c->weights) k += snprintf(s + k, n - (size_t)k, " w");
+    if (c->offset) k += snprintf(s + k, n - (size_t)k, " off");
     if (c->zloss != 0.0f) k += snprintf(s + k, n - (size_t)k, " z=%g", (double)c->zloss);
     if (c->softcap != 0.0f) k += snprintf(s + k, n - (size_t)k, " cap=%g", (double)c->softcap);
     if (c->scale != 1.0f) k += snprintf(s + k, n - (size_t)k, " s=%g", (double)c->scale);
@@ -351,6 +353,8 @@ static int build_cases(ce_case* cs, int cap) {
          * (C = 1) over several batches per thread, odd row stride */
         c = base_case(1100, 20000, FL_DTYPE_F32); c.ldpad = 5; ADD(c);
         c = base_case(2048, 32000, FL_DTYPE_F16); c.softcap = 30.0f; c.zloss = 1e-4f; ADD(c);
+        /* per-class logit offsets on the staged (sm_90) fused kernel and the streaming forward */
+        c = base_case(8192, 128256, FL_DTYPE_BF16); c.offset = 1; c.ops = OP_FWD | OP_FUSED; ADD(c);
     }
     /* odd shapes x dtypes (full comparison) */
     {
@@ -403,6 +407,14 @@ static int build_cases(ce_case* cs, int cap) {
         c = base_case(100, 777, dt); c.red = FL_REDUCTION_SUM; c.eps = 0.1f; c.weights = 1;
         c.ignore_frac = 0.3; c.gl = 1; c.ldpad = 3; ADD(c);
         c = base_case(5, 2000, dt); c.zloss = 1e-4f; c.softcap = 8.0f; c.ignore_frac = 0.4; ADD(c);
+        /* per-class logit offsets (logit adjustment), alone and with the other options */
+        c = base_case(N, V, dt); c.offset = 1; ADD(c);
+        c = base_case(N2, V2, dt); c.offset = 1; c.softcap = 8.0f; c.scale = 1.5f; c.zloss = 1e-4f;
+        c.red = FL_REDUCTION_NONE; c.gl = 1; ADD(c);
+        c = base_case(N, V, dt); c.offset = 1; c.eps = 0.1f; c.weights = 1; c.ignore_frac = 0.2;
+        c.red = FL_REDUCTION_SUM; c.ldpad = 3; ADD(c);
+        c = base_case(128, 1000, dt); c.offset = 1; c.ignore_frac = 0.3; ADD(c);
+        c = base_case(7, 50257, dt); c.offset = 1; c.softcap = 20.0f; ADD(c);
     }
 #undef ADD
     return n;
@@ -694,7 +706,7 @@ typedef struct {
     void *logits, *work, *dl;  /* [N*ld*es + GUARD]: pristine logits, in-place work copy, dlogits */
     float *loss, *lse, *lse_saved; /* [N + GUARD/4] */
     void* tgt;
-    float *w, *gl;
+    float *w, *gl, *off, *tp;
     size_t mbytes, vbytes;     /* matrix bytes, vector bytes (without guards) */
 } dbufs_t;
 
@@ -768,8 +780,9 @@ static int gpu_run(int op, const inputs_t* in, dbufs_t* b, const fl_ce_options* 
     return 1;
 }
 
-static fl_ce_options case_opts(const ce_case* c, const float* weight) {
+static fl_ce_options case_opts(const ce_case* c, const float* weight, const float* offset) {
     fl_ce_options o = FL_CE_OPTIONS_INIT;
+    o.logit_offset = offset;
     o.ignore_index = c->ignore_index;
     o.reduction = c->red;
     o.label_smoothing = c->eps;
@@ -871,11 +884,18 @@ static void run_case(int idx, const ce_case* c) {
     b.tgt = dmalloc((size_t)N * (c->it == FL_INDEX_I32 ? 4 : 8));
     h2d(b.tgt, in.tgt_typed, (size_t)N * (c->it == FL_INDEX_I32 ? 4 : 8));
     if (in.w) { b.w = (float*)dmalloc((size_t)V * 4); h2d(b.w, in.w, (size_t)V * 4); }
+    float* h_off = NULL;
+    if (c->offset) {
+        h_off = (float*)hmalloc((size_t)V * 4);
+        for (int64_t j = 0; j < V; j++) h_off[j] = (float)(4.0 * unif(in.seed ^ 0x0ff5, (uint64_t)j, 5) - 2.0);
+        b.off = (float*)dmalloc((size_t)V * 4);
+        h2d(b.off, h_off, (size_t)V * 4);
+    }
     if (c->gl) { b.gl = (float*)dmalloc((size_t)nloss * 4); h2d(b.gl, h_gl, (size_t)nloss * 4); }
     dpoison(b.logits, b.mbytes + GUARD, 0xFF);
     dsync();
 
-    fl_ce_options og = case_opts(c, b.w), oc = case_opts(c, in.w);
+    fl_ce_options og = case_opts(c, b.w, b.off), oc = case_opts(c, in.w, h_off);
     cudaStream_t stream = c->null_stream ? (cudaStream_t)0 : g_stream;
 
     /* ---- references ---- */
@@ -1049,6 +1069,38 @@ static void run_case(int idx, const ce_case* c) {
         }
     }
 
+    /* opts->target_prob (full mode): forward and fused write p_t per row, as the CPU backend does
+     * (1 on ignored rows), without changing the loss; nothing past N written */
+    if (full && (ops & OP_FWD)) {
+        b.tp = (float*)dmalloc(b.vbytes + GUARD);
+        float* r_tp = (float*)hmalloc(b.vbytes);
+        float* h_l = (float*)hmalloc((size_t)nloss * 4);
+        size_t wsb;
+        fl_ce_options oct = oc;
+        oct.target_prob = r_tp;
+        void* ws = cpu_ws(N, V, c->dt, &oct, &wsb);
+        fl_status s1 = fl_cross_entropy_forward_cpu(h_l, NULL, h_logits, in.tgt_typed, N, V, ld, c->dt, c->it, &oct,
+                                                    ws, wsb);
+        if (s1 != FL_OK) bad("cpu forward (target_prob): %s: %s", fl_status_string(s1), fl_last_error());
+        free(ws);
+        for (int k = 0; k < 2; k++) {
+            const int op = k == 0 ? OP_FWD : OP_FUSED;
+            if (op == OP_FUSED && !(ops & OP_FUSED)) continue;
+            fl_ce_options ogt = og;
+            ogt.target_prob = b.tp;
+            dpoison(b.tp, b.vbytes + GUARD, 0xFF);
+            snprintf(what, sizeof what, "%s target_prob", op_name(op));
+            if (!gpu_run(op, &in, &b, &ogt, b.gl, c->grad_scale, stream, what)) continue;
+            d2h(h_vec, b.tp, b.vbytes + GUARD);
+            if (!all_bytes((unsigned char*)h_vec + N * 4, b.vbytes + GUARD - (size_t)N * 4, 0xFF))
+                bad("%s: bytes past target_prob[N-1] were written", what);
+            cmp_f32(what, h_vec, r_tp, N, NULL, NULL, &st.loss);
+            d2h(h_vec, b.loss, (size_t)nloss * 4);
+            cmp_f32(what, h_vec, op == OP_FWD ? rw_loss : rf_loss, nloss, NULL, none ? in.ign : NULL, &st.loss);
+        }
+        free(r_tp); free(h_l);
+    }
+
     const double dt_s = now_s() - t0;
     if (g_case_err == 0) g_pass++;
     else g_fail++;
@@ -1063,7 +1115,7 @@ static void run_case(int idx, const ce_case* c) {
     free(h_logits); free(rf_loss); free(rf_lse); free(rw_loss); free(rw_lse); free(rf_dl); free(rb_dl);
     free(rows); free(s_tg); free(s_ig); free(s_g); free(s_dl); free(s_loss); free(s_lse);
     dfree(b.logits); dfree(b.work); dfree(b.dl); dfree(b.loss); dfree(b.lse); dfree(b.lse_saved); dfree(b.tgt);
-    dfree(b.w); dfree(b.gl);
+    dfree(b.w); dfree(b.gl); dfree(b.off); dfree(b.tp); free(h_off);
     free_inputs(&in);
     g_case_name = "";
 }

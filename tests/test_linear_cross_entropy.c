@@ -87,6 +87,7 @@ typedef struct {
     fl_index_dtype it;
     fl_ce_options  o;
     float*         cw;              /* class weights (owned) or NULL */
+    float*         coff;            /* per-class logit offsets (owned) or NULL */
     void*          x;               /* hidden [N, ldh] of dt */
     void*          w;               /* weight [V, ldw] of dt */
     void*          b;               /* bias [V] of dt, or NULL */
@@ -112,7 +113,7 @@ static prob_t make_prob(tu_rng* rng, const cfg_t* c, int64_t N, int64_t H, int64
     prob_t p;
     memset(&p, 0, sizeof p);
     p.N = N; p.H = H; p.V = V; p.ldh = ldh; p.ldw = ldw; p.dt = dt; p.wdt = wdt; p.it = it; p.gs = gs;
-    p.o = cfg_options(c, V, rng, &p.cw);
+    p.o = cfg_options(c, V, rng, &p.cw, &p.coff);
     const fl_ce_options o = p.o;
     p.t = tu_xmalloc(nz(N) * 8);
     for (int64_t i = 0; i < N; i++) {
@@ -163,7 +164,7 @@ static prob_t make_prob(tu_rng* rng, const cfg_t* c, int64_t N, int64_t H, int64
 }
 
 static void free_prob(prob_t* p) {
-    free(p->cw); free(p->x); free(p->w); free(p->b); free(p->t); free(p->gl);
+    free(p->cw); free(p->coff); free(p->x); free(p->w); free(p->b); free(p->t); free(p->gl);
     free(p->xh); free(p->xw); free(p->xb);
     memset(p, 0, sizeof *p);
 }
@@ -437,6 +438,29 @@ static run_t lib_run(const prob_t* p, const fl_lce_options* lo, const char* labe
                                               p->it, &p->o, lo, ws, wsb);
     snprintf(name, sizeof name, "%s: backward (mode 2)", label);
     r.ok &= CHECK_STATUS(st, FL_OK, name);
+    /* ce_opts->target_prob (the forward's per-row p_t): with plain per-row CE losses (NONE, no
+     * smoothing, weights or z-loss) p_t = exp(-loss_i); 1 on ignored rows; nothing past N written */
+    if (r.ok && p->o.reduction == FL_REDUCTION_NONE && p->o.label_smoothing == 0.0f && !p->o.weight &&
+        p->o.z_loss == 0.0f) {
+        float* tp = (float*)tu_xmalloc(b_loss + 64);
+        tu_poison(tp, b_loss + 64);
+        fl_ce_options o2 = p->o;
+        o2.target_prob = tp;
+        tu_poison(ws, wsb);
+        st = fl_linear_cross_entropy_forward_cpu(r.loss2, r.lse2, NULL, NULL, NULL, p->x, p->ldh, p->w, p->ldw, p->b,
+                                                 p->t, p->gl, p->gs, N, H, V, p->dt, p->wdt, p->it, &o2, lo, ws, wsb);
+        snprintf(name, sizeof name, "%s: forward with target_prob", label);
+        if (CHECK_STATUS(st, FL_OK, name)) {
+            int64_t bad_rows = 0;
+            for (int64_t i = 0; i < N; i++) {
+                const double want = tgt(p, i) == p->o.ignore_index ? 1.0 : exp(-(double)r.loss2[i]);
+                if (!(fabs((double)tp[i] - want) <= 2e-6 + 2e-6 * want)) bad_rows++;
+            }
+            CHECK(bad_rows == 0, "%s: target_prob != exp(-loss) in %lld rows", label, (long long)bad_rows);
+            check_untouched(label, "past target_prob[N-1]", (unsigned char*)tp + (size_t)N * 4, b_loss + 64 - (size_t)N * 4);
+        }
+        free(tp);
+    }
 
     CHECK(inputs_hash(p) == h0, "%s: an input was modified", label);
     check_untouched(label, "workspace guard", ws + wsb, WS_GUARD);

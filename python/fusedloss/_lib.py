@@ -91,6 +91,9 @@ class CEOptions(ctypes.Structure):
         ("softcap", ctypes.c_float),
         ("logit_scale", ctypes.c_float),
         ("error_flag", ctypes.c_void_p),      # int32_t* (device memory, CUDA only)
+        # version 2
+        ("logit_offset", ctypes.c_void_p),    # const float* [V] (host for CPU / device for CUDA) or NULL
+        ("target_prob", ctypes.c_void_p),     # float* [N] output p_t per row (forward / fused) or NULL
     ]
 
 
@@ -509,11 +512,12 @@ def _check(status, fn_name):
 
 
 def ce_options(ignore_index=-100, reduction=FL_REDUCTION_MEAN, label_smoothing=0.0, weight=0,
-               z_loss=0.0, softcap=0.0, logit_scale=1.0, error_flag=0):
-    """An fl_ce_options (FL_CE_OPTIONS_INIT defaults); weight/error_flag are addresses (0 = NULL)."""
+               z_loss=0.0, softcap=0.0, logit_scale=1.0, error_flag=0, logit_offset=0, target_prob=0):
+    """An fl_ce_options (FL_CE_OPTIONS_INIT defaults); weight / error_flag / logit_offset (fp32 [V]
+    added to the logits after softcap) / target_prob (fp32 [N] output p_t) are addresses (0 = NULL)."""
     return CEOptions(ctypes.sizeof(CEOptions), int(ignore_index), int(reduction),
                      float(label_smoothing), weight or None, float(z_loss), float(softcap),
-                     float(logit_scale), error_flag or None)
+                     float(logit_scale), error_flag or None, logit_offset or None, target_prob or None)
 
 
 def workspace_size(N, V, dtype, opts=None):

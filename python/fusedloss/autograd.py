@@ -1,11 +1,11 @@
 """fusedloss.autograd — backward formulas for the ops of ops.py (layer 3, STYLE.md section 7).
 
 Default (inplace_backward=False): forward reads the logits once and saves (logits, target,
-weight, lse); no (N, V) buffer is allocated in forward. Backward runs the C backward entry with
-the upstream gradient as a *device pointer* (grad_loss), so the real gradient is applied inside
-the one backward pass: one read of the logits and one write of dlogits, no host
-synchronisation, capturable in a CUDA graph. Forward + backward traffic: 2 reads + 1 write of
-(N, V); extra memory: the (N, V) gradient.
+weight, logit offset, lse); no (N, V) buffer is allocated in forward. Backward runs the C
+backward entry with the upstream gradient as a *device pointer* (grad_loss), so the real
+gradient is applied inside the one backward pass: one read of the logits and one write of
+dlogits, no host synchronisation, capturable in a CUDA graph. Forward + backward traffic:
+2 reads + 1 write of (N, V); extra memory: the (N, V) gradient.
   - Under torch.compile this is torch.library.register_autograd on the custom op
     fusedloss::cross_entropy_forward, whose backward calls fusedloss::cross_entropy_backward.
   - In eager mode functional.py uses CrossEntropyFunction instead: the same formula and the same
@@ -40,7 +40,8 @@ instead of computing a wrong gradient. backward may run only once.
 Double backward raises a RuntimeError: on the default path when the gradient is
 differentiated (create_graph=True alone is fine); on the in-place path already at
 backward(create_graph=True), since that gradient has no graph to differentiate.
-The lse output is never differentiable (use z_loss to train on lse^2).
+The lse output is never differentiable (use z_loss to train on lse^2). The per-class logit
+offset (fl_ce_options.logit_offset) is a constant: it never gets a gradient.
 """
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -186,22 +187,23 @@ def _grad_loss(grad, reduction):
 
 # ---- default path, traceable: register_autograd on the functional forward op -----------------
 def _forward_setup_context(ctx, inputs, output):
-    logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, scale = inputs
+    (logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, scale,
+     offset) = inputs
     _, lse = output
     ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(logits, target, weight, lse)
+    ctx.save_for_backward(logits, target, weight, lse, offset)
     ctx.options = (ignore_index, reduction, label_smoothing, z_loss, softcap, scale)
 
 
 def _forward_backward(ctx, grad_loss, grad_lse):
     if not ctx.needs_input_grad[0] or grad_loss is None:
-        return (None,) * 9
-    logits, target, weight, lse = ctx.saved_tensors
+        return (None,) * 10
+    logits, target, weight, lse, offset = ctx.saved_tensors
     ignore_index, reduction, label_smoothing, z_loss, softcap, scale = ctx.options
     dlogits = torch.ops.fusedloss.cross_entropy_backward(
         _grad_loss(grad_loss, reduction), logits, target, lse, weight, ignore_index, reduction,
-        label_smoothing, z_loss, softcap, scale, 1.0)
-    return (dlogits,) + (None,) * 8
+        label_smoothing, z_loss, softcap, scale, 1.0, offset)
+    return (dlogits,) + (None,) * 9  # the offset is a constant: no gradient
 
 
 ops.cross_entropy_forward.register_autograd(_forward_backward,
@@ -238,22 +240,25 @@ ops.cross_entropy_fused.register_autograd(_fused_backward, setup_context=_fused_
 # functional.py has checked the inputs and built the plan (ops.plan: sizes, dtype codes, device,
 # cached options struct). One differentiable output (the loss); the lse is kept on ctx (not a
 # saved tensor: it is an intermediate of this node) and read back by functional.py from
-# loss.grad_fn.lse when return_lse=True. The logits, target (and weight) go through
-# save_for_backward, so modifying them in place before backward raises torch's usual error.
+# loss.grad_fn.lse when return_lse=True. The logits, target (and weight, logit offset) go through
+# save_for_backward, so modifying them in place before backward raises torch's usual error (the
+# plan holds the weight's and the offset's addresses: saving them also keeps them alive).
 _F32 = torch.float32
 
 
 class CrossEntropyFunction(torch.autograd.Function):
     """Eager twin of fusedloss::cross_entropy_forward + its registered autograd:
-    apply(logits, target, weight_or_None, plan) -> loss."""
+    apply(logits, target, weight_or_None, offset_or_None, plan) -> loss."""
 
     @staticmethod
-    def forward(ctx, logits, target, weight, plan):
+    def forward(ctx, logits, target, weight, offset, plan):
         loss, lse = ops.run_forward(logits, target, plan)
-        if weight is None:
-            ctx.save_for_backward(logits, target)
-        else:
+        if offset is not None:
+            ctx.save_for_backward(logits, target, weight, offset)
+        elif weight is not None:
             ctx.save_for_backward(logits, target, weight)
+        else:
+            ctx.save_for_backward(logits, target)
         ctx.plan = plan
         ctx.lse = lse
         return loss
@@ -266,25 +271,26 @@ class CrossEntropyFunction(torch.autograd.Function):
         if torch.is_grad_enabled():
             # create_graph=True: go through the op, whose autograd raises if differentiated
             weight = saved[2] if len(saved) > 2 else None
+            offset = saved[3] if len(saved) > 3 else None
             dlogits = torch.ops.fusedloss.cross_entropy_backward(
                 _grad_loss(grad, cfg.reduction), saved[0], saved[1], ctx.lse, weight, *cfg.args,
-                1.0)
+                1.0, offset)
         else:
             if grad.dtype is not _F32:
                 grad = grad.float()
             if cfg.none and not grad.is_contiguous():  # e.g. the expanded ones of loss.sum()
                 grad = grad.contiguous()
             dlogits = ops.run_backward(grad, saved[0], saved[1], ctx.lse, plan)
-        return dlogits, None, None, None
+        return dlogits, None, None, None, None
 
 
 class EagerInplaceFunction(torch.autograd.Function):
-    """Eager twin of CrossEntropyInplaceFunction (below): apply(logits, target, weight, plan)
-    -> loss; the fused pass writes the gradient (for an upstream gradient of 1) over the
+    """Eager twin of CrossEntropyInplaceFunction (below): apply(logits, target, weight, offset,
+    plan) -> loss; the fused pass writes the gradient (for an upstream gradient of 1) over the
     logits."""
 
     @staticmethod
-    def forward(ctx, logits, target, weight, plan):
+    def forward(ctx, logits, target, weight, offset, plan):
         loss, lse, _ = ops.run_fused(logits, logits, target, None, 1.0, plan)
         torch.autograd.graph.increment_version(logits)  # as the mutating op would
         ctx.save_for_backward(logits)  # now holds dlogits for an upstream gradient of 1
@@ -295,7 +301,7 @@ class EagerInplaceFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _scale_inplace_grad(ctx, grad, ctx.none), None, None, None
+        return _scale_inplace_grad(ctx, grad, ctx.none), None, None, None, None
 
 
 # ---- in-place path: autograd.Function around the mutating fused op ---------------------------
@@ -304,15 +310,16 @@ class CrossEntropyInplaceFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss,
-                softcap, logit_scale):
+                softcap, logit_scale, offset=None):
         if not eager_ok(logits):
             loss, lse = torch.ops.fusedloss.cross_entropy_fused_inplace(
                 logits, target, weight, ignore_index, reduction, label_smoothing, z_loss,
-                softcap, logit_scale, None, 1.0)
+                softcap, logit_scale, None, 1.0, offset)
         else:  # same C call without the dispatcher; bump the version as the op would
             loss, lse, _ = ops.fused_impl(logits, logits, target, weight, ignore_index,
                                           reduction, label_smoothing, z_loss, softcap,
-                                          logit_scale, None, 1.0, "cross_entropy_fused_inplace")
+                                          logit_scale, None, 1.0, "cross_entropy_fused_inplace",
+                                          offset)
             torch.autograd.graph.increment_version(logits)
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(lse)
@@ -323,7 +330,7 @@ class CrossEntropyInplaceFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, grad_lse):
-        return (_scale_inplace_grad(ctx, grad_loss, ctx.reduction == FL_REDUCTION_NONE),) + (None,) * 8
+        return (_scale_inplace_grad(ctx, grad_loss, ctx.reduction == FL_REDUCTION_NONE),) + (None,) * 9
 
 
 
@@ -435,17 +442,19 @@ def _lce_cast(t, dtype):
 
 class LinearCrossEntropyFunction(torch.autograd.Function):
     """apply(hidden [N, H], weight [V, H], bias [V] or None, target [N], class_weight fp32 [V] or
-    None, dtype, ce_args, lce_args, needs, recompute, eager) -> loss (fp32, (N,) or 0-d).
+    None, dtype, ce_args, lce_args, needs, recompute, eager, class_offset fp32 [V] or None) -> loss
+    (fp32, (N,) or 0-d).
 
     dtype: the compute dtype (hidden, weight, bias are cast to it: the autocast dtype, else their
     common dtype); ce_args: (ignore_index, fl reduction, label_smoothing, z_loss, softcap (0 =
     off), logit_scale); lce_args: (chunk_rows (0 = auto), byte_budget, fl_lce_accum); needs:
     (hidden, weight, bias) require grad; recompute: mode 2 instead of mode 1; eager: make the C
-    calls directly (not traced). Inputs are checked by functional.linear_cross_entropy."""
+    calls directly (not traced); class_offset: the per-class logit offset (a constant, no gradient).
+    Inputs are checked by functional.linear_cross_entropy."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, class_weight, dtype, ce_args, lce_args, needs,
-                recompute, eager):
+                recompute, eager, class_offset=None):
         need_h, need_w, need_b = needs
         h, w, b = _lce_cast(hidden, dtype), _lce_cast(weight, dtype), _lce_cast(bias, dtype)
         # gradient dtype of the C call: the parameter's own when the C API can write it (its
@@ -458,7 +467,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         ctx.used = False
         if not recompute:
             args = (h, w, b, target, class_weight) + ce_args + lce_args + (
-                wgrad_dtype, need_w, need_b, None, 1.0)
+                wgrad_dtype, need_w, need_b, None, 1.0, class_offset)
             if eager:
                 loss, _, dh, dw, db = ops.lce_fused_impl(*args)
             else:
@@ -466,18 +475,18 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             ctx.save_for_backward(dh if need_h else None, dw if need_w else None,
                                   db if need_b else None)
             return loss
-        args = (h, w, b, target, class_weight) + ce_args + lce_args
+        args = (h, w, b, target, class_weight) + ce_args + lce_args + (class_offset,)
         if eager:
             loss, lse = ops.lce_forward_impl(*args)
         else:
             loss, lse = torch.ops.fusedloss.linear_cross_entropy_forward(*args)
-        ctx.save_for_backward(h, w, b, target, class_weight, lse)
+        ctx.save_for_backward(h, w, b, target, class_weight, lse, class_offset)
         ctx.args = (ce_args, lce_args, wgrad_dtype)
         return loss
 
     @staticmethod
     def backward(ctx, grad):
-        nones = (None,) * 8
+        nones = (None,) * 9
         need_h, need_w, need_b = ctx.needs
         if grad is None:
             return (None, None, None) + nones
@@ -501,10 +510,10 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                 g = grad.reshape(())
                 dh, dw, db = [None if x is None else x * g for x in (dh, dw, db)]
         else:
-            h, w, b, target, class_weight, lse = ctx.saved_tensors
+            h, w, b, target, class_weight, lse, class_offset = ctx.saved_tensors
             ce_args, lce_args, wgrad_dtype = ctx.args
             args = (_grad_loss(grad, ce_args[1]), h, w, b, target, lse, class_weight) + ce_args + \
-                lce_args + (wgrad_dtype, need_w, need_b, 1.0)
+                lce_args + (wgrad_dtype, need_w, need_b, 1.0, class_offset)
             if eager:
                 dh, dw, db = ops.lce_backward_impl(*args)
             else:

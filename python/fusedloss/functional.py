@@ -65,11 +65,23 @@ def _remember(key, ignore_index, red, label_smoothing, z_loss, cap, logit_scale)
     return cfg
 
 
-def _eager(x, t, weight, cfg, inplace, return_lse):
-    """Loss (and lse if return_lse) for 2-D logits x, 1-D class indices t, fp32 weight or None,
-    through the C calls directly; None when anything is not the plain case (the caller then
-    takes the general path, which reports errors). Does not check ignore_index/option values
-    (cfg holds validated ones) nor target values (the C library does)."""
+def _plain_vector(v, V, x, idx):
+    """True when v (a weight or logit offset) can go to the C call as it is: a plain fp32 (V,)
+    contiguous tensor without grad on x's device."""
+    tv = type(v)
+    return not ((tv is not Tensor and tv is not _Parameter) or v.dtype is not _F32
+                or v.requires_grad or v.dim() != 1 or v.shape[0] != V
+                or (V > 1 and not v.is_contiguous())
+                or v.is_cuda != x.is_cuda or (idx >= 0 and v.get_device() != idx)
+                or not (v.is_cuda or v.is_cpu))
+
+
+def _eager(x, t, weight, cfg, inplace, return_lse, offset=None):
+    """Loss (and lse if return_lse) for 2-D logits x, 1-D class indices t, fp32 weight and logit
+    offset or None, through the C calls directly; None when anything is not the plain case (the
+    caller then takes the general path, which reports errors). Does not check
+    ignore_index/option values (cfg holds validated ones) nor target values (the C library
+    does)."""
     tx = type(x)
     if (tx is not Tensor and tx is not _Parameter) or type(t) is not Tensor or _dispatch_depth():
         return None
@@ -100,20 +112,21 @@ def _eager(x, t, weight, cfg, inplace, return_lse):
     if weight is None:
         wptr = 0
     else:
-        tw = type(weight)
-        if ((tw is not Tensor and tw is not _Parameter) or weight.dtype is not _F32
-                or weight.requires_grad or weight.dim() != 1 or weight.shape[0] != V
-                or (V > 1 and not weight.is_contiguous())
-                or weight.is_cuda != x.is_cuda or (idx >= 0 and weight.get_device() != idx)
-                or not (weight.is_cuda or weight.is_cpu)):
+        if not _plain_vector(weight, V, x, idx):
             return None
         wptr = weight.data_ptr()
-    plan = ops.plan(N, V, ld, dt, it, idx, cfg, wptr)
+    if offset is None:
+        optr = 0
+    else:
+        if not _plain_vector(offset, V, x, idx):
+            return None
+        optr = offset.data_ptr()
+    plan = ops.plan(N, V, ld, dt, it, idx, cfg, wptr, optr)
     if x.requires_grad and _grad_enabled():
         if inplace:
-            loss = _autograd.EagerInplaceFunction.apply(x, t, weight, plan)
+            loss = _autograd.EagerInplaceFunction.apply(x, t, weight, offset, plan)
         else:
-            loss = _autograd.CrossEntropyFunction.apply(x, t, weight, plan)
+            loss = _autograd.CrossEntropyFunction.apply(x, t, weight, offset, plan)
         return (loss, loss.grad_fn.lse) if return_lse else loss
     loss, lse = ops.run_forward(x, t, plan, return_lse)
     return (loss, lse) if return_lse else loss
@@ -145,7 +158,7 @@ def _ce_options(fn, reduction, ignore_index, label_smoothing, z_loss, softcap, l
 
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean",
                   label_smoothing=0.0, *, z_loss=0.0, softcap=None, logit_scale=1.0,
-                  inplace_backward=False, return_lse=False):
+                  logit_offset=None, inplace_backward=False, return_lse=False):
     r"""Cross-entropy of logits and targets, fused: F.cross_entropy's semantics, one pass each way.
 
     Arguments shared with :func:`torch.nn.functional.cross_entropy` mean exactly the same:
@@ -168,21 +181,27 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
       non-ignored rows.
     - ``softcap``: if given (> 0), logits become ``softcap * tanh(x / softcap)`` first
       (Gemma 2); ``logit_scale`` multiplies the logits before that (default 1).
+    - ``logit_offset``: (C,) floating tensor on the input's device, a per-class logit offset
+      added after softcap: loss = F.cross_entropy(softcap(s*x) + logit_offset, ...); logit
+      adjustment (Menon et al. 2021) uses tau * log(class prior). A constant (used as float32,
+      detached: it gets no gradient); it must be finite (the CPU kernels check it; on CUDA a
+      non-finite offset gives NaN losses).
     - ``inplace_backward``: the gradient is computed during forward, in one fused pass, and
       written **over the logits' storage** (no (N, C) gradient buffer is allocated; the logits
       are destroyed). Backward then multiplies it by the upstream gradient in place, one more
       pass (see fusedloss.autograd). Only for class-index targets; for 2-D contiguous-row
       inputs it is the caller's tensor that is overwritten.
     - ``return_lse``: also return the per-row log-sum-exp (float32, the target's shape, 0 on
-      ignored rows), as a tensor without gradient.
+      ignored rows), as a tensor without gradient (of the offset logits when logit_offset is
+      given).
 
     Results: the loss is always float32 (fp32 accumulation whatever the input dtype, also under
     torch.autocast: fp16/bf16 logits reach the kernel as they are, with no upcast copy); the
     gradient has the input's dtype. Double backward raises RuntimeError.
 
     Probability (soft) targets are computed with torch ops (log_softmax based, including label
-    smoothing, class weights, z_loss, softcap and logit_scale) because the C API only takes
-    class indices: correct, differentiable, but not fused. Inputs with the class in dimension 1
+    smoothing, class weights, z_loss, softcap, logit_scale and logit_offset) because the C API
+    only takes class indices: correct, differentiable, but not fused. Inputs with the class in dimension 1
     and trailing dimensions are moved to class-last with movedim + reshape (a copy): correct,
     not fast.
 
@@ -201,7 +220,7 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
         except (KeyError, TypeError):  # first call with these options, or unhashable values
             cfg = None
         if cfg is not None:
-            out = _eager(input, target, weight, cfg, inplace_backward, return_lse)
+            out = _eager(input, target, weight, cfg, inplace_backward, return_lse, logit_offset)
             if out is not None:
                 return out
 
@@ -247,6 +266,7 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
         if weight.device != input.device:
             raise ValueError(f"cross_entropy: weight is on {weight.device} but input is on {input.device}")
         weight = weight.detach().to(torch.float32).contiguous()
+    logit_offset = _class_vector("cross_entropy", "logit_offset", logit_offset, C, input.device)
 
     # ---- to 2-D (M, C) class-last ----
     if ndim == 1:
@@ -261,7 +281,7 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
         t = target.unsqueeze(0) if ndim == 1 else target if ndim == 2 else \
             target.movedim(1, -1).reshape(-1, C)
         loss, lse = _soft_cross_entropy(x, t, weight, red, label_smoothing, z_loss, cap,
-                                        logit_scale)
+                                        logit_scale, logit_offset)
     else:
         M = x.shape[0]
         if (C > 1 and x.stride(1) != 1) or (M > 1 and x.stride(0) < C):
@@ -272,15 +292,17 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
         out = None
         if key is not None and _autograd.eager_ok(x):
             cfg = _remember(key, ignore_index, red, label_smoothing, z_loss, cap, logit_scale)
-            out = _eager(x, t, weight, cfg, inplace_backward, return_lse)
+            out = _eager(x, t, weight, cfg, inplace_backward, return_lse, logit_offset)
         if out is not None:
             loss, lse = out if return_lse else (out, None)
         elif inplace_backward and x.requires_grad and torch.is_grad_enabled():
             loss, lse = _autograd.CrossEntropyInplaceFunction.apply(
-                x, t, weight, ignore_index, red, label_smoothing, z_loss, cap, logit_scale)
+                x, t, weight, ignore_index, red, label_smoothing, z_loss, cap, logit_scale,
+                logit_offset)
         else:  # torch.compile / export / fake tensors / N == 0: the custom op (register_autograd)
             loss, lse = torch.ops.fusedloss.cross_entropy_forward(
-                x, t, weight, ignore_index, red, label_smoothing, z_loss, cap, logit_scale)
+                x, t, weight, ignore_index, red, label_smoothing, z_loss, cap, logit_scale,
+                logit_offset)
 
     if red == REDUCTIONS["none"]:
         loss = loss.reshape(out_shape)
@@ -289,16 +311,35 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     return loss
 
 
-def _soft_cross_entropy(x, t, weight, red, eps, z_loss, cap, scale):
+def _class_vector(fn, name, v, C, device):
+    """Check a per-class (C,) floating tensor argument (errors name it); returns it detached as
+    contiguous float32, or None."""
+    if v is None:
+        return None
+    if not isinstance(v, Tensor):
+        raise TypeError(f"{fn}: {name} must be a Tensor or None, got {type(v).__name__}")
+    if not v.is_floating_point():
+        raise TypeError(f"{fn}: {name} must be floating point, got {v.dtype}")
+    if v.shape != (C,):
+        raise ValueError(f"{fn}: {name} must have shape ({C},), got {tuple(v.shape)}")
+    if v.device != device:
+        raise ValueError(f"{fn}: {name} is on {v.device} but input is on {device}")
+    return v.detach().to(_F32).contiguous()
+
+
+def _soft_cross_entropy(x, t, weight, red, eps, z_loss, cap, scale, offset=None):
     """Probability targets with torch ops, as F.cross_entropy defines them:
     l_i = -sum_c w_c * y_c * log_softmax(z)_c with y = (1 - eps) * t + eps / C; the 'mean' is
-    over rows (not weighted); plus z_loss * lse_i^2 (mean over rows)."""
+    over rows (not weighted); plus z_loss * lse_i^2 (mean over rows). z = softcap(scale * x) +
+    offset."""
     C = x.shape[-1]
     z = x.float()
     if scale != 1.0:
         z = z * scale
     if cap > 0.0:
         z = cap * torch.tanh(z / cap)
+    if offset is not None:
+        z = z + offset
     lse = torch.logsumexp(z, dim=-1)
     logp = z - lse.unsqueeze(-1)
     y = t.float()
@@ -389,8 +430,8 @@ def _positive_int_or_none(fn, name, v):
 
 def linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
                          label_smoothing=0.0, *, class_weight=None, z_loss=0.0, softcap=None,
-                         logit_scale=1.0, chunk_rows=None, byte_budget=None, wgrad_accum="auto",
-                         recompute=None):
+                         logit_scale=1.0, logit_offset=None, chunk_rows=None, byte_budget=None,
+                         wgrad_accum="auto", recompute=None):
     r"""``F.cross_entropy(F.linear(hidden, weight, bias), target, ...)`` without the logits.
 
     The language-model head and its loss in one op: the [N, V] logits are never held (the C
@@ -404,6 +445,9 @@ def linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, r
     - ``ignore_index``, ``reduction`` ('none' | 'mean' | 'sum'), ``label_smoothing``, and the
       keyword-only ``class_weight`` ((V,), F.cross_entropy's ``weight``), ``z_loss``,
       ``softcap``, ``logit_scale``: exactly as :func:`fusedloss.cross_entropy`.
+    - ``logit_offset``: (V,), a per-class logit offset added after softcap: loss =
+      F.cross_entropy(softcap(s * F.linear(hidden, weight, bias)) + logit_offset, ...); logit
+      adjustment (Menon et al. 2021) uses tau * log(class prior). A constant (no gradient).
 
     Results match the unfused ops in the precision PyTorch runs them: the logits are accumulated
     in fp32 (double on the CPU backend) and rounded once to the input dtype, as F.linear returns
@@ -462,7 +506,7 @@ def linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, r
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"{fn}: hidden is on {dev}; only cpu and cuda tensors are supported")
     for name, t in (("weight", weight), ("target", target), ("bias", bias),
-                    ("class_weight", class_weight)):
+                    ("class_weight", class_weight), ("logit_offset", logit_offset)):
         if t is not None and isinstance(t, Tensor) and t.device != dev:
             raise ValueError(f"{fn}: {name} is on {t.device} but hidden is on {dev}")
     for name, t in (("hidden", hidden), ("weight", weight), ("bias", bias)):
@@ -493,6 +537,7 @@ def linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, r
             raise ValueError(f"{fn}: class_weight must be a floating tensor of shape ({V},), got "
                              f"{class_weight.dtype} {tuple(class_weight.shape)}")
         class_weight = class_weight.detach().to(_F32).contiguous()
+    logit_offset = _class_vector(fn, "logit_offset", logit_offset, V, dev)
 
     dtype = _autocast_dtype(dev.type)
     if dtype is None:  # as F.linear: one dtype for all three
@@ -529,16 +574,17 @@ def linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, r
     if needs[0] or needs[1] or needs[2]:
         rc = recompute if recompute is not None else red == REDUCTIONS["none"]
         loss = _autograd.LinearCrossEntropyFunction.apply(h, w, b, t, class_weight, dtype, ce_args,
-                                                          lce_args, needs, rc, eager)
+                                                          lce_args, needs, rc, eager, logit_offset)
     else:  # nothing to differentiate: the loss only (1 GEMM)
         h, w = h.to(dtype), w.to(dtype)
         b = b.to(dtype) if b is not None else None
         if eager:
             loss, _ = ops.lce_forward_impl(h, w, b, t, class_weight, *ce_args, *lce_args,
-                                           want_lse=False)
+                                           logit_offset, want_lse=False)
         else:
             loss, _ = torch.ops.fusedloss.linear_cross_entropy_forward(h, w, b, t, class_weight,
-                                                                       *ce_args, *lce_args)
+                                                                       *ce_args, *lce_args,
+                                                                       logit_offset)
     if red == REDUCTIONS["none"]:
         loss = loss.reshape(target.shape)
     return loss

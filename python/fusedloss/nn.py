@@ -24,15 +24,28 @@ def _finite(v):
 __all__ = ["CrossEntropyLoss", "LinearCrossEntropyLoss", "GELU", "BiasGELU"]
 
 
+def _check_offset(cls, logit_offset, dim):
+    """The constructor check of a logit_offset argument: None or a 1-D floating tensor."""
+    if logit_offset is None:
+        return
+    if not isinstance(logit_offset, Tensor):
+        raise TypeError(f"{cls}: logit_offset must be a Tensor or None, got {type(logit_offset).__name__}")
+    if logit_offset.dim() != 1 or not logit_offset.is_floating_point():
+        raise ValueError(f"{cls}: logit_offset must be a 1-D floating tensor ({dim},), got "
+                         f"{logit_offset.dtype} of shape {tuple(logit_offset.shape)}")
+
+
 class CrossEntropyLoss(torch.nn.Module):
     r"""Fused drop-in for :class:`torch.nn.CrossEntropyLoss`.
 
     Same constructor arguments, in the same order: ``weight``, ``size_average``,
     ``ignore_index``, ``reduce``, ``reduction``, ``label_smoothing``; the deprecated
     ``size_average`` / ``reduce`` are translated into ``reduction`` with torch's own rule and
-    warning. Keyword-only extensions: ``z_loss``, ``softcap``, ``logit_scale``,
+    warning. Keyword-only extensions: ``z_loss``, ``softcap``, ``logit_scale``, ``logit_offset``,
     ``inplace_backward`` (see :func:`fusedloss.cross_entropy`). ``weight`` is a buffer, as in
-    torch, so it follows ``.to(device)``.
+    torch, so it follows ``.to(device)``; so is ``logit_offset`` ((C,), a per-class logit offset
+    added after softcap: loss = F.cross_entropy(softcap(s*x) + logit_offset, ...); logit
+    adjustment (Menon et al. 2021) uses tau * log(class prior)).
 
     Bad arguments raise ValueError / TypeError at construction, naming the argument.
     forward(input, target) returns a float32 loss; shapes as in torch.
@@ -42,7 +55,7 @@ class CrossEntropyLoss(torch.nn.Module):
 
     def __init__(self, weight=None, size_average=None, ignore_index=-100, reduce=None,
                  reduction="mean", label_smoothing=0.0, *, z_loss=0.0, softcap=None,
-                 logit_scale=1.0, inplace_backward=False):
+                 logit_scale=1.0, logit_offset=None, inplace_backward=False):
         super().__init__()
         if size_average is not None or reduce is not None:
             from torch.nn import _reduction
@@ -71,7 +84,9 @@ class CrossEntropyLoss(torch.nn.Module):
             if weight.dim() != 1 or not weight.is_floating_point():
                 raise ValueError(f"CrossEntropyLoss: weight must be a 1-D floating tensor (C,), "
                                  f"got {weight.dtype} of shape {tuple(weight.shape)}")
+        _check_offset("CrossEntropyLoss", logit_offset, "C")
         self.register_buffer("weight", weight)
+        self.register_buffer("logit_offset", logit_offset)
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing
@@ -84,7 +99,8 @@ class CrossEntropyLoss(torch.nn.Module):
         return cross_entropy(input, target, weight=self.weight, ignore_index=self.ignore_index,
                              reduction=self.reduction, label_smoothing=self.label_smoothing,
                              z_loss=self.z_loss, softcap=self.softcap,
-                             logit_scale=self.logit_scale, inplace_backward=self.inplace_backward)
+                             logit_scale=self.logit_scale, logit_offset=self.logit_offset,
+                             inplace_backward=self.inplace_backward)
 
     def extra_repr(self):
         s = f"fused, reduction={self.reduction!r}, ignore_index={self.ignore_index}"
@@ -98,6 +114,8 @@ class CrossEntropyLoss(torch.nn.Module):
             s += f", softcap={self.softcap}"
         if self.logit_scale != 1.0:
             s += f", logit_scale={self.logit_scale}"
+        if self.logit_offset is not None:
+            s += f", logit_offset=({self.logit_offset.shape[0]},)"
         if self.inplace_backward:
             s += ", inplace_backward=True"
         return s
@@ -115,16 +133,18 @@ class LinearCrossEntropyLoss(torch.nn.Module):
 
     Constructor: ``ignore_index``, ``reduction``, ``label_smoothing`` (as torch's
     CrossEntropyLoss), keyword-only ``class_weight`` ((V,), a buffer: it follows ``.to()``),
-    ``z_loss``, ``softcap``, ``logit_scale``, ``chunk_rows``, ``byte_budget``, ``wgrad_accum``,
-    ``recompute``. Bad values raise ValueError / TypeError here, naming the argument.
+    ``z_loss``, ``softcap``, ``logit_scale``, ``logit_offset`` ((V,), a buffer too: the per-class
+    logit offset added after softcap; logit adjustment uses tau * log(class prior)),
+    ``chunk_rows``, ``byte_budget``, ``wgrad_accum``, ``recompute``. Bad values raise ValueError /
+    TypeError here, naming the argument.
     forward(hidden, weight, target, bias=None) -> float32 loss.
     """
 
     __constants__ = ["ignore_index", "reduction", "label_smoothing"]
 
     def __init__(self, ignore_index=-100, reduction="mean", label_smoothing=0.0, *,
-                 class_weight=None, z_loss=0.0, softcap=None, logit_scale=1.0, chunk_rows=None,
-                 byte_budget=None, wgrad_accum="auto", recompute=None):
+                 class_weight=None, z_loss=0.0, softcap=None, logit_scale=1.0, logit_offset=None,
+                 chunk_rows=None, byte_budget=None, wgrad_accum="auto", recompute=None):
         super().__init__()
         name = "LinearCrossEntropyLoss"
         _ce_options(name, reduction, ignore_index, label_smoothing, z_loss, softcap, logit_scale)
@@ -143,7 +163,9 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             raise TypeError(f"{name}: recompute must be None, True or False, got {recompute!r}")
         if recompute is False and reduction == "none":
             raise ValueError(f"{name}: reduction='none' needs recompute=True or None")
+        _check_offset(name, logit_offset, "V")
         self.register_buffer("class_weight", class_weight)
+        self.register_buffer("logit_offset", logit_offset)
         self.ignore_index = int(ignore_index)
         self.reduction = reduction
         self.label_smoothing = float(label_smoothing)
@@ -158,7 +180,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
                                     reduction=self.reduction, label_smoothing=self.label_smoothing,
                                     class_weight=self.class_weight, z_loss=self.z_loss,
                                     softcap=self.softcap, logit_scale=self.logit_scale,
-                                    chunk_rows=self.chunk_rows, byte_budget=self.byte_budget,
+                                    logit_offset=self.logit_offset, chunk_rows=self.chunk_rows,
+                                    byte_budget=self.byte_budget,
                                     wgrad_accum=self.wgrad_accum, recompute=self.recompute)
 
     def extra_repr(self):
@@ -172,6 +195,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             s += f", softcap={self.softcap}"
         if self.logit_scale != 1.0:
             s += f", logit_scale={self.logit_scale}"
+        if self.logit_offset is not None:
+            s += f", logit_offset=({self.logit_offset.shape[0]},)"
         for k in ("chunk_rows", "byte_budget", "recompute"):
             if getattr(self, k) is not None:
                 s += f", {k}={getattr(self, k)}"

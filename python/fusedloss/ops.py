@@ -4,25 +4,31 @@ Ops (namespace "fusedloss"; each has a CPU kernel calling fl_*_cpu, a CUDA kerne
 fl_*_cuda on torch's current stream, and a fake kernel for torch.compile / meta tensors):
 
   cross_entropy_forward(logits, target, weight?, ignore_index, reduction, label_smoothing,
-                        z_loss, softcap, logit_scale) -> (loss, lse)
-  cross_entropy_backward(grad_loss, logits, target, lse, weight?, ..., grad_scale) -> dlogits
-  cross_entropy_fused(logits, target, weight?, ..., grad_loss?, grad_scale) -> (loss, lse, dlogits)
-  cross_entropy_fused_inplace(logits!, target, weight?, ..., grad_loss?, grad_scale) -> (loss, lse)
-      the same, with dlogits written over the logits (mutates_args=("logits",))
+                        z_loss, softcap, logit_scale, offset?=None) -> (loss, lse)
+  cross_entropy_backward(grad_loss, logits, target, lse, weight?, ..., grad_scale, offset?=None)
+      -> dlogits
+  cross_entropy_fused(logits, target, weight?, ..., grad_loss?, grad_scale, offset?=None)
+      -> (loss, lse, dlogits)
+  cross_entropy_fused_inplace(logits!, target, weight?, ..., grad_loss?, grad_scale, offset?=None)
+      -> (loss, lse): the same, with dlogits written over the logits (mutates_args=("logits",))
+      offset: fp32 (V,) per-class logit offset o (fl_ce_options.logit_offset), added after the
+      softcap: the loss is F.cross_entropy(softcap(s x) + o, ...); no gradient flows to it.
   gelu_forward(x, bias?, approximate) -> y                      (fl_gelu_forward_*)
   gelu_backward(grad, x, bias?, approximate, compute_dbias) -> (dx, dbias)   (fl_gelu_backward_*)
       dbias is a (0,) tensor when not computed; x is any shape (..., F), bias (F,) of x's
       dtype or float32; approximate is the fl_gelu_approx number (0 none/erf, 1 tanh).
   linear_cross_entropy_fused(hidden, weight, bias?, target, class_weight?, <CE options>,
                              chunk_rows, byte_budget, wgrad_accum, wgrad_dtype, compute_dweight,
-                             compute_dbias, grad_loss?, grad_scale)
+                             compute_dbias, grad_loss?, grad_scale, class_offset?=None)
       -> (loss, lse, dhidden, dweight, dbias)         mode 1: gradients in the forward
   linear_cross_entropy_forward(hidden, weight, bias?, target, class_weight?, <CE options>,
-                               chunk_rows, byte_budget, wgrad_accum) -> (loss, lse)
+                               chunk_rows, byte_budget, wgrad_accum, class_offset?=None)
+      -> (loss, lse)
   linear_cross_entropy_backward(grad_loss, hidden, weight, bias?, target, lse, class_weight?,
                                 <CE options>, chunk_rows, byte_budget, wgrad_accum, wgrad_dtype,
-                                compute_dweight, compute_dbias, grad_scale)
+                                compute_dweight, compute_dbias, grad_scale, class_offset?=None)
       -> (dhidden, dweight, dbias)                    mode 2: recompute from the saved lse
+      class_offset: fp32 (V,) per-class logit offset, as the cross-entropy ops' offset
       (fl_linear_cross_entropy_*; see the notes at the linear cross-entropy section below)
   vp_ce_local_stats(logits, target, weight?, vocab_start, vocab_size, <CE options>) -> stats
   vp_ce_combine(gathered, target, weight?, vocab_size, <CE options>) -> (loss, lse)
@@ -32,7 +38,8 @@ fl_*_cuda on torch's current stream, and a fake kernel for torch.compile / meta 
       C library has the CUDA steps; see the notes at the vocab-parallel section at the end)
 
 The ops are deliberately raw: logits are 2-D (N, V) with unit column stride and a row stride
-ld = stride(0) >= V (the C API's layout); target is 1-D (N,) int32/int64; weight is fp32 (V,);
+ld = stride(0) >= V (the C API's layout); target is 1-D (N,) int32/int64; weight and offset are
+contiguous fp32 (V,) on the logits' device;
 reduction is the fl_reduction number (0 none, 1 mean, 2 sum); softcap 0 means off. Shape
 handling, defaults, soft targets and autograd live in functional.py / autograd.py.
 Outputs: loss fp32, (N,) for reduction none else 0-d; lse fp32 (N,); dlogits has the logits'
@@ -175,7 +182,8 @@ def _cuda_device(idx):
 
 class CEConfig:
     """One distinct (ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale), with
-    the fl_ce_options structs built for it, one per (weight address, error flag address) pair.
+    the fl_ce_options structs built for it, one per (weight, error flag, logit offset) address
+    triple.
     Get it from config(); functional.py also maps the user's raw keyword values to it, so that
     a repeated call validates nothing twice."""
     __slots__ = ("args", "reduction", "none", "_structs")
@@ -186,16 +194,17 @@ class CEConfig:
         self.none = reduction == _NONE
         self._structs = {}
 
-    def options(self, wptr, flag):
-        """(fl_ce_options, its address) for these weight / error-flag addresses (0 = NULL). Keep
-        the tuple referenced while the address is in use (the cache may be cleared meanwhile)."""
-        key = (wptr, flag)
+    def options(self, wptr, flag, optr=0):
+        """(fl_ce_options, its address) for these weight / error-flag / logit-offset addresses
+        (0 = NULL). Keep the tuple referenced while the address is in use (the cache may be
+        cleared meanwhile)."""
+        key = (wptr, flag, optr)
         s = self._structs.get(key)
         if s is None:
             if len(self._structs) >= 64:  # e.g. a new weight tensor at every call
                 self._structs.clear()
             ii, red, ls, zl, cap, scale = self.args
-            st = _lib.ce_options(ii, red, ls, wptr, zl, cap, scale, flag)
+            st = _lib.ce_options(ii, red, ls, wptr, zl, cap, scale, flag, optr)
             s = self._structs[key] = (st, ctypes.addressof(st))
         return s
 
@@ -227,10 +236,12 @@ def flag_ptr(idx):
     return p
 
 
-def plan(N, V, ld, dt, it, idx, cfg, wptr):
+def plan(N, V, ld, dt, it, idx, cfg, wptr, optr=0):
     """Everything a run_* call needs besides the tensors: (N, V, ld, fl dtype, fl index dtype,
-    device index (-1 = CPU), (options struct, address), CEConfig, workspace bytes)."""
-    return (N, V, ld, dt, it, idx, cfg.options(wptr, flag_ptr(idx) if idx >= 0 else 0), cfg,
+    device index (-1 = CPU), (options struct, address), CEConfig, workspace bytes). wptr / optr:
+    addresses of the fp32 class weights / logit offsets (0 = none); keep those tensors alive
+    while the plan is used."""
+    return (N, V, ld, dt, it, idx, cfg.options(wptr, flag_ptr(idx) if idx >= 0 else 0, optr), cfg,
             _ws_bytes(N, V, dt))
 
 
@@ -281,7 +292,16 @@ def _cuda_workspace(idx, stream, nbytes):
     return ws
 
 
-def _check_args(op, logits, target, weight=None, lse=None):
+def _check_vector(op, name, v, V, device):
+    """A per-class fp32 (V,) input (weight, logit offset): dtype, shape, device, contiguity."""
+    if v.dtype != torch.float32 or v.shape != (V,) or v.device != device:
+        raise ValueError(f"fusedloss::{op}: {name} must be float32 of shape ({V},) on "
+                         f"{device}, got {v.dtype} {tuple(v.shape)} on {v.device}")
+    if V > 1 and v.stride(0) != 1:
+        raise ValueError(f"fusedloss::{op}: {name} must be contiguous")
+
+
+def _check_args(op, logits, target, weight=None, lse=None, offset=None):
     """Validate the raw op's inputs (Python CHECK_DEVICE/CHECK_SHAPE); returns N, V, ld, codes."""
     if logits.dim() != 2:
         raise ValueError(f"fusedloss::{op}: logits must be 2-D (N, V), got shape {tuple(logits.shape)}")
@@ -307,11 +327,9 @@ def _check_args(op, logits, target, weight=None, lse=None):
     if N > 1 and target.stride(0) != 1:
         raise ValueError(f"fusedloss::{op}: target must be contiguous")
     if weight is not None:
-        if weight.dtype != torch.float32 or weight.shape != (V,) or weight.device != logits.device:
-            raise ValueError(f"fusedloss::{op}: weight must be float32 of shape ({V},) on "
-                             f"{logits.device}, got {weight.dtype} {tuple(weight.shape)} on {weight.device}")
-        if V > 1 and weight.stride(0) != 1:
-            raise ValueError(f"fusedloss::{op}: weight must be contiguous")
+        _check_vector(op, "weight", weight, V, logits.device)
+    if offset is not None:
+        _check_vector(op, "offset", offset, V, logits.device)
     if lse is not None:
         if lse.dtype != torch.float32 or lse.shape != (N,) or lse.device != logits.device:
             raise ValueError(f"fusedloss::{op}: lse must be float32 of shape ({N},) on {logits.device}")
@@ -491,44 +509,46 @@ def run_scale_rows(x, g, per_row):
 
 # ---- implementations of the ops (checks, then the run_* above) --------------------------------
 def _op_plan(logits, N, V, ld, dt, it, weight, ignore_index, reduction, label_smoothing,
-             z_loss, softcap, logit_scale):
+             z_loss, softcap, logit_scale, offset=None):
     cfg = config(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
     return plan(N, V, ld, dt, it, _device_index(logits), cfg,
-                weight.data_ptr() if weight is not None else 0)
+                weight.data_ptr() if weight is not None else 0,
+                offset.data_ptr() if offset is not None else 0)
 
 
 def forward_impl(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss,
-                 softcap, logit_scale):
+                 softcap, logit_scale, offset=None):
     """Loss and per-row lse (fl_cross_entropy_forward_{cpu,cuda}); see the module docstring."""
-    N, V, ld, dt, it = _check_args("cross_entropy_forward", logits, target, weight)
+    N, V, ld, dt, it = _check_args("cross_entropy_forward", logits, target, weight, None, offset)
     if N == 0:
         dev = logits.device
         loss = torch.empty(_loss_shape(N, reduction), dtype=torch.float32, device=dev)
         return _empty_loss(loss, reduction), torch.empty((0,), dtype=torch.float32, device=dev)
     return run_forward(logits, target,
                        _op_plan(logits, N, V, ld, dt, it, weight, ignore_index, reduction,
-                                label_smoothing, z_loss, softcap, logit_scale))
+                                label_smoothing, z_loss, softcap, logit_scale, offset))
 
 
 def backward_impl(grad_loss, logits, target, lse, weight, ignore_index, reduction,
-                  label_smoothing, z_loss, softcap, logit_scale, grad_scale):
+                  label_smoothing, z_loss, softcap, logit_scale, grad_scale, offset=None):
     """dlogits from the logits and the lse saved by forward (fl_cross_entropy_backward_*).
 
     grad_loss: fp32, (N,) for reduction none, else one element (the loss's gradient)."""
-    N, V, ld, dt, it = _check_args("cross_entropy_backward", logits, target, weight, lse)
+    N, V, ld, dt, it = _check_args("cross_entropy_backward", logits, target, weight, lse, offset)
     _check_grad_loss("cross_entropy_backward", grad_loss, N, reduction, logits.device)
     if N == 0:
         return _new_dlogits(logits, N, V, ld)
     return run_backward(grad_loss, logits, target, lse,
                         _op_plan(logits, N, V, ld, dt, it, weight, ignore_index, reduction,
-                                 label_smoothing, z_loss, softcap, logit_scale), grad_scale)
+                                 label_smoothing, z_loss, softcap, logit_scale, offset), grad_scale)
 
 
 def fused_impl(dlogits, logits, target, weight, ignore_index, reduction, label_smoothing,
-               z_loss, softcap, logit_scale, grad_loss, grad_scale, op="cross_entropy_fused"):
+               z_loss, softcap, logit_scale, grad_loss, grad_scale, op="cross_entropy_fused",
+               offset=None):
     """(loss, lse, dlogits) in one pass (fl_cross_entropy_fused_*); dlogits None: allocated,
     dlogits is logits: in place; grad_loss None means 1."""
-    N, V, ld, dt, it = _check_args(op, logits, target, weight)
+    N, V, ld, dt, it = _check_args(op, logits, target, weight, None, offset)
     if grad_loss is not None:
         _check_grad_loss(op, grad_loss, N, reduction, logits.device)
     if N == 0:
@@ -540,23 +560,23 @@ def fused_impl(dlogits, logits, target, weight, ignore_index, reduction, label_s
                 dlogits)
     return run_fused(dlogits, logits, target, grad_loss, grad_scale,
                      _op_plan(logits, N, V, ld, dt, it, weight, ignore_index, reduction,
-                              label_smoothing, z_loss, softcap, logit_scale))
+                              label_smoothing, z_loss, softcap, logit_scale, offset))
 
 # ---- the ops ----------------------------------------------------------------------------------
 @torch.library.custom_op("fusedloss::cross_entropy_forward", mutates_args=(),
                          device_types=("cpu", "cuda"))
 def cross_entropy_forward(logits: Tensor, target: Tensor, weight: Optional[Tensor],
                           ignore_index: int, reduction: int, label_smoothing: float,
-                          z_loss: float, softcap: float, logit_scale: float
-                          ) -> Tuple[Tensor, Tensor]:
+                          z_loss: float, softcap: float, logit_scale: float,
+                          offset: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Loss and per-row lse (fl_cross_entropy_forward_{cpu,cuda}); see the module docstring."""
     return forward_impl(logits, target, weight, ignore_index, reduction, label_smoothing,
-                        z_loss, softcap, logit_scale)
+                        z_loss, softcap, logit_scale, offset)
 
 
 @cross_entropy_forward.register_fake
 def _(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
-      logit_scale):
+      logit_scale, offset=None):
     torch._check(logits.dim() == 2, lambda: "fusedloss::cross_entropy_forward: logits must be 2-D")
     N = logits.shape[0]
     loss = logits.new_empty(_loss_shape(N, reduction), dtype=torch.float32)
@@ -570,10 +590,11 @@ def _(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, 
 def cross_entropy_backward(grad_loss: Tensor, logits: Tensor, target: Tensor, lse: Tensor,
                            weight: Optional[Tensor], ignore_index: int, reduction: int,
                            label_smoothing: float, z_loss: float, softcap: float,
-                           logit_scale: float, grad_scale: float) -> Tensor:
+                           logit_scale: float, grad_scale: float,
+                           offset: Optional[Tensor] = None) -> Tensor:
     """dlogits from the logits and the lse saved by forward (fl_cross_entropy_backward_*)."""
     return backward_impl(grad_loss, logits, target, lse, weight, ignore_index, reduction,
-                         label_smoothing, z_loss, softcap, logit_scale, grad_scale)
+                         label_smoothing, z_loss, softcap, logit_scale, grad_scale, offset)
 
 
 def _fake_dlogits(logits):
@@ -586,7 +607,7 @@ def _fake_dlogits(logits):
 
 @cross_entropy_backward.register_fake
 def _(grad_loss, logits, target, lse, weight, ignore_index, reduction, label_smoothing, z_loss,
-      softcap, logit_scale, grad_scale):
+      softcap, logit_scale, grad_scale, offset=None):
     return _fake_dlogits(logits)
 
 
@@ -596,15 +617,16 @@ def _(grad_loss, logits, target, lse, weight, ignore_index, reduction, label_smo
 def cross_entropy_fused(logits: Tensor, target: Tensor, weight: Optional[Tensor],
                         ignore_index: int, reduction: int, label_smoothing: float, z_loss: float,
                         softcap: float, logit_scale: float, grad_loss: Optional[Tensor],
-                        grad_scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+                        grad_scale: float, offset: Optional[Tensor] = None
+                        ) -> Tuple[Tensor, Tensor, Tensor]:
     """(loss, lse, dlogits) in one pass (fl_cross_entropy_fused_*); grad_loss None means 1."""
     return fused_impl(None, logits, target, weight, ignore_index, reduction, label_smoothing,
-                      z_loss, softcap, logit_scale, grad_loss, grad_scale)
+                      z_loss, softcap, logit_scale, grad_loss, grad_scale, offset=offset)
 
 
 @cross_entropy_fused.register_fake
 def _(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
-      logit_scale, grad_loss, grad_scale):
+      logit_scale, grad_loss, grad_scale, offset=None):
     N = logits.shape[0]
     return (logits.new_empty(_loss_shape(N, reduction), dtype=torch.float32),
             logits.new_empty((N,), dtype=torch.float32), _fake_dlogits(logits))
@@ -615,18 +637,18 @@ def _(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, 
 def cross_entropy_fused_inplace(logits: Tensor, target: Tensor, weight: Optional[Tensor],
                                 ignore_index: int, reduction: int, label_smoothing: float,
                                 z_loss: float, softcap: float, logit_scale: float,
-                                grad_loss: Optional[Tensor], grad_scale: float
-                                ) -> Tuple[Tensor, Tensor]:
+                                grad_loss: Optional[Tensor], grad_scale: float,
+                                offset: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """(loss, lse); dlogits overwrite the logits (dlogits == logits in the C call)."""
     loss, lse, _ = fused_impl(logits, logits, target, weight, ignore_index, reduction,
                               label_smoothing, z_loss, softcap, logit_scale, grad_loss,
-                              grad_scale, "cross_entropy_fused_inplace")
+                              grad_scale, "cross_entropy_fused_inplace", offset)
     return loss, lse
 
 
 @cross_entropy_fused_inplace.register_fake
 def _(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
-      logit_scale, grad_loss, grad_scale):
+      logit_scale, grad_loss, grad_scale, offset=None):
     N = logits.shape[0]
     return (logits.new_empty(_loss_shape(N, reduction), dtype=torch.float32),
             logits.new_empty((N,), dtype=torch.float32))
@@ -812,7 +834,8 @@ def _(grad, x, bias, approximate, compute_dbias):
 #   linear_cross_entropy_backward  mode 2, step 2: the gradients from the saved lse (recomputes)
 # Raw layout: hidden [N, H] and weight [V, H] with unit column stride and any row stride >= H,
 # bias [V] (or None), all of ONE dtype (fp32 / fp16 / bf16: the caller casts, e.g. for autocast);
-# target [N] int64/int32; class_weight fp32 [V] or None; reduction, as above, the fl_reduction
+# target [N] int64/int32; class_weight and class_offset (the per-class logit offset, added after
+# the softcap as the cross-entropy ops' offset) contiguous fp32 [V] or None; reduction, as above, the fl_reduction
 # number; softcap 0 = off; chunk_rows 0 = from byte_budget; wgrad_accum the fl_lce_accum number.
 # wgrad_dtype (the dtype of dweight and dbias) is the inputs' dtype or torch.float32 (fp32
 # parameters under autocast: their gradient accumulated in fp32). Gradients that are not
@@ -876,9 +899,9 @@ def _lce_struct(chunk_rows, byte_budget, wgrad_accum, allow_tf32):
     return s
 
 
-def _lce_ws_bytes(N, H, V, dt, wdt, cfg, ce_addr, has_weight, lce):
+def _lce_ws_bytes(N, H, V, dt, wdt, cfg, ce_addr, has_weight, lce, has_offset=False):
     """fl_linear_cross_entropy_workspace_size, cached per distinct arguments."""
-    key = (N, H, V, dt, wdt, cfg.args, has_weight, lce[2])
+    key = (N, H, V, dt, wdt, cfg.args, has_weight, has_offset, lce[2])
     n = _lce_ws_sizes.get(key)
     if n is None:
         n = _lib.lce_workspace_size(N, H, V, dt, wdt, ce_addr, lce[1])
@@ -901,7 +924,8 @@ def _lce_rows_ok(op, name, t, cols):
     return ld
 
 
-def lce_check_args(op, hidden, weight, bias, target, class_weight, wgrad_dtype, lse=None):
+def lce_check_args(op, hidden, weight, bias, target, class_weight, wgrad_dtype, lse=None,
+                   class_offset=None):
     """Validate the raw linear-CE op's inputs; returns (N, H, V, fl dtype, fl wgrad dtype, fl
     index dtype)."""
     if hidden.dim() != 2:
@@ -945,6 +969,8 @@ def lce_check_args(op, hidden, weight, bias, target, class_weight, wgrad_dtype, 
                              f"got {class_weight.dtype} {tuple(class_weight.shape)} on {class_weight.device}")
         if V > 1 and class_weight.stride(0) != 1:
             raise ValueError(f"fusedloss::{op}: class_weight must be contiguous")
+    if class_offset is not None:
+        _check_vector(op, "class_offset", class_offset, V, dev)
     if wgrad_dtype != hidden.dtype and wgrad_dtype != torch.float32:
         raise TypeError(f"fusedloss::{op}: wgrad_dtype must be hidden's dtype ({hidden.dtype}) or "
                         f"torch.float32, got {wgrad_dtype}")
@@ -993,14 +1019,15 @@ def _lce_empty_results(hidden, weight, bias, reduction, wgrad_dtype, grads):
 
 
 def run_lce(hidden, weight, bias, target, class_weight, cfg, lce_args, wgrad_dtype, *,
-            grads=None, want_lse=True, lse=None, grad_loss=None, grad_scale=1.0):
+            grads=None, want_lse=True, lse=None, grad_loss=None, grad_scale=1.0, class_offset=None):
     """The C calls of linear cross-entropy (inputs already validated by lce_check_args).
 
     Forward (lse is None): grads None -> loss-only (mode 2 step 1); grads (need_dweight,
     need_dbias) -> loss and gradients (mode 1) for grad_loss (None = 1) * grad_scale.
     Backward (lse given, grads given): the gradients from the saved lse (mode 2 step 2).
     lce_args: (chunk_rows, byte_budget, wgrad_accum). Returns (loss, lse, dhidden, dweight,
-    dbias) with None for what was not computed (loss/lse None in backward)."""
+    dbias) with None for what was not computed (loss/lse None in backward). class_offset: the fp32
+    [V] logit offset (fl_ce_options.logit_offset) or None."""
     backward = lse is not None
     N, H = hidden.shape
     V = weight.shape[0]
@@ -1021,7 +1048,8 @@ def run_lce(hidden, weight, bias, target, class_weight, cfg, lce_args, wgrad_dty
             with torch.cuda.device(idx):
                 return run_lce(hidden, weight, bias, target, class_weight, cfg, lce_args,
                                wgrad_dtype, grads=grads, want_lse=want_lse, lse=lse,
-                               grad_loss=grad_loss, grad_scale=grad_scale)
+                               grad_loss=grad_loss, grad_scale=grad_scale,
+                               class_offset=class_offset)
     # a loss-only forward has no weight gradient: with wgrad_dtype fp32 the plan reserves no
     # fp32 accumulator, so its workspace (and with a byte budget, its chunking) is the leanest
     wdt = _DTYPES[wgrad_dtype] if grads is not None else _lib.FL_DTYPE_F32
@@ -1035,8 +1063,9 @@ def run_lce(hidden, weight, bias, target, class_weight, cfg, lce_args, wgrad_dty
         torch.get_float32_matmul_precision() != "highest"
     lce = _lce_struct(lce_args[0], lce_args[1], lce_args[2], allow_tf32)
     wptr = class_weight.data_ptr() if class_weight is not None else 0
-    ce = cfg.options(wptr, flag_ptr(idx) if idx >= 0 else 0)
-    nbytes = _lce_ws_bytes(N, Hp, V, dt, wdt, cfg, ce[1], wptr != 0, lce)
+    optr = class_offset.data_ptr() if class_offset is not None else 0
+    ce = cfg.options(wptr, flag_ptr(idx) if idx >= 0 else 0, optr)
+    nbytes = _lce_ws_bytes(N, Hp, V, dt, wdt, cfg, ce[1], wptr != 0, lce, optr != 0)
     ws = torch.empty(nbytes, dtype=_U8, device=dev)
     wdtype = _F32 if wdt == _lib.FL_DTYPE_F32 else hidden.dtype
     loss = None if backward else torch.empty(_loss_shape(N, cfg.reduction), dtype=_F32, device=dev)
@@ -1092,46 +1121,49 @@ def _lce_cfg(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_sc
 
 def lce_fused_impl(hidden, weight, bias, target, class_weight, ignore_index, reduction,
                    label_smoothing, z_loss, softcap, logit_scale, chunk_rows, byte_budget,
-                   wgrad_accum, wgrad_dtype, compute_dweight, compute_dbias, grad_loss, grad_scale):
+                   wgrad_accum, wgrad_dtype, compute_dweight, compute_dbias, grad_loss, grad_scale,
+                   class_offset=None):
     """Mode 1: (loss, lse, dhidden, dweight, dbias) with (0,) tensors for gradients not computed."""
     op = "linear_cross_entropy_fused"
-    N = lce_check_args(op, hidden, weight, bias, target, class_weight, wgrad_dtype)[0]
+    N = lce_check_args(op, hidden, weight, bias, target, class_weight, wgrad_dtype, None,
+                       class_offset)[0]
     cfg = _lce_cfg(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
     if grad_loss is not None:
         _check_grad_loss(op, grad_loss, N, reduction, hidden.device)
     loss, lse, dh, dw, db = run_lce(hidden, weight, bias, target, class_weight, cfg,
                                     (chunk_rows, byte_budget, wgrad_accum), wgrad_dtype,
                                     grads=(compute_dweight, compute_dbias), grad_loss=grad_loss,
-                                    grad_scale=grad_scale)
+                                    grad_scale=grad_scale, class_offset=class_offset)
     return loss, lse, dh, _or_empty(dw, hidden, wgrad_dtype), _or_empty(db, hidden, wgrad_dtype)
 
 
 def lce_forward_impl(hidden, weight, bias, target, class_weight, ignore_index, reduction,
                      label_smoothing, z_loss, softcap, logit_scale, chunk_rows, byte_budget,
-                     wgrad_accum, want_lse=True):
+                     wgrad_accum, class_offset=None, want_lse=True):
     """Mode 2, step 1: (loss, lse) (lse None when want_lse is False)."""
     lce_check_args("linear_cross_entropy_forward", hidden, weight, bias, target, class_weight,
-                   hidden.dtype)
+                   hidden.dtype, None, class_offset)
     cfg = _lce_cfg(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
     loss, lse, _, _, _ = run_lce(hidden, weight, bias, target, class_weight, cfg,
                                  (chunk_rows, byte_budget, wgrad_accum), hidden.dtype,
-                                 want_lse=want_lse)
+                                 want_lse=want_lse, class_offset=class_offset)
     return loss, lse
 
 
 def lce_backward_impl(grad_loss, hidden, weight, bias, target, lse, class_weight, ignore_index,
                       reduction, label_smoothing, z_loss, softcap, logit_scale, chunk_rows,
                       byte_budget, wgrad_accum, wgrad_dtype, compute_dweight, compute_dbias,
-                      grad_scale):
+                      grad_scale, class_offset=None):
     """Mode 2, step 2: (dhidden, dweight, dbias) with (0,) tensors for gradients not computed."""
     op = "linear_cross_entropy_backward"
-    N = lce_check_args(op, hidden, weight, bias, target, class_weight, wgrad_dtype, lse)[0]
+    N = lce_check_args(op, hidden, weight, bias, target, class_weight, wgrad_dtype, lse,
+                       class_offset)[0]
     cfg = _lce_cfg(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
     _check_grad_loss(op, grad_loss, N, reduction, hidden.device)
     _, _, dh, dw, db = run_lce(hidden, weight, bias, target, class_weight, cfg,
                                (chunk_rows, byte_budget, wgrad_accum), wgrad_dtype,
                                grads=(compute_dweight, compute_dbias), lse=lse,
-                               grad_loss=grad_loss, grad_scale=grad_scale)
+                               grad_loss=grad_loss, grad_scale=grad_scale, class_offset=class_offset)
     return dh, _or_empty(dw, hidden, wgrad_dtype), _or_empty(db, hidden, wgrad_dtype)
 
 
@@ -1143,14 +1175,15 @@ def linear_cross_entropy_fused(hidden: Tensor, weight: Tensor, bias: Optional[Te
                                softcap: float, logit_scale: float, chunk_rows: int,
                                byte_budget: int, wgrad_accum: int, wgrad_dtype: torch.dtype,
                                compute_dweight: bool, compute_dbias: bool,
-                               grad_loss: Optional[Tensor], grad_scale: float
+                               grad_loss: Optional[Tensor], grad_scale: float,
+                               class_offset: Optional[Tensor] = None
                                ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Mode 1 (fl_linear_cross_entropy_forward_* with gradients): (loss, lse, dhidden, dweight,
     dbias); see the linear cross-entropy notes above."""
     return lce_fused_impl(hidden, weight, bias, target, class_weight, ignore_index, reduction,
                           label_smoothing, z_loss, softcap, logit_scale, chunk_rows, byte_budget,
                           wgrad_accum, wgrad_dtype, compute_dweight, compute_dbias, grad_loss,
-                          grad_scale)
+                          grad_scale, class_offset)
 
 
 def _fake_lce_grads(hidden, weight, bias, wgrad_dtype, compute_dweight, compute_dbias):
@@ -1167,7 +1200,7 @@ def _fake_lce_grads(hidden, weight, bias, wgrad_dtype, compute_dweight, compute_
 @linear_cross_entropy_fused.register_fake
 def _(hidden, weight, bias, target, class_weight, ignore_index, reduction, label_smoothing,
       z_loss, softcap, logit_scale, chunk_rows, byte_budget, wgrad_accum, wgrad_dtype,
-      compute_dweight, compute_dbias, grad_loss, grad_scale):
+      compute_dweight, compute_dbias, grad_loss, grad_scale, class_offset=None):
     N = hidden.shape[0]
     loss = hidden.new_empty(_loss_shape(N, reduction), dtype=torch.float32)
     lse = hidden.new_empty((N,), dtype=torch.float32)
@@ -1181,17 +1214,17 @@ def linear_cross_entropy_forward(hidden: Tensor, weight: Tensor, bias: Optional[
                                  target: Tensor, class_weight: Optional[Tensor],
                                  ignore_index: int, reduction: int, label_smoothing: float,
                                  z_loss: float, softcap: float, logit_scale: float,
-                                 chunk_rows: int, byte_budget: int, wgrad_accum: int
-                                 ) -> Tuple[Tensor, Tensor]:
+                                 chunk_rows: int, byte_budget: int, wgrad_accum: int,
+                                 class_offset: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Mode 2, step 1 (fl_linear_cross_entropy_forward_* without gradients): (loss, lse)."""
     return lce_forward_impl(hidden, weight, bias, target, class_weight, ignore_index, reduction,
                             label_smoothing, z_loss, softcap, logit_scale, chunk_rows,
-                            byte_budget, wgrad_accum)
+                            byte_budget, wgrad_accum, class_offset)
 
 
 @linear_cross_entropy_forward.register_fake
 def _(hidden, weight, bias, target, class_weight, ignore_index, reduction, label_smoothing,
-      z_loss, softcap, logit_scale, chunk_rows, byte_budget, wgrad_accum):
+      z_loss, softcap, logit_scale, chunk_rows, byte_budget, wgrad_accum, class_offset=None):
     torch._check(hidden.dim() == 2, lambda: "fusedloss: hidden must be 2-D")
     N = hidden.shape[0]
     return (hidden.new_empty(_loss_shape(N, reduction), dtype=torch.float32),
@@ -1206,20 +1239,21 @@ def linear_cross_entropy_backward(grad_loss: Tensor, hidden: Tensor, weight: Ten
                                   reduction: int, label_smoothing: float, z_loss: float,
                                   softcap: float, logit_scale: float, chunk_rows: int,
                                   byte_budget: int, wgrad_accum: int, wgrad_dtype: torch.dtype,
-                                  compute_dweight: bool, compute_dbias: bool, grad_scale: float
+                                  compute_dweight: bool, compute_dbias: bool, grad_scale: float,
+                                  class_offset: Optional[Tensor] = None
                                   ) -> Tuple[Tensor, Tensor, Tensor]:
     """Mode 2, step 2 (fl_linear_cross_entropy_backward_*): (dhidden, dweight, dbias) from the
     lse of linear_cross_entropy_forward; grad_loss fp32, (N,) for reduction none else 1 element."""
     return lce_backward_impl(grad_loss, hidden, weight, bias, target, lse, class_weight,
                              ignore_index, reduction, label_smoothing, z_loss, softcap,
                              logit_scale, chunk_rows, byte_budget, wgrad_accum, wgrad_dtype,
-                             compute_dweight, compute_dbias, grad_scale)
+                             compute_dweight, compute_dbias, grad_scale, class_offset)
 
 
 @linear_cross_entropy_backward.register_fake
 def _(grad_loss, hidden, weight, bias, target, lse, class_weight, ignore_index, reduction,
       label_smoothing, z_loss, softcap, logit_scale, chunk_rows, byte_budget, wgrad_accum,
-      wgrad_dtype, compute_dweight, compute_dbias, grad_scale):
+      wgrad_dtype, compute_dweight, compute_dbias, grad_scale, class_offset=None):
     return _fake_lce_grads(hidden, weight, bias, wgrad_dtype, compute_dweight, compute_dbias)
 
 

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import fusedloss  # noqa: E402
+from _zoo_util import assert_close  # noqa: E402
 from fusedloss import TargetOutOfRangeError  # noqa: E402
 
 # ---- tolerances: |got - ref| <= atol + rtol * |ref|, ref computed in float64 ---------------
@@ -33,22 +34,6 @@ CUDA_GRAD_TOL = {torch.float32: (1e-7, 1e-4), torch.float16: (1e-7, 2e-3), torch
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 HAS_CUDA = torch.cuda.is_available() and fusedloss.cuda_built()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CUDA build of libfusedloss")
-
-
-def assert_close(got, ref, tol, what):
-    atol, rtol = tol
-    got = got.detach().double().cpu()
-    ref = ref.detach().double().cpu()
-    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-    nan_got, nan_ref = torch.isnan(got), torch.isnan(ref)
-    assert torch.equal(nan_got, nan_ref), f"{what}: NaN pattern differs"
-    g, r = got[~nan_got], ref[~nan_ref]
-    err = (g - r).abs()
-    bad = err > atol + rtol * r.abs()
-    if bad.any():
-        idx = bad.nonzero()[:5].flatten().tolist()
-        raise AssertionError(f"{what}: {int(bad.sum())} mismatches, maxdiff {err.max().item():.3g}; "
-                             f"first: {[(g[i].item(), r[i].item()) for i in idx]}")
 
 
 # ---- float64 reference, incl. the extensions (z_loss, softcap, logit_scale) -----------------

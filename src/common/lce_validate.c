@@ -77,7 +77,7 @@ fl_status fl__lce_make_plan(const char* fn, int64_t N, int64_t H, int64_t V, fl_
     if (wsize == 0 || (wgrad_dtype != dtype && wgrad_dtype != FL_DTYPE_F32))
         return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: wgrad_dtype (%d) must be dtype (%d) or FL_DTYPE_F32 (%d)", fn,
                         (int)wgrad_dtype, (int)dtype, (int)FL_DTYPE_F32);
-    if (ce_opts && ce_opts->struct_size != sizeof(fl_ce_options))
+    if (ce_opts && !fl__ce_options_size_ok(ce_opts->struct_size))
         return fl__fail(FL_ERR_INVALID_ARGUMENT,
                         "%s: ce_opts->struct_size (%zu) != sizeof(fl_ce_options) (%zu); initialise with FL_CE_OPTIONS_INIT",
                         fn, ce_opts->struct_size, sizeof(fl_ce_options));
@@ -276,6 +276,7 @@ fl_status fl__lce_validate(const char* fn, int backward, int is_cuda,
 
     /* class weights: values checkable only where they are host memory */
     FL_CHECK(fl__ce_check_weights(fn, "ce_opts->weight", p->weight, V, is_cuda));
+    FL_CHECK(fl__ce_check_offset(fn, "ce_opts->logit_offset", p->logit_offset, V, is_cuda));
 
     /* alignment: every array aligned to its element size (both backends); CUDA: the GEMM
      * operands 16-byte aligned with 16-byte row strides (cuBLASLt's fast kernels) */
@@ -285,6 +286,7 @@ fl_status fl__lce_validate(const char* fn, int backward, int is_cuda,
             {"dhidden", dhidden, esize}, {"dweight", dweight, wsize}, {"dbias", dbias, wsize},
             {"loss", backward ? NULL : loss, 4}, {"lse", lse, 4}, {"targets", targets, isize},
             {"grad_loss", has_grad ? grad_loss : NULL, 4}, {"ce_opts->weight", p->weight, 4},
+            {"ce_opts->logit_offset", p->logit_offset, 4}, {"ce_opts->target_prob", p->target_prob, 4},
         };
         for (size_t k = 0; k < sizeof al / sizeof al[0]; k++)
             if ((uintptr_t)al[k].ptr % al[k].align)
@@ -319,6 +321,7 @@ fl_status fl__lce_validate(const char* fn, int backward, int is_cuda,
             mk("dweight", dweight, b_dweight),
             mk("dbias", dbias, v * wsize),
             mk("workspace", workspace, plan->total),
+            mk("ce_opts->target_prob", backward ? NULL : p->target_prob, b_rows4),
         };
         const nrange in[] = {
             mk("hidden", hidden, b_hidden),
@@ -328,6 +331,7 @@ fl_status fl__lce_validate(const char* fn, int backward, int is_cuda,
             mk("lse", backward ? lse : NULL, b_rows4),
             mk("grad_loss", has_grad ? grad_loss : NULL, nloss * 4u),
             mk("ce_opts->weight", p->weight, v * 4u),
+            mk("ce_opts->logit_offset", p->logit_offset, v * 4u),
         };
         const size_t n_out = sizeof out / sizeof out[0], n_in = sizeof in / sizeof in[0];
         for (size_t a = 0; a < n_out; a++) {

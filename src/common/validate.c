@@ -49,7 +49,7 @@ fl_status fl_cross_entropy_workspace_size(size_t* bytes, int64_t N, int64_t V, f
     if (V < 1) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: V (%lld) < 1", fn, (long long)V);
     if (fl__dtype_size(dtype) == 0)
         return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown dtype (%d)", fn, (int)dtype);
-    if (opts && opts->struct_size != sizeof(fl_ce_options))
+    if (opts && !fl__ce_options_size_ok(opts->struct_size))
         return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: opts->struct_size (%zu) != sizeof(fl_ce_options) (%zu)",
                         fn, opts->struct_size, sizeof(fl_ce_options));
     *bytes = fl__ce_workspace_bytes(N, V, dtype);
@@ -89,6 +89,10 @@ fl_status fl__check_ncd(const char* fn, int64_t N, int64_t C, int64_t d, int64_t
     return FL_OK;
 }
 
+int fl__ce_options_size_ok(size_t struct_size) {
+    return struct_size == sizeof(fl_ce_options) || struct_size == FL_CE_OPTIONS_V1_SIZE;
+}
+
 /* The options part of every cross-entropy validation (fl__ce_validate and the linear
  * cross-entropy's fl__lce_validate): field checks, then *p filled. `name` is how the caller's
  * argument is called in messages ("opts", "ce_opts"). opts NULL = FL_CE_OPTIONS_INIT. */
@@ -96,10 +100,11 @@ fl_status fl__ce_resolve_options(const char* fn, const char* name, const fl_ce_o
                                  fl__ce_params* p) {
     static const fl_ce_options defaults = FL_CE_OPTIONS_INIT;
     const fl_ce_options* o = opts ? opts : &defaults;
-    if (o->struct_size != sizeof(fl_ce_options))
+    if (!fl__ce_options_size_ok(o->struct_size))
         return fl__fail(FL_ERR_INVALID_ARGUMENT,
                         "%s: %s->struct_size (%zu) != sizeof(fl_ce_options) (%zu); initialise with FL_CE_OPTIONS_INIT",
                         fn, name, o->struct_size, sizeof(fl_ce_options));
+    const int v2 = o->struct_size == sizeof(fl_ce_options);  /* else version 1: no fields after error_flag */
     if (o->reduction != FL_REDUCTION_NONE && o->reduction != FL_REDUCTION_MEAN && o->reduction != FL_REDUCTION_SUM)
         return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: unknown reduction (%d)", fn, (int)o->reduction);
     if (!(o->label_smoothing >= 0.0f && o->label_smoothing <= 1.0f))
@@ -121,6 +126,17 @@ fl_status fl__ce_resolve_options(const char* fn, const char* name, const fl_ce_o
     p->softcap = o->softcap;
     p->logit_scale = o->logit_scale;
     p->error_flag = o->error_flag;
+    p->logit_offset = v2 ? o->logit_offset : NULL;
+    p->target_prob = v2 ? o->target_prob : NULL;
+    return FL_OK;
+}
+
+fl_status fl__ce_check_offset(const char* fn, const char* name, const float* offset, int64_t V, int is_cuda) {
+    if (!offset || is_cuda) return FL_OK;   /* device memory: not readable here */
+    for (int64_t j = 0; j < V; j++)
+        if (!isfinite(offset[j]))
+            return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: %s[%lld] (%g) must be finite", fn, name, (long long)j,
+                            (double)offset[j]);
     return FL_OK;
 }
 
@@ -191,6 +207,7 @@ fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
 
     /* class weights: values checkable only where they are host memory */
     FL_CHECK(fl__ce_check_weights(fn, "weight", p->weight, V, is_cuda));
+    FL_CHECK(fl__ce_check_offset(fn, "logit_offset", p->logit_offset, V, is_cuda));
 
     /* workspace */
     const size_t need = fl__ce_workspace_bytes(N, V, dtype);
@@ -208,6 +225,20 @@ fl_status fl__ce_validate(const char* fn, fl__pass pass, int is_cuda,
     range r_gl = fl__mkrange(has_grad ? grad_loss : NULL, ngrad * sizeof(float));
     range r_ws = fl__mkrange(workspace, need);
     range r_w = fl__mkrange(p->weight, (size_t)V * sizeof(float));
+    range r_o = fl__mkrange(p->logit_offset, (size_t)V * sizeof(float));
+    range r_tp = fl__mkrange(has_loss ? p->target_prob : NULL, (size_t)N * sizeof(float));
+
+    /* the second output of forward / fused: overlaps nothing (the offset, like the weights, is an input
+     * that may alias the other inputs) */
+    {
+        const range others[] = {r_logits, r_targets, r_loss, r_lse, r_dl, r_gl, r_w, r_o, r_ws};
+        if (fl__first_overlap(r_tp, others, (int)(sizeof others / sizeof others[0])) >= 0)
+            return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: opts->target_prob (%p) overlaps another argument", fn,
+                            (const void*)p->target_prob);
+    }
+    if (fl__overlap(r_o, r_dl) || fl__overlap(r_o, r_loss) || fl__overlap(r_o, r_lse) || fl__overlap(r_o, r_ws))
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: opts->logit_offset (%p) overlaps an output or the workspace",
+                        fn, (const void*)p->logit_offset);
 
     if (fl__overlap(r_loss, r_logits) || fl__overlap(r_loss, r_targets) || fl__overlap(r_loss, r_lse) ||
         fl__overlap(r_loss, r_dl) || fl__overlap(r_loss, r_gl) || fl__overlap(r_loss, r_w) || fl__overlap(r_loss, r_ws))

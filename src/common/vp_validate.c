@@ -34,6 +34,16 @@ static fl_status check_disjoint(const char* fn, vp_buf out, const vp_buf* in, in
 }
 
 
+/* Section 5's version-2 options (per-class logit offsets, the per-row target probability output)
+ * are not available to the steps. */
+static fl_status no_v2_options(const char* fn, const fl__ce_params* p) {
+    if (p->logit_offset)
+        return fl__fail(FL_ERR_UNSUPPORTED, "%s: opts->logit_offset is not supported by the vocab-parallel steps", fn);
+    if (p->target_prob)
+        return fl__fail(FL_ERR_UNSUPPORTED, "%s: opts->target_prob is not supported by the vocab-parallel steps", fn);
+    return FL_OK;
+}
+
 fl_status fl__vp_validate_shard(const char* fn, int backward, int is_cuda, const float* stats, const void* dlogits,
                                 const void* logits, const void* targets, const float* lse, const float* grad_loss,
                                 float grad_scale, int64_t N, int64_t V_local, int64_t ld, int64_t vocab_start,
@@ -57,6 +67,7 @@ fl_status fl__vp_validate_shard(const char* fn, int backward, int is_cuda, const
 
     /* options */
     FL_CHECK(fl__ce_resolve_options(fn, "opts", opts, p));
+    FL_CHECK(no_v2_options(fn, p));
     if (backward && !isfinite(grad_scale))
         return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: grad_scale (%g) is not finite", fn, (double)grad_scale);
 
@@ -119,6 +130,7 @@ fl_status fl__vp_validate_combine(const char* fn, int is_cuda, const float* loss
                         (long long)N);
 
     FL_CHECK(fl__ce_resolve_options(fn, "opts", opts, p));
+    FL_CHECK(no_v2_options(fn, p));
 
     if (!loss) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: loss is NULL", fn);
     if (N > 0 && !lse) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: lse is NULL (required: step 4 needs it)", fn);

@@ -14,8 +14,9 @@
  * (src/cpu/vocab_parallel.c), so all three ops share one implementation of the row math.
  *
  * ---- Formulas (row i, target t, upstream gradient g_a for the CE part, g_b for z-loss) ----
- *   z_j  = s x_j                       (softcap c == 0)      dz_j/dx_j = s
- *   z_j  = c tanh(s x_j / c)           (softcap c  > 0)      dz_j/dx_j = s (1 - (z_j/c)^2)
+ *   y_j  = s x_j                       (softcap c == 0)      dy_j/dx_j = s
+ *   y_j  = c tanh(s x_j / c)           (softcap c  > 0)      dy_j/dx_j = s (1 - (y_j/c)^2)
+ *   z_j  = y_j + o_j                   (o = logit_offset, 0 without)     dz_j/dx_j = dy_j/dx_j
  *   lse  = log sum_j exp z_j,  p_j = exp(z_j - lse)
  *   W    = sum_j w_j  (= V without class weights; w_j = 1 then)
  *   a_i  = (1-eps) w_t (lse - z_t) + (eps/V) (W lse - sum_j w_j z_j)     CE + smoothing
@@ -69,6 +70,11 @@ static double dtransform(double z, const fl__ce_params* p) {
     return (double)p->logit_scale;
 }
 
+/* z_j = transform(x_j) + o_j: the logit the loss sees (dz/dx = dtransform of the transform) */
+static double offset_at(const fl__ce_params* p, int64_t j) {
+    return p->logit_offset ? (double)p->logit_offset[j] : 0.0;
+}
+
 /* Pass 1 over columns [col0, col0 + n) of one row (element `off` of logits is column col0): the
  * online max m and sum-exp s (s relative to m), the target logit z_t (0 unless col0 <= t <
  * col0 + n) and sum_j w_j z_j. The whole row is col0 = 0, n = V; a vocabulary shard
@@ -79,7 +85,7 @@ void fl__ce_cpu_row_partial(const void* logits, fl_dtype dt, int64_t off, int64_
     const float* w = p->weight ? p->weight + col0 : NULL;
     double m = -INFINITY, s = 0.0, sw = 0.0, z_t = 0.0;
     for (int64_t j = 0; j < n; j++) {
-        double z = transform(load_logit(logits, dt, off + j), p);
+        double z = transform(load_logit(logits, dt, off + j), p) + offset_at(p, col0 + j);
         if (j == tl) z_t = z;
         sw += (w ? (double)w[j] : 1.0) * z;
         if (z > m) {                       /* online rescale: s was relative to the old max */
@@ -141,12 +147,12 @@ void fl__ce_cpu_row_grad(void* dlogits, const void* logits, fl_dtype dt, int64_t
     const int64_t tl = t - col0;
     const float* w = p->weight ? p->weight + col0 : NULL;
     for (int64_t j = 0; j < n; j++) {
-        double z = transform(load_logit(logits, dt, off + j), p);
-        double pj = exp(z - lse);
+        double y = transform(load_logit(logits, dt, off + j), p);
+        double pj = exp(y + offset_at(p, col0 + j) - lse);
         double w_j = w ? (double)w[j] : 1.0;
         double da = c_t * (pj - (j == tl ? 1.0 : 0.0)) + c_s * (W * pj - w_j);
         double db = c_z * pj;
-        store_grad(dlogits, dt, off + j, (g_a * da + g_b * db) * dtransform(z, p));
+        store_grad(dlogits, dt, off + j, (g_a * da + g_b * db) * dtransform(y, p));
     }
 }
 
@@ -201,6 +207,7 @@ void fl__ce_cpu_rows(fl__pass pass, const fl__ce_params* p, const fl__ce_denoms*
             if (pass != FL__PASS_BACKWARD) {
                 if (none) loss[i] = 0.0f;
                 if (lse_out) lse_out[i] = 0.0f;
+                if (p->target_prob) p->target_prob[i] = 1.0f;
             }
             if (pass != FL__PASS_FORWARD) fl__ce_cpu_row_zero(dlogits, dt, off, V);
             continue;
@@ -216,6 +223,7 @@ void fl__ce_cpu_rows(fl__pass pass, const fl__ce_params* p, const fl__ce_denoms*
             part[2 * i + 1] = b;
             if (none) loss[i] = (float)(a + b);
             if (lse_out) lse_out[i] = (float)lse;
+            if (p->target_prob) p->target_prob[i] = (float)exp(z_t - lse);
         }
         if (pass != FL__PASS_FORWARD) {
             double g_a, g_b;

@@ -68,6 +68,8 @@ struct CeArgs {
     float eps, zeta, softcap, scale;
     const float* weight;
     int32_t* error_flag;
+    const float* offset;  // per-class logit offset o_j (F_ZMAP), or NULL (never for a vocabulary shard)
+    float* tprob;         // forward / fused: [N] p_t = exp(z_t - lse) per row, or NULL
     float inv_softcap;   // 1/softcap (0 when off)
     double* hdr;          // workspace header: [0] D_w, [1] D_n, [2] W
     float* part;          // workspace: [N][2] per-row a_i, b_i
@@ -96,8 +98,8 @@ __device__ __forceinline__ int64_t load_target(const CeArgs& a, int64_t i) {
 // Option flags compiled into the per-element code (template F): the common case (no softcap, no
 // label smoothing) gets the shortest instruction stream; the unrolled per-element code is what
 // limits a memory-bound kernel's speed once its bytes are minimal.
-// F_ZMAP: the logit map z = softcap tanh(scale x / softcap) is not the identity (scale != 1 or a
-// softcap); without it z = x and the per-element multiply disappears.
+// F_ZMAP: the logit map z = softcap tanh(scale x / softcap) + o_j is not the identity (scale != 1,
+// a softcap or a per-class offset); without it z = x and the per-element multiply disappears.
 enum { F_ZMAP = 1, F_SMOOTH = 2 };
 
 #define FL_LOG2E 1.4426950408889634f
@@ -110,11 +112,13 @@ __device__ __forceinline__ float fexp2(float x) {
     return y;
 }
 
+// z of raw logit x in column j (j indexes a.offset: local to a vocabulary shard)
 template <int F>
-__device__ __forceinline__ float zval(const CeArgs& a, float x) {
+__device__ __forceinline__ float zval(const CeArgs& a, float x, int j) {
     if (!(F & F_ZMAP)) return x;
     float z = a.scale * x;
     if (a.inv_softcap != 0.0f) z = a.softcap * tanhf(z * a.inv_softcap);
+    if (a.offset) z += __ldg(a.offset + j);
     return z;
 }
 
@@ -260,7 +264,8 @@ __device__ __forceinline__ float grad_elem(const CeArgs& a, const GradCoef& c, f
     float g = TGT ? fmaf(c.P, p, j == c.t ? -c.Tt : 0.0f) : c.P * p;
     if (F & F_SMOOTH) g -= c.Wc * (a.weight ? __ldg(a.weight + j) : 1.0f);
     if (F & F_ZMAP) {  // softcap derivative; r = 0 without a softcap (inv_softcap = 0)
-        float r = z * a.inv_softcap;
+        // (of the capped logit y = z - o_j: the offset does not change dz/dx)
+        float r = ((a.offset && a.inv_softcap != 0.0f) ? z - __ldg(a.offset + j) : z) * a.inv_softcap;
         g *= 1.0f - r * r;
     }
     return g;
@@ -374,21 +379,46 @@ template <> __device__ __forceinline__ Pack<__half> pack_out<__half>(const float
     return *reinterpret_cast<const Pack<__half>*>(&u);
 }
 
+// e0: the column of the vector's first element. The offsets of a vector are read as float4s
+// (read-only path, L1/L2-resident: every row reads the same [V] array) when 16-byte aligned, which
+// holds for every vector of a row or for none (e0 = head + 4k or 8k); scalar loads otherwise.
 template <int F, typename T>
-__device__ __forceinline__ void vec_z(const CeArgs& a, const Pack<T>& x, float (&z)[Pack<T>::VEC]) {
+__device__ __forceinline__ void vec_z(const CeArgs& a, const Pack<T>& x, int e0, float (&z)[Pack<T>::VEC]) {
+    constexpr int VEC = Pack<T>::VEC;
     unpack(x, z);
     if (F & F_ZMAP) {
+        if (!a.offset) {
 #pragma unroll
-        for (int v = 0; v < Pack<T>::VEC; v++) z[v] = zval<F>(a, z[v]);
+            for (int v = 0; v < VEC; v++) z[v] = zval<F>(a, z[v], 0);
+            return;
+        }
+        const float* o = a.offset + e0;
+        float ov[VEC];
+        if (((uintptr_t)o & 15u) == 0) {
+#pragma unroll
+            for (int k = 0; k < VEC / 4; k++) {
+                const float4 q = __ldg(reinterpret_cast<const float4*>(o) + k);
+                ov[4 * k] = q.x; ov[4 * k + 1] = q.y; ov[4 * k + 2] = q.z; ov[4 * k + 3] = q.w;
+            }
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; v++) ov[v] = __ldg(o + v);
+        }
+#pragma unroll
+        for (int v = 0; v < VEC; v++) {
+            float y = a.scale * z[v];
+            if (a.inv_softcap != 0.0f) y = a.softcap * tanhf(y * a.inv_softcap);
+            z[v] = y + ov[v];
+        }
     }
 }
 
 // Per-thread stats, first sweep (max) and second sweep (sum-exp, weighted sum) over one vector.
 template <int F, typename T>
-__device__ __forceinline__ float vec_max(const CeArgs& a, const Pack<T>& x, float m) {
+__device__ __forceinline__ float vec_max(const CeArgs& a, const Pack<T>& x, int e0, float m) {
     if (!(F & F_ZMAP)) return fmaxf(m, pack_max(x));
     float z[Pack<T>::VEC];
-    vec_z<F>(a, x, z);
+    vec_z<F>(a, x, e0, z);
 #pragma unroll
     for (int v = 0; v < Pack<T>::VEC; v++) m = fmaxf(m, z[v]);
     return m;
@@ -410,7 +440,7 @@ template <int F, typename T>
 __device__ __forceinline__ void vec_sum(const CeArgs& a, const Pack<T>& x, int e0, float mL, float& s, float& wz) {
     constexpr int VEC = Pack<T>::VEC;
     float z[VEC], e[VEC];
-    vec_z<F>(a, x, z);
+    vec_z<F>(a, x, e0, z);
 #pragma unroll
     for (int v = 0; v < VEC; v++) {
         e[v] = fexp2(fmaf(z[v], FL_LOG2E, -mL));  // NaN z poisons s, so the row's lse is NaN, as PyTorch
@@ -423,7 +453,7 @@ template <int F, typename T>
 __device__ __forceinline__ Pack<T> vec_grad(const CeArgs& a, const GradCoef& c, const Pack<T>& x, int e0) {
     constexpr int VEC = Pack<T>::VEC;
     float z[VEC], g[VEC];
-    vec_z<F>(a, x, z);
+    vec_z<F>(a, x, e0, z);
 #pragma unroll
     for (int v = 0; v < VEC; v++) g[v] = grad_elem<F, false>(a, c, z[v], e0 + v);
     const unsigned k = (unsigned)(c.t - e0);  // < VEC only in the target's vector (t = -1 when bad)
@@ -451,6 +481,7 @@ __device__ __forceinline__ void finish_row_w(const CeArgs& a, const Denoms& d, i
     else if (a.reduction == FL_REDUCTION_NONE) a.loss[i] = a_i + b_i;
     else { a.part[2 * i] = a_i; a.part[2 * i + 1] = b_i; }
     if (a.lse_out) a.lse_out[i] = lse;
+    if (a.tprob) a.tprob[i] = bad ? __int_as_float(0x7fc00000) : expf(zt - lse);
 }
 
 __device__ __forceinline__ void finish_row(const CeArgs& a, const Denoms& d, int64_t i, int t, bool bad,
@@ -463,6 +494,7 @@ __device__ __forceinline__ void ignored_row_outputs(const CeArgs& a, int64_t i, 
     if (a.reduction == FL_REDUCTION_NONE) a.loss[i] = 0.0f;
     else { a.part[2 * i] = 0.0f; a.part[2 * i + 1] = 0.0f; }
     if (a.lse_out) a.lse_out[i] = 0.0f;
+    if (a.tprob) a.tprob[i] = 1.0f;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -486,10 +518,10 @@ template <typename T, int K, int F>
 __device__ __forceinline__ RowStats chunk_stats(const CeArgs& a, const Pack<T> (&x)[K], const RowGrid<T>& g,
                                                 int q0, bool has_x, float xs, int ex, RowStats* sh) {
     const int T_ = (int)blockDim.x;
-    float m = has_x ? zval<F>(a, xs) : -INFINITY;
+    float m = has_x ? zval<F>(a, xs, ex) : -INFINITY;
 #pragma unroll
     for (int k = 0; k < K; k++)
-        if (q0 + k * T_ < g.nfull) m = vec_max<F>(a, x[k], m);
+        if (q0 + k * T_ < g.nfull) m = vec_max<F>(a, x[k], g.vec_elem(q0 + k * T_), m);
     const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
     float s = 0.0f, wz = 0.0f;
 #pragma unroll
@@ -498,7 +530,7 @@ __device__ __forceinline__ RowStats chunk_stats(const CeArgs& a, const Pack<T> (
         if (q < g.nfull) vec_sum<F>(a, x[k], g.vec_elem(q), mL, s, wz);
     }
     if (has_x) {
-        float z = zval<F>(a, xs);
+        float z = zval<F>(a, xs, ex);
         s += fexp2(fmaf(z, FL_LOG2E, -mL));
         if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
     }
@@ -563,7 +595,7 @@ __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a) {
         // fused pass takes it from the stats, and other CTAs of the row may already have
         // overwritten row[t]
         const float zt = (rank == 0 && tid == 0 && tin && (PASS == PASS_STATS || C == 1))
-                             ? zval<F>(a, to_float(row[t])) : 0.0f;
+                             ? zval<F>(a, to_float(row[t]), t) : 0.0f;
         float wz;
         if (PASS == PASS_STATS || C == 1) {
             RowStats r = chunk_stats<T, K, F>(a, x, g, q0, has_x, xs, ex, sh);
@@ -596,7 +628,7 @@ __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a) {
         int q = q0 + k * T_;
         if (q < g.nfull) store_vec(vec_grad<F>(a, c, x[k], g.vec_elem(q)), drow, g.vec_elem(q));
     }
-    if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, xs), ex));
+    if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, xs, ex), ex));
 }
 
 // Forward only, after PASS_STATS: one thread per row merges the row's partials and finishes it.
@@ -694,15 +726,15 @@ __global__ void __launch_bounds__(STREAM_T, F != 0 ? 2 : PASS == PASS_BACKWARD ?
                     if (q0 + k * T_ < hi)
                         store_vec(vec_grad<F>(a, cf, x[k], e0 + k * T_ * Pack<T>::VEC), dst, k * T_ * Pack<T>::VEC);
             }
-            if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, cf, zval<F>(a, to_float(row[ex])), ex));
+            if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, cf, zval<F>(a, to_float(row[ex]), ex), ex));
             continue;
         }
 
         // forward statistics of this unit
-        const float zt = (c == 0 && tid == 0 && tin) ? zval<F>(a, to_float(row[t])) : 0.0f;
+        const float zt = (c == 0 && tid == 0 && tin) ? zval<F>(a, to_float(row[t]), t) : 0.0f;
         float m = -INFINITY, s = 0.0f, wz = 0.0f;
         if (has_x) {
-            const float z = zval<F>(a, to_float(row[ex]));
+            const float z = zval<F>(a, to_float(row[ex]), ex);
             m = z;
             s = 1.0f;  // 2^0: z relative to itself
             if (F & F_SMOOTH) wz = (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
@@ -717,7 +749,7 @@ __global__ void __launch_bounds__(STREAM_T, F != 0 ? 2 : PASS == PASS_BACKWARD ?
             float bm = -INFINITY;
 #pragma unroll
             for (int k = 0; k < STREAM_K; k++)
-                if (q0 + k * T_ < hi) bm = (F & F_ZMAP) ? vec_max<F>(a, x[k], bm) : fmaxf(bm, pack_max(x[k]));
+                if (q0 + k * T_ < hi) bm = (F & F_ZMAP) ? vec_max<F>(a, x[k], e0 + k * T_ * Pack<T>::VEC, bm) : fmaxf(bm, pack_max(x[k]));
             if (bm > m) {  // false for NaN (skipped, as fmaxf does)
                 s = (m == -INFINITY) ? 0.0f : s * fexp2((m - bm) * FL_LOG2E);
                 m = bm;
@@ -816,6 +848,7 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
         const int ex = has_x ? g.extra_elem(lane) : 0;
         if (ignored) {
             if (lane == 0 && a.lse_out) a.lse_out[i] = 0.0f;
+            if (lane == 0 && a.tprob) a.tprob[i] = 1.0f;
             if (PASS != PASS_FORWARD) {
                 Pack<T> zero;
 #pragma unroll
@@ -837,18 +870,18 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
         // target logit read by lane 0 here; the __syncwarp() before the gradient stores below
         // orders this read before any other lane's (in-place) store (shuffles alone give no
         // memory ordering: the compiler could sink this load into the lane-0 block)
-        const float zt = (lane == 0 && !bad) ? zval<F>(a, to_float(row[t])) : 0.0f;
-        float m = has_x ? zval<F>(a, xs) : -INFINITY;
+        const float zt = (lane == 0 && !bad) ? zval<F>(a, to_float(row[t]), t) : 0.0f;
+        float m = has_x ? zval<F>(a, xs, ex) : -INFINITY;
 #pragma unroll
         for (int k = 0; k < SMALL_KW; k++)
-            if (lane + 32 * k < g.nfull) m = vec_max<F>(a, x[k], m);
+            if (lane + 32 * k < g.nfull) m = vec_max<F>(a, x[k], g.vec_elem(lane + 32 * k), m);
         const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
         float s = 0.0f, wz = 0.0f;
 #pragma unroll
         for (int k = 0; k < SMALL_KW; k++)
             if (lane + 32 * k < g.nfull) vec_sum<F>(a, x[k], g.vec_elem(lane + 32 * k), mL, s, wz);
         if (has_x) {
-            float z = zval<F>(a, xs);
+            float z = zval<F>(a, xs, ex);
             s += fexp2(fmaf(z, FL_LOG2E, -mL));
             if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
         }
@@ -869,7 +902,7 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
                 int q = lane + 32 * k;
                 if (q < g.nfull) store_vec(vec_grad<F>(a, cf, x[k], g.vec_elem(q)), drow, g.vec_elem(q));
             }
-            if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, cf, zval<F>(a, xs), ex));
+            if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, cf, zval<F>(a, xs, ex), ex));
         }
     }
 
@@ -1126,7 +1159,7 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
             if (PASS == PASS_BACKWARD) {
                 lse = cur.lse;
             } else {
-                float m = has_x ? zval<F>(a, xs) : -INFINITY;
+                float m = has_x ? zval<F>(a, xs, ex) : -INFINITY;
                 float s = has_x ? 1.0f : 0.0f, wz = 0.0f;
                 if (has_x && (F & F_SMOOTH)) wz = (a.weight ? __ldg(a.weight + ex) : 1.0f) * m;
                 for (int k = 0; k < ns; k++) {
@@ -1139,10 +1172,10 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
                     int q = lo + tid;
 #pragma unroll 2
                     for (; q + T_ < hi; q += 2 * T_) {
-                        m0 = vec_max<F>(a, lds_pack<T>(tma_buf + q), m0);
-                        m1 = vec_max<F>(a, lds_pack<T>(tma_buf + q + T_), m1);
+                        m0 = vec_max<F>(a, lds_pack<T>(tma_buf + q), g.vec_elem(ch.lo + q), m0);
+                        m1 = vec_max<F>(a, lds_pack<T>(tma_buf + q + T_), g.vec_elem(ch.lo + q + T_), m1);
                     }
-                    if (q < hi) m0 = vec_max<F>(a, lds_pack<T>(tma_buf + q), m0);
+                    if (q < hi) m0 = vec_max<F>(a, lds_pack<T>(tma_buf + q), g.vec_elem(ch.lo + q), m0);
                     const float bm = fmaxf(m0, m1);
                     if (bm > m) {  // false for NaN (skipped, as fmaxf does)
                         s = (m == -INFINITY) ? 0.0f : s * fexp2((m - bm) * FL_LOG2E);
@@ -1169,7 +1202,7 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
                 const int x = xch & 1;
                 xch++;
                 if (tid == 0) {
-                    const float zt = (rank == 0 && !bad) ? zval<F>(a, cur.zt) : 0.0f;
+                    const float zt = (rank == 0 && !bad) ? zval<F>(a, cur.zt, t) : 0.0f;
                     const float4 mine = make_float4(r.m, r.s, r.wz, zt);
                     cg::cluster_group cl = cg::this_cluster();
                     for (int c = 0; c < cs; c++) *cl.map_shared_rank(&slot[x][rank], c) = mine;
@@ -1202,7 +1235,7 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
                     if (tid < 32 && nx.valid)
                         tma_issue_sub<T>(a, nx.i, nx.rank, cs, nx.t64, sub, k, tma_buf, &bar[k]);
                 }
-                if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, xs), ex));
+                if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, xs, ex), ex));
             }
         }
         cur = nx;
@@ -1754,6 +1787,7 @@ static CeArgs make_args(const fl__ce_params& p, float* loss, float* lse_out, voi
     a.ignore_index = p.ignore_index; a.reduction = (int)p.reduction;
     a.eps = p.label_smoothing; a.zeta = p.z_loss; a.softcap = p.softcap; a.scale = p.logit_scale;
     a.weight = p.weight; a.error_flag = p.error_flag;
+    a.offset = p.logit_offset; a.tprob = p.target_prob;
     a.inv_softcap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
     a.hdr = (double*)workspace;
     a.part = (float*)((char*)workspace + 256);
@@ -1784,7 +1818,8 @@ static fl_status check_cuda_layout(const char* fn, const void* dlogits, const vo
 
 // The per-element option flags compiled into the kernels (template F) for these options.
 static int ce_flags(const fl__ce_params& p) {
-    return ((p.softcap > 0.0f || p.logit_scale != 1.0f) ? F_ZMAP : 0) | (p.label_smoothing > 0.0f ? F_SMOOTH : 0);
+    return ((p.softcap > 0.0f || p.logit_scale != 1.0f || p.logit_offset) ? F_ZMAP : 0) |
+           (p.label_smoothing > 0.0f ? F_SMOOTH : 0);
 }
 
 static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, void* dlogits,
@@ -1802,6 +1837,7 @@ static fl_status ce_cuda(const char* fn, int pass, float* loss, float* lse_out, 
 
     CeArgs a = make_args(p, loss, lse_out, dlogits, logits, targets, lse_in, grad_loss, grad_scale, N, V, ld, it,
                          workspace, N);
+    if (pass == PASS_BACKWARD) a.tprob = NULL;  // a forward output
     return ce_launch(fn, pass, a, p, dt, 0, stream);
 }
 
@@ -1984,6 +2020,7 @@ fl_status fl__ce_cuda_chunk_rows(int pass, const fl__ce_params* p, int64_t r0, i
                          lse_in ? lse_in + r0 : NULL, (grad_loss && none) ? grad_loss + r0 : grad_loss, grad_scale,
                          C, V, ld, it, ce_ws, N);
     a.part += 2 * r0;
+    a.tprob = (pass == PASS_BACKWARD || !a.tprob) ? NULL : a.tprob + r0;
     return ce_launch("fl_linear_cross_entropy_cuda", pass, a, *p, dt, 1, (cudaStream_t)stream);
 }
 
@@ -2011,6 +2048,8 @@ static CeArgs vp_args(const fl__ce_params& p, void* dlogits, const void* logits,
     a.col0 = vocab_start;
     a.Vg = V;
     if (a.weight) a.weight += vocab_start;
+    a.offset = NULL;  // section 5's version-2 options: refused by the steps' validators
+    a.tprob = NULL;
     return a;
 }
 
