@@ -36,6 +36,7 @@ from .softmax_losses import softmax_focal_loss, SoftmaxFocalLoss  # noqa: E402  
 from .lovasz import lovasz_softmax, LovaszSoftmaxLoss  # noqa: E402  (section 13)
 from .taylor import taylor_cross_entropy, TaylorCrossEntropyLoss  # noqa: E402  (section 14)
 from .large_margin import large_margin_cross_entropy, LargeMarginSoftmaxLoss  # noqa: E402  (section 15)
+from .ohem import ohem_cross_entropy, OhemCrossEntropyLoss  # noqa: E402  (OHEM on section 5)
 from .vocab_parallel_linear import vocab_parallel_linear_cross_entropy  # noqa: E402
 from .linear_distill import linear_distillation_loss, LinearDistillationLoss  # noqa: E402  (section 10, no logits)
 from . import functional, nn, patch  # noqa: E402,F401
@@ -50,5 +51,6 @@ __all__ = ["cross_entropy", "gelu", "linear_cross_entropy", "vocab_parallel_cros
            "margin_cross_entropy", "ArcFaceLoss", "CosFaceLoss", "CombinedMarginLoss",
            "softmax_focal_loss", "SoftmaxFocalLoss", "lovasz_softmax", "LovaszSoftmaxLoss",
            "taylor_cross_entropy", "TaylorCrossEntropyLoss",
-           "large_margin_cross_entropy", "LargeMarginSoftmaxLoss"]
+           "large_margin_cross_entropy", "LargeMarginSoftmaxLoss",
+           "ohem_cross_entropy", "OhemCrossEntropyLoss"]
 
