@@ -38,6 +38,7 @@ from .taylor import taylor_cross_entropy, TaylorCrossEntropyLoss  # noqa: E402  
 from .large_margin import large_margin_cross_entropy, LargeMarginSoftmaxLoss  # noqa: E402  (section 15)
 from .ohem import ohem_cross_entropy, OhemCrossEntropyLoss  # noqa: E402  (OHEM on section 5)
 from .vocab_parallel_linear import vocab_parallel_linear_cross_entropy  # noqa: E402
+from .vocab_parallel_margin import vocab_parallel_margin_cross_entropy  # noqa: E402  (section 11 sharded)
 from .linear_distill import linear_distillation_loss, LinearDistillationLoss  # noqa: E402  (section 10, no logits)
 from . import functional, nn, patch  # noqa: E402,F401
 
@@ -52,5 +53,5 @@ __all__ = ["cross_entropy", "gelu", "linear_cross_entropy", "vocab_parallel_cros
            "softmax_focal_loss", "SoftmaxFocalLoss", "lovasz_softmax", "LovaszSoftmaxLoss",
            "taylor_cross_entropy", "TaylorCrossEntropyLoss",
            "large_margin_cross_entropy", "LargeMarginSoftmaxLoss",
-           "ohem_cross_entropy", "OhemCrossEntropyLoss"]
+           "ohem_cross_entropy", "OhemCrossEntropyLoss", "vocab_parallel_margin_cross_entropy"]
 

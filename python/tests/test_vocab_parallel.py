@@ -566,6 +566,40 @@ def _error_cases(rank, groups):
     return n
 
 
+def _margin_case(rank, groups):
+    """fusedloss.vocab_parallel_margin_cross_entropy (ArcFace on class-sharded cosines, uneven shards,
+    fp32, some rows ignored): the same loss on every rank, equal to the single-GPU op
+    fusedloss.margin_cross_entropy on the full cosines; each rank's gradient is its slice."""
+    import torch.distributed as dist
+    members, ends = GROUPS["world"]
+    group = groups["world"]
+    r = members.index(rank)
+    V = ends[-1]
+    start, end = shards(ends)[r]
+    g = torch.Generator().manual_seed(4242)
+    x = torch.rand((9, V), generator=g, dtype=torch.float64).mul(1.9).sub(0.95).float()
+    t = torch.randint(0, V, (9,), generator=g)
+    t[torch.rand(9, generator=g) < 0.25] = -100
+    n = 0
+    for red in ("mean", "none"):
+        leaf = x[:, start:end].clone().requires_grad_(True)
+        loss = fusedloss.vocab_parallel_margin_cross_entropy(leaf, t, start, end, group=group, s=16.0, m2=0.5,
+                                                             reduction=red, vocab_size=V)
+        bits = loss.detach().reshape(-1).view(torch.int32).clone()
+        allbits = [torch.empty_like(bits) for _ in members]
+        dist.all_gather(allbits, bits, group=group)
+        assert all(torch.equal(b, allbits[0]) for b in allbits), f"rank {rank} margin {red}: loss differs"
+        full = x.clone().requires_grad_(True)
+        ref = fusedloss.margin_cross_entropy(full, t, s=16.0, m2=0.5, reduction=red)
+        assert_close(loss, ref, (1e-6, 1e-5), f"rank {rank} margin {red} loss")
+        up = upstream(loss.shape, seed=3)
+        loss.backward(up)
+        ref.backward(up)
+        assert_close(leaf.grad, full.grad[:, start:end], (1e-7, 1e-4), f"rank {rank} margin {red} grad")
+        n += 1
+    return n
+
+
 def _worker(rank, world, init_file, out_dir):
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -579,6 +613,7 @@ def _worker(rank, world, init_file, out_dir):
         for i, (gname, dtype, opts, extras) in enumerate(_mp_cases()):
             n += _run_case(rank, groups, gname, dtype, opts, extras, seed=1000 + i)
         n += _compile_case(rank, groups)
+        n += _margin_case(rank, groups)
         n += _error_cases(rank, groups)
         dist.barrier()
         with open(os.path.join(out_dir, f"rank{rank}"), "w") as fh:
@@ -612,6 +647,7 @@ def test_process_groups_gloo(tmp_path):
     counts = spawn_gloo(_worker, WORLD, tmp_path)
     expect = [sum(r in GROUPS[c[0]][0] for c in _mp_cases())  # the cases of its groups
               + (r in GROUPS["01"][0])                         # torch.compile
+              + 2                                              # the margin CE (mean, none)
               + 3 + (r in (0, 1)) + (r == 0)                   # the error cases
               for r in range(WORLD)]
     assert counts == expect, (counts, expect)
