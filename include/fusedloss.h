@@ -1264,7 +1264,6 @@ FL_API fl_status fl_taylor_ce_fused_cuda(float* loss, void* dlogits, const void*
 
 /*-****************************************************************************
  *  15. Large-margin softmax cross-entropy (Kobayashi, BMVC'19; pytorch-loss LargeMarginSoftmaxV1)
- *      — CPU backend only so far
  *
  *  Logits x [N, C] (row stride ld >= C, C >= 2), class targets y [N]. With p = softmax(x) and q the
  *  softmax over the C - 1 non-target logits (q_k = exp(x_k) / sum_{j != y} exp(x_j), k != y):
@@ -1277,29 +1276,39 @@ FL_API fl_status fl_taylor_ce_fused_cuda(float* loss, void* dlogits, const void*
  *  Gradient: dx_y = g_i (p_y - 1); for j != y,
  *    dx_j = g_i (p_j + (lambda / 2) (q_j (x_j + 1 - sum_{k != y} q_k x_k) - 1 / (C - 1)))
  *  with g_i as section 14. dlogits == logits allowed (in place); padding neither read nor written.
- *  Numerics: the CPU backend computes in double. CUDA: not implemented yet (the entry points are
- *  not declared); fusedloss.large_margin_cross_entropy runs a PyTorch formulation on CUDA tensors.
- *  Out-of-range targets: FL_ERR_TARGET_OUT_OF_RANGE before anything is written.
+ *  Numerics: the CPU backend computes in double. CUDA computes in fp32 (fp32 / fp16 / bf16 inputs)
+ *  from x_y and the non-target statistics shifted by m' = max_{k != y} x_k (the regulariser as
+ *  sum q_k (x_k - m') - sum (x_k - m') / (C - 1)); lse - x_y is a log1p and p_y - 1 is
+ *  -sum_{k != y} p_k when the target dominates, so neither cancels. A -inf non-target logit gives
+ *  NaN (as the CPU backend).
+ *  CUDA: one warp per row up to C = 1024 (the row in registers: one read, one write), one CTA per
+ *  row beyond (the gradient pass reads the row again, from L2); 16-byte vectors when the rows are
+ *  aligned (same results either way); deterministic (fixed reduction order), asynchronous, no
+ *  allocation, capturable in a CUDA graph.
+ *  Out-of-range targets: CPU FL_ERR_TARGET_OUT_OF_RANGE before anything is written; CUDA: that
+ *  row's loss and gradient NaN and *error_flag = 1 when error_flag is non-NULL (as section 14).
  ******************************************************************************/
 typedef struct fl_large_margin_options {
     size_t        struct_size;   /* = sizeof(fl_large_margin_options); set by FL_LARGE_MARGIN_OPTIONS_INIT */
     float         lambda;        /* finite, >= 0; default 0.3 (pytorch-loss's) */
     int64_t       ignore_index;  /* default -100 (PyTorch's; pytorch-loss's module uses 255) */
-    fl_reduction  reduction;     /* NONE, SUM or MEAN (default) */
-    int32_t*      error_flag;    /* reserved for the CUDA backend; NULL */
+    fl_reduction  reduction;     /* NONE, SUM or MEAN (default); MEAN's D counts out-of-range rows */
+    int32_t*      error_flag;    /* CUDA: device int set to 1 on an out-of-range target; or NULL */
 } fl_large_margin_options;
 
 #define FL_LARGE_MARGIN_OPTIONS_INIT { sizeof(fl_large_margin_options), 0.3f, -100, FL_REDUCTION_MEAN, NULL }
 
 /*! fl_large_margin_ce_workspace_size() : bytes of workspace of the large-margin entry points: the
  *  same rule as fl_taylor_ce_workspace_size() (0 for NONE, else 2304 + 4 N rounded up to a multiple
- *  of 256; the CPU backend does not use its content). opts may be NULL.
+ *  of 256; CUDA: device memory, 256-byte aligned, content ignored and overwritten; the CPU backend
+ *  does not use its content). opts may be NULL.
  * @return : FL_OK or FL_ERR_INVALID_ARGUMENT. */
 FL_API fl_status fl_large_margin_ce_workspace_size(size_t* bytes, int64_t N, int64_t C, fl_dtype dtype,
                                                    const fl_large_margin_options* opts);
 
-/*! fl_large_margin_ce_forward_cpu() / fl_large_margin_ce_fused_cpu() : the contract of section 14's
- *  entry points (loss [N] for NONE else [1]; fused: loss optional, dlogits required), C >= 2.
+/*! fl_large_margin_ce_forward_{cpu,cuda}() / fl_large_margin_ce_fused_{cpu,cuda}() : the contract of
+ *  section 14's entry points (loss [N] for NONE else [1]; fused: loss optional, dlogits required),
+ *  C >= 2. CUDA: device pointers, asynchronous on `stream`.
  * @return : FL_OK or an error status. */
 FL_API fl_status fl_large_margin_ce_forward_cpu(float* loss, const void* logits, int64_t ld, const void* targets,
                                                 fl_index_dtype index_dtype, int64_t N, int64_t C, fl_dtype dtype,
@@ -1310,6 +1319,15 @@ FL_API fl_status fl_large_margin_ce_fused_cpu(float* loss, void* dlogits, const 
                                               const float* grad_loss, float grad_scale, int64_t N, int64_t C,
                                               fl_dtype dtype, const fl_large_margin_options* opts,
                                               void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_large_margin_ce_forward_cuda(float* loss, const void* logits, int64_t ld, const void* targets,
+                                                 fl_index_dtype index_dtype, int64_t N, int64_t C, fl_dtype dtype,
+                                                 const fl_large_margin_options* opts, void* workspace,
+                                                 size_t workspace_bytes, fl_stream stream);
+FL_API fl_status fl_large_margin_ce_fused_cuda(float* loss, void* dlogits, const void* logits, int64_t ld,
+                                               const void* targets, fl_index_dtype index_dtype,
+                                               const float* grad_loss, float grad_scale, int64_t N, int64_t C,
+                                               fl_dtype dtype, const fl_large_margin_options* opts,
+                                               void* workspace, size_t workspace_bytes, fl_stream stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -28,7 +28,7 @@
 #              --small grid; with >= 2 GPUs torchrun python/tests/dist_vp_nccl.py and bench/bench_vp.py
 #              (NCCL); all output in $OUT/vp.log
 #   zoo        loss zoo (issue 8): the GPU tests of the elementwise losses, distillation, margin CE and
-#              softmax focal, Lovasz, Taylor CE (ZOO_TESTS; + memcheck / racecheck on their --small grids); unless
+#              softmax focal, Lovasz, Taylor and large-margin CE (ZOO_TESTS; + memcheck / racecheck on their --small grids); unless
 #              ZOO_PY=0, the benches (ZOO_BENCHES: bench_zoo, bench_distill, bench_softmax_losses, bench_lovasz,
 #              bench_taylor) and
 #              the CUDA cases of the zoo's Python tests (ZOO_PYTESTS); all output in $OUT/zoo.log
@@ -403,7 +403,7 @@ fi
 if want zoo && have build/test_elementwise_loss_cuda zoo; then
     run_step zoo "${ZOO_CAP:-360}" '
         rc=0
-        for t in ${ZOO_TESTS:-test_elementwise_loss_cuda test_distill_cuda test_margin_ce_cuda test_softmax_focal_cuda test_lovasz_cuda test_taylor_ce_cuda}; do
+        for t in ${ZOO_TESTS:-test_elementwise_loss_cuda test_distill_cuda test_margin_ce_cuda test_softmax_focal_cuda test_lovasz_cuda test_taylor_ce_cuda test_large_margin_ce_cuda}; do
             [ -x build/$t ] || { echo "### build/$t missing"; continue; }
             echo "### $t"; timeout 150 build/$t > "$OUT/$t.out" 2>&1 || rc=1; grep -m60 -E "FAIL|input of" "$OUT/$t.out"; tail -5 "$OUT/$t.out"
             if [ -n "$SANITIZER" ]; then
@@ -419,7 +419,7 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                 [ -e bench/$b.py ] || continue
                 echo "### $b.py"; timeout 200 python3 bench/$b.py --out "$OUT/$b-$DATE.json" 2>&1 | tail -30 || rc=1
             done
-            zpy="${ZOO_PYTESTS:-test_zoo test_distill test_linear_distill test_softmax_losses test_lovasz test_taylor}"
+            zpy="${ZOO_PYTESTS:-test_zoo test_distill test_linear_distill test_softmax_losses test_lovasz test_taylor test_large_margin}"
             echo "### pytest $zpy (CUDA cases)"
             timeout 240 python3 -m pytest -q -k cuda $(for f in $zpy; do ls python/tests/$f.py 2>/dev/null; done) 2>&1 | tail -12 || rc=1
         fi

@@ -464,7 +464,7 @@ fl_status fl__taylor_validate(const char* fn, fl__pass pass, int is_cuda, const 
                               const fl_taylor_options* opts, const void* workspace, size_t workspace_bytes,
                               fl__taylor_params* p);
 
-/* ---- large-margin softmax cross-entropy (header section 15; CPU) ------------------------------- */
+/* ---- large-margin softmax cross-entropy (header section 15) -------------------------------------- */
 
 typedef struct {
     int64_t         N, C, ld;
@@ -473,10 +473,11 @@ typedef struct {
     float           lambda;
     int64_t         ignore_index;
     fl_reduction    reduction;
+    int32_t*        error_flag;
 } fl__large_margin_params;
 
-/* as fl__taylor_validate (the workspace rule of section 14), C >= 2, CPU only */
-fl_status fl__large_margin_validate(const char* fn, fl__pass pass, const float* loss, const void* dlogits,
+/* as fl__taylor_validate (the workspace rule of section 14, is_cuda the same), C >= 2 */
+fl_status fl__large_margin_validate(const char* fn, fl__pass pass, int is_cuda, const float* loss, const void* dlogits,
                                     const void* logits, int64_t ld, const void* targets, fl_index_dtype index_dtype,
                                     const float* grad_loss, float grad_scale, int64_t N, int64_t C, fl_dtype dtype,
                                     const fl_large_margin_options* opts, const void* workspace,

@@ -1469,6 +1469,9 @@ static void test_oob(int64_t N, int64_t V, fl_dtype dt, fl_index_dtype it, fl_re
     float* h_l = (float*)hmalloc(vb);
     float* h_s = (float*)hmalloc(vb);
     void* h_d = hmalloc(mb);
+    float* tp = (float*)dmalloc(vb + GUARD);   /* opts->target_prob: NaN on bad rows too */
+    float* h_tp = (float*)hmalloc(vb + GUARD);
+    o.target_prob = tp;
     /* finite poison (0x3F bytes): an unwritten NaN row must not pass as "NaN" */
     static const int ops[4] = {OP_FWD, OP_FUSED, OP_FUSED_IP, OP_BWD};
     for (int q = 0; q < 4; q++) {
@@ -1477,6 +1480,7 @@ static void test_oob(int64_t N, int64_t V, fl_dtype dt, fl_index_dtype it, fl_re
         if (op != OP_BWD) dpoison(lse, vb + GUARD, 0x3F);
         dpoison(loss, vb + GUARD, 0x3F);
         dpoison(dl, mb + GUARD, 0x3F);
+        dpoison(tp, vb + GUARD, 0x3F);
         d2d(work, p.logits, mb);
         dsync();
         fl_status s = FL_OK;
@@ -1510,6 +1514,22 @@ static void test_oob(int64_t N, int64_t V, fl_dtype dt, fl_index_dtype it, fl_re
         d2h(&hf, flag, 4);
         if (use_flag && hf != 1) bad("%s: *error_flag = %d, want 1", op_name(op), hf);
         if (!use_flag && hf != 0) bad("%s: error_flag NULL but the flag buffer was written (%d)", op_name(op), hf);
+        d2h(h_tp, tp, vb + GUARD);
+        if (op == OP_BWD) {
+            if (!all_bytes((const unsigned char*)h_tp, vb + GUARD, 0x3F)) bad("backward wrote target_prob");
+        } else {
+            int64_t wrong = 0;
+            for (int64_t i = 0; i < N; i++) {
+                const float v = h_tp[i];
+                if (badrow[i]) wrong += !isnan(v);
+                else if (cin.ign[i]) wrong += v != 1.0f;
+                else wrong += !(v >= 0.0f && v <= 1.0f);
+            }
+            if (wrong) bad("%s: target_prob wrong in %lld rows (bad: NaN, ignored: 1, else in [0, 1])", op_name(op),
+                           (long long)wrong);
+            if (!all_bytes((const unsigned char*)h_tp + (size_t)N * 4, vb + GUARD - (size_t)N * 4, 0x3F))
+                bad("%s: bytes past target_prob[N-1] written", op_name(op));
+        }
         if (op != OP_BWD) {
             d2h(h_l, loss, vb);
             d2h(h_s, lse, vb);
@@ -1588,7 +1608,7 @@ static void test_oob(int64_t N, int64_t V, fl_dtype dt, fl_index_dtype it, fl_re
     }
     free(badrow); free(rl); free(rs); free(rd); free(rg); free(ga); free(w); free(h_l); free(h_s); free(h_d);
     free(cin.tgt); free(cin.ign); free(cin.tgt_typed);
-    dfree(flag); dfree(loss); dfree(lse); dfree(dl); dfree(work);
+    dfree(flag); dfree(tp); free(h_tp); dfree(loss); dfree(lse); dfree(dl); dfree(work);
     problem_free(&p);
     case_end(name, NULL, t0);
 }

@@ -665,11 +665,11 @@ static void test_validator(void) {
     fl__large_margin_params p;
     /* the CPU takes any workspace alignment; the validator never reads the targets */
     y[0] = 99;
-    fl_status st = fl__large_margin_validate(fn, FL__PASS_FUSED, loss, dx, x, 8, y, FL_INDEX_I64, NULL, 1.0f, 4, 5,
+    fl_status st = fl__large_margin_validate(fn, FL__PASS_FUSED, 0, loss, dx, x, 8, y, FL_INDEX_I64, NULL, 1.0f, 4, 5,
                                              FL_DTYPE_F16, &o, ws + 16, wsb, &p);
     CHECK(st == FL_OK, "validator: misaligned workspace or target 99 refused: %d %s", (int)st, fl_last_error());
     y[0] = 0;
-    st = fl__large_margin_validate(fn, FL__PASS_FUSED, loss, dx, x, 8, y, FL_INDEX_I64, NULL, 1.0f, 4, 5, FL_DTYPE_F16,
+    st = fl__large_margin_validate(fn, FL__PASS_FUSED, 0, loss, dx, x, 8, y, FL_INDEX_I64, NULL, 1.0f, 4, 5, FL_DTYPE_F16,
                                    &o, ws, wsb - 1, &p);
     CHECK(st == FL_ERR_INSUFFICIENT_WORKSPACE && strstr(fl_last_error(), "fl_large_margin_ce_workspace_size"),
           "small workspace: %d %s", (int)st, fl_last_error());
@@ -680,14 +680,14 @@ static void test_validator(void) {
         o.reduction = reds[k];
         o.ignore_index = k == 3 ? (int64_t)1 << 40 : 42 + k;
         const int64_t N = 2 + k, C = 3 + k, ld = C + k;
-        st = fl__large_margin_validate(fn, k == 2 ? FL__PASS_FORWARD : FL__PASS_FUSED, loss, k == 2 ? NULL : dx, x, ld,
+        st = fl__large_margin_validate(fn, k == 2 ? FL__PASS_FORWARD : FL__PASS_FUSED, 0, loss, k == 2 ? NULL : dx, x, ld,
                                        y, FL_INDEX_I32, NULL, 1.0f, N, C, FL_DTYPE_BF16, &o, ws, wsb, &p);
         CHECK(st == FL_OK, "validator params %d: %s", k, fl_last_error());
         CHECK(p.N == N && p.C == C && p.ld == ld && p.dtype == FL_DTYPE_BF16 && p.index_dtype == FL_INDEX_I32 &&
               p.lambda == o.lambda && p.ignore_index == o.ignore_index && p.reduction == o.reduction,
               "resolved parameters %d", k);
     }
-    st = fl__large_margin_validate(fn, FL__PASS_FORWARD, loss, NULL, x, 8, y, FL_INDEX_I32, NULL, 1.0f, 4, 5,
+    st = fl__large_margin_validate(fn, FL__PASS_FORWARD, 0, loss, NULL, x, 8, y, FL_INDEX_I32, NULL, 1.0f, 4, 5,
                                    FL_DTYPE_BF16, NULL, ws, wsb, &p);
     CHECK(st == FL_OK && p.lambda == 0.3f && p.ignore_index == -100 && p.reduction == FL_REDUCTION_MEAN,
           "opts NULL: the defaults (%d %s)", (int)st, fl_last_error());

@@ -376,12 +376,14 @@ _OPTIONAL.update({
     "fl_taylor_ce_fused_cuda": (_INT, _TAYLOR_FUSED + [_P]),
 })
 # ---- end of section 14 ---------------------------------------------------------------------------
-# ---- section 15: large-margin softmax cross-entropy (optional as above; CPU backend only so far; used
-# by fusedloss.large_margin). The entry points take section 14's arguments (no stream: no CUDA entry).
+# ---- section 15: large-margin softmax cross-entropy (optional as above; used by
+# fusedloss.large_margin). The entry points take section 14's arguments (CUDA: the stream last).
 _OPTIONAL.update({
     "fl_large_margin_ce_workspace_size": (_INT, [ctypes.POINTER(_SZ), _I64, _I64, _INT, _OPTS]),
     "fl_large_margin_ce_forward_cpu": (_INT, _TAYLOR_FWD),
+    "fl_large_margin_ce_forward_cuda": (_INT, _TAYLOR_FWD + [_P]),
     "fl_large_margin_ce_fused_cpu": (_INT, _TAYLOR_FUSED),
+    "fl_large_margin_ce_fused_cuda": (_INT, _TAYLOR_FUSED + [_P]),
 })
 # ---- end of section 15 ---------------------------------------------------------------------------
 

@@ -17,30 +17,33 @@ gradient (their logits are not read). Reductions "none" (the target's shape), "s
 the positions not ignored; NaN if none, gradient then 0). Defaults: lam 0.3 (pytorch-loss's) and
 ignore_index -100 (PyTorch's; pytorch-loss's module uses 255: pass ignore_index=255 for that; its
 reduction "none" also drops the ignored rows, this one keeps them as 0, in the target's shape).
-Targets int32 / int64 (other integer dtypes are cast). The loss is returned in the logits' dtype.
-Out-of-range targets (not in [0, C) and not ignore_index): TargetOutOfRangeError (an IndexError)
-before anything is computed, on every device in eager mode (a host sync on CUDA: the check reads
-the targets); under torch.compile on the PyTorch formulation that row's loss is NaN instead.
+Targets int32 / int64 (other integer dtypes are cast). The loss is returned in the logits' dtype
+(computed in fp32 by CUDA, in double by the CPU backend; rounded once). Out-of-range targets (not
+in [0, C) and not ignore_index): TargetOutOfRangeError (an IndexError) before anything is written
+on CPU and on the PyTorch formulation in eager mode (a host sync on CUDA there: the check reads the
+targets; under torch.compile that row's loss is NaN instead); on the CUDA C op that row's loss
+and gradient are NaN and the device error flag is set (no host sync: fusedloss.check_errors();
+debug mode: see fusedloss.ops), as fusedloss.taylor.
 
 Paths:
-  * CPU tensors of float32 / float16 / bfloat16: the C op (fl_large_margin_ce_{forward,fused}_cpu,
-    computed in double, rounded once) through the custom ops below on rows [N, C] (unit column
-    stride, row stride ld >= C: a 2-D row-strided view such as a column slice is passed as is;
-    [N, C, d1, ...] maps are moved to [N * d1 * ..., C] rows, which copies; any other layout is
-    made contiguous).
-  * Everything else: the PyTorch formulation _large_margin_torch (the target masked with -inf, one
-    log_softmax over the rest, its term zeroed; 16-bit inputs computed in float32). The header has
-    no CUDA backend for section 15 yet, so CUDA tensors run this PyTorch formulation until a kernel
-    exists (as do float64 and other devices). It is traceable by torch.compile(fullgraph=True) and
-    differentiable to any order.
+  * CPU and CUDA tensors of float32 / float16 / bfloat16: the C op
+    (fl_large_margin_ce_{forward,fused}_{cpu,cuda}: double on the CPU, fp32 on CUDA) through the
+    custom ops below on rows [N, C] (unit column stride, row stride ld >= C: a 2-D row-strided view
+    such as a column slice is passed as is; [N, C, d1, ...] maps are moved to [N * d1 * ..., C]
+    rows, which copies; any other layout is made contiguous). CUDA tensors take the C op when the
+    loaded library has the CUDA backend of section 15 (_C_DEVICES), else the PyTorch formulation.
+  * Everything else (float64, other devices): the PyTorch formulation _large_margin_torch (the
+    target masked with -inf, one log_softmax over the rest, its term zeroed; 16-bit inputs computed
+    in float32), also the reference of the tests and the eager baseline of bench/bench_taylor.py.
+    It is traceable by torch.compile(fullgraph=True) and differentiable to any order.
 
-Custom ops (namespace "fusedloss"; torch.library, CPU kernels only (no CUDA backend yet), fake
+Custom ops (namespace "fusedloss"; torch.library, CPU and CUDA kernels on the current stream, fake
 kernels for torch.compile / meta tensors):
 
   large_margin_ce_forward(logits, target, lam, ignore_index, reduction) -> loss
-      (fl_large_margin_ce_forward_cpu)
+      (fl_large_margin_ce_forward_*)
   large_margin_ce_fused(logits, target, grad?, lam, ignore_index, reduction) -> dlogits
-      (fl_large_margin_ce_fused_cpu, loss NULL): the backward of large_margin_ce_forward for the
+      (fl_large_margin_ce_fused_*, loss NULL): the backward of large_margin_ce_forward for the
       upstream gradient grad (fp32, N elements for reduction none, else 1; None = 1)
   large_margin_ce_loss_and_grad(logits, target, lam, ignore_index, reduction) -> (loss, dlogits)
       both in one fused call, dlogits for an upstream gradient of 1 (non-differentiable output)
@@ -65,6 +68,7 @@ import torch
 from torch import Tensor
 
 from . import _lib
+from . import ops as _ops
 from .autograd import register_kept_grad_autograd
 from .taylor import _call_rows, _row_loss
 # generic row-layout helpers shared with the other softmax-family zoo ops
@@ -103,7 +107,7 @@ def _layout(op, logits, target):
 
 
 # ---- the C calls ---------------------------------------------------------------------------------
-_opts_cache = {}  # (lam, ignore_index, reduction) -> (options struct, address)
+_opts_cache = {}  # (lam, ignore_index, reduction, error flag address) -> (options struct, address)
 _ws_cache = {}    # (N, C, dtype, reduction) -> bytes
 
 
@@ -121,32 +125,43 @@ def _sym(name):
     return _lib.entry_point(name, "large-margin softmax cross-entropy entry points (include/fusedloss.h section 15)")
 
 
+_CUDA_NAMES = ("fl_large_margin_ce_forward_cuda", "fl_large_margin_ce_fused_cuda")
+# CUDA tensors run the C op when the library has the CUDA backend of section 15; else (a CPU-only
+# build, an older library) the PyTorch formulation, as before the kernel existed
+_C_DEVICES = (("cpu", "cuda") if _lib.cuda_built() and all(_lib.optional_symbol(n) is not None for n in _CUDA_NAMES)
+              else ("cpu",))
+
+
 def _run(kind, logits, target, grad, lam, ignore_index, reduction):
     """kind 0: loss (forward); 1: dlogits for grad (fused, loss NULL); 2: (loss, dlogits) for an
-    upstream gradient of 1 (fused, grad_loss NULL). CPU only (the header has no CUDA backend)."""
+    upstream gradient of 1 (fused, grad_loss NULL)."""
     op = ("large_margin_ce_forward", "large_margin_ce_fused", "large_margin_ce_loss_and_grad")[kind]
     _check_opts(f"fusedloss::{op}", lam, reduction)
     N, C, ld, dt, it = _layout(op, logits, target)
     dev = logits.device
-    if dev.type != "cpu":
-        raise NotImplementedError(f"fusedloss::{op}: CPU tensors only (no CUDA backend yet: "
-                                  f"fusedloss.large_margin_cross_entropy runs a PyTorch formulation there), got {dev}")
+    if dev.type not in ("cpu", "cuda"):
+        raise NotImplementedError(f"fusedloss::{op}: CPU and CUDA tensors only, got {dev}")
     if kind == 1 and grad is not None:
         _check_grad(op, grad, N if reduction == _NONE else 1, dev)
     loss = torch.empty((N,) if reduction == _NONE else (), dtype=_F32, device=dev) if kind != 1 else None
     dl = _new_grad(logits, ld) if kind != 0 else None
     if N == 0:
         return _empty_result(kind, loss, dl, reduction)
-    opts = _options((float(lam), int(ignore_index), int(reduction)))
+    cuda = dev.type == "cuda"
+    if cuda and dev.index is not None and torch.cuda.current_device() != dev.index:
+        with torch.cuda.device(dev.index):
+            return _run(kind, logits, target, grad, lam, ignore_index, reduction)
+    flag = _ops.flag_ptr(dev.index if dev.index is not None else torch.cuda.current_device()) if cuda else 0
+    opts = _options((float(lam), int(ignore_index), int(reduction), flag))
     nbytes = _ws_bytes((N, C, dt, int(reduction)), opts[1])
     return _call_rows(kind, "fl_large_margin_ce", _sym, logits, target, grad, loss, dl, N, C, ld, dt, it, opts[1],
                       nbytes)
 
 
-# ---- custom ops (CPU kernels only: section 15 has no CUDA backend yet) ------------------------------
-@torch.library.custom_op("fusedloss::large_margin_ce_forward", mutates_args=(), device_types=("cpu",))
+# ---- custom ops ----------------------------------------------------------------------------------
+@torch.library.custom_op("fusedloss::large_margin_ce_forward", mutates_args=(), device_types=("cpu", "cuda"))
 def large_margin_ce_forward(logits: Tensor, target: Tensor, lam: float, ignore_index: int, reduction: int) -> Tensor:
-    """The large-margin softmax cross-entropy (fl_large_margin_ce_forward_cpu): fp32, [N] for reduction
+    """The large-margin softmax cross-entropy (fl_large_margin_ce_forward_*): fp32, [N] for reduction
     none, else 0-d."""
     return _run(0, logits, target, None, lam, ignore_index, reduction)
 
@@ -158,10 +173,10 @@ def _(logits, target, lam, ignore_index, reduction):
     return logits.new_empty((N,) if reduction == _NONE else (), dtype=_F32)
 
 
-@torch.library.custom_op("fusedloss::large_margin_ce_fused", mutates_args=(), device_types=("cpu",))
+@torch.library.custom_op("fusedloss::large_margin_ce_fused", mutates_args=(), device_types=("cpu", "cuda"))
 def large_margin_ce_fused(logits: Tensor, target: Tensor, grad: Optional[Tensor], lam: float, ignore_index: int,
                           reduction: int) -> Tensor:
-    """dlogits = grad * dloss/dlogits (fl_large_margin_ce_fused_cpu, loss NULL); grad fp32 with N
+    """dlogits = grad * dloss/dlogits (fl_large_margin_ce_fused_*, loss NULL); grad fp32 with N
     elements for reduction none, else 1 (None = 1). The logits' dtype, shape and row stride."""
     return _run(1, logits, target, grad, lam, ignore_index, reduction)
 
@@ -175,10 +190,10 @@ def _(logits, target, grad, lam, ignore_index, reduction):
     return _fake_grad(logits, ld)
 
 
-@torch.library.custom_op("fusedloss::large_margin_ce_loss_and_grad", mutates_args=(), device_types=("cpu",))
+@torch.library.custom_op("fusedloss::large_margin_ce_loss_and_grad", mutates_args=(), device_types=("cpu", "cuda"))
 def large_margin_ce_loss_and_grad(logits: Tensor, target: Tensor, lam: float, ignore_index: int,
                                   reduction: int) -> Tuple[Tensor, Tensor]:
-    """(loss, dlogits) in one fl_large_margin_ce_fused_cpu call, dlogits for an upstream gradient of 1."""
+    """(loss, dlogits) in one fl_large_margin_ce_fused_* call, dlogits for an upstream gradient of 1."""
     return _run(2, logits, target, None, lam, ignore_index, reduction)
 
 
@@ -195,7 +210,7 @@ register_kept_grad_autograd(large_margin_ce_forward, large_margin_ce_fused, larg
                             reduction_index=2 + _ARGS - 1)
 
 
-# ---- the PyTorch formulation (CUDA until a kernel exists, float64, other devices) -------------------
+# ---- the PyTorch formulation (float64, other devices; the tests' and the bench's reference) --------
 def _large_margin_torch(logits, target, lam=0.3, ignore_index=-100, reduction="mean"):
     """Rows logits [N, C] (C >= 2; any floating dtype, 16-bit computed in float32), target [N] integer:
     the header's loss in torch ops, in the logits' dtype; differentiable (to any order), traceable
@@ -238,10 +253,12 @@ def large_margin_cross_entropy(logits: Tensor, target: Tensor, lam: float = 0.3,
     ``CE + (lam / 2) * sum_{k != y} (q_k - 1 / (C - 1)) * log q_k`` (``lam`` finite >= 0; 0 gives
     the cross-entropy). Positions whose target is ``ignore_index`` count 0. ``reduction``:
     ``'mean'`` (over positions not ignored; NaN if none), ``'sum'``, ``'none'`` (the target's
-    shape). Returns the loss in the logits' dtype; gradient w.r.t. the logits. CPU float32 /
-    float16 / bfloat16 run the C op (double inside); CUDA tensors (no CUDA kernel yet), float64
-    and other devices run the PyTorch formulation. Works under torch.compile(fullgraph=True).
-    Out-of-range targets raise TargetOutOfRangeError (eager mode; a host sync on CUDA)."""
+    shape). Returns the loss in the logits' dtype; gradient w.r.t. the logits. float32 / float16 /
+    bfloat16 on CPU / CUDA run the C op (double / fp32 inside); float64 and other devices (and CUDA
+    with a library built without CUDA) run the PyTorch formulation. Works under
+    torch.compile(fullgraph=True). Out-of-range targets raise TargetOutOfRangeError on CPU (and on
+    the PyTorch formulation in eager mode); on CUDA they give NaN and set the device error flag
+    (fusedloss.check_errors())."""
     fn = _FN
     if not isinstance(logits, Tensor):
         raise TypeError(f"{fn}: logits must be a Tensor")
@@ -249,7 +266,7 @@ def large_margin_cross_entropy(logits: Tensor, target: Tensor, lam: float = 0.3,
         raise TypeError(f"{fn}: logits must be a floating-point Tensor, got {logits.dtype}")
     _check_opts(fn, lam, reduction)
     return _row_loss(fn, logits, target, float(lam), ignore_index, reduction, 2,
-                     " (q is a softmax over the C - 1 non-target classes)", _DTYPES, ("cpu",),
+                     " (q is a softmax over the C - 1 non-target classes)", _DTYPES, _C_DEVICES,
                      _large_margin_torch,
                      (torch.ops.fusedloss.large_margin_ce_forward,
                       torch.ops.fusedloss.large_margin_ce_loss_and_grad),
@@ -261,8 +278,8 @@ class LargeMarginSoftmaxLoss(torch.nn.Module):
     forward(logits, target) -> loss.
 
     lam (default 0.3, finite >= 0); ignore_index (default -100; pytorch-loss: 255); reduction ('mean'
-    over positions not ignored, 'sum', 'none'). CPU float32 / float16 / bfloat16 run the C op; CUDA
-    runs the PyTorch formulation until a kernel exists."""
+    over positions not ignored, 'sum', 'none'). float32 / float16 / bfloat16 on CPU / CUDA run the C
+    op; float64 runs the PyTorch formulation."""
 
     def __init__(self, lam: float = 0.3, ignore_index: int = -100, reduction: str = "mean"):
         super().__init__()

@@ -463,11 +463,20 @@ def test_raw_ops_with_offset_match_reference(device):
         d = torch.ops.fusedloss.cross_entropy_backward(gl, x, t, lse, weight, *args, 0.5, o)
         assert_close(d, xr.grad, tol, "backward")
         l2, lse2, d2 = torch.ops.fusedloss.cross_entropy_fused(x, t, weight, *args, gl, 0.5, o)
-        assert torch.equal(loss, l2) and torch.equal(lse, lse2)
+        if device == "cpu":  # one code path: the same bits
+            assert torch.equal(loss, l2) and torch.equal(lse, lse2)
+        else:  # CUDA: the forward and the fused pass are different kernels (summation order)
+            assert_close(l2, loss, (1e-6, 1e-6), "fused loss vs forward")
+            assert_close(lse2, lse, (1e-6, 1e-6), "fused lse vs forward")
         assert_close(d2, xr.grad, tol, "fused")
-        xi = x.clone()
+        xi = x.clone()  # contiguous even when x is a strided view: on CUDA another row layout
         l3, lse3 = torch.ops.fusedloss.cross_entropy_fused_inplace(xi, t, weight, *args, gl, 0.5, o)
-        assert torch.equal(loss, l3) and torch.equal(lse, lse3) and torch.equal(d2, xi)
+        if device == "cpu" or xi.stride() == x.stride():  # the same kernel on the same layout: same bits
+            assert torch.equal(l2, l3) and torch.equal(lse2, lse3) and torch.equal(d2, xi)
+        else:  # CUDA splits rows by 16-byte alignment: another summation order
+            assert_close(l3, l2, (1e-6, 1e-6), "in-place loss vs fused")
+            assert_close(lse3, lse2, (1e-6, 1e-6), "in-place lse vs fused")
+            assert_close(xi, xr.grad, tol, "in place")
         # keyword use of the new last argument
         l4, _ = torch.ops.fusedloss.cross_entropy_forward(x, t, weight, *args, offset=o)
         assert torch.equal(loss, l4)

@@ -194,7 +194,7 @@ fl_status fl__taylor_validate(const char* fn, fl__pass pass, int is_cuda, const 
     return FL_OK;
 }
 
-fl_status fl__large_margin_validate(const char* fn, fl__pass pass, const float* loss, const void* dlogits,
+fl_status fl__large_margin_validate(const char* fn, fl__pass pass, int is_cuda, const float* loss, const void* dlogits,
                                     const void* logits, int64_t ld, const void* targets, fl_index_dtype index_dtype,
                                     const float* grad_loss, float grad_scale, int64_t N, int64_t C, fl_dtype dtype,
                                     const fl_large_margin_options* opts, const void* workspace,
@@ -204,8 +204,8 @@ fl_status fl__large_margin_validate(const char* fn, fl__pass pass, const float* 
     FL_CHECK(check_nc(fn, N, C, 2));
     const fl_large_margin_options* o = opts ? opts : &defaults;
     FL_CHECK(check_lm_opts(fn, o));
-    FL_CHECK(rows_validate(fn, pass, 0, loss, dlogits, logits, ld, targets, index_dtype, grad_loss, grad_scale, N, C,
-                           dtype, o->reduction, workspace, workspace_bytes, "fl_large_margin_ce_workspace_size()"));
+    FL_CHECK(rows_validate(fn, pass, is_cuda, loss, dlogits, logits, ld, targets, index_dtype, grad_loss, grad_scale,
+                           N, C, dtype, o->reduction, workspace, workspace_bytes, "fl_large_margin_ce_workspace_size()"));
     p->N = N;
     p->C = C;
     p->ld = ld;
@@ -214,5 +214,6 @@ fl_status fl__large_margin_validate(const char* fn, fl__pass pass, const float* 
     p->lambda = o->lambda;
     p->ignore_index = o->ignore_index;
     p->reduction = o->reduction;
+    p->error_flag = o->error_flag;
     return FL_OK;
 }

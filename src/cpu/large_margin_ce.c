@@ -97,7 +97,7 @@ fl_status fl_large_margin_ce_forward_cpu(float* loss, const void* logits, int64_
     static const char* fn = "fl_large_margin_ce_forward_cpu";
     fl__clear_error();
     fl__large_margin_params p;
-    FL_CHECK(fl__large_margin_validate(fn, FL__PASS_FORWARD, loss, NULL, logits, ld, targets, index_dtype, NULL,
+    FL_CHECK(fl__large_margin_validate(fn, FL__PASS_FORWARD, 0, loss, NULL, logits, ld, targets, index_dtype, NULL,
                                        1.0f, N, C, dtype, opts, workspace, workspace_bytes, &p));
     return lm_cpu(fn, &p, loss, NULL, logits, targets, NULL, 1.0f);
 }
@@ -110,7 +110,7 @@ fl_status fl_large_margin_ce_fused_cpu(float* loss, void* dlogits, const void* l
     static const char* fn = "fl_large_margin_ce_fused_cpu";
     fl__clear_error();
     fl__large_margin_params p;
-    FL_CHECK(fl__large_margin_validate(fn, FL__PASS_FUSED, loss, dlogits, logits, ld, targets, index_dtype,
+    FL_CHECK(fl__large_margin_validate(fn, FL__PASS_FUSED, 0, loss, dlogits, logits, ld, targets, index_dtype,
                                        grad_loss, grad_scale, N, C, dtype, opts, workspace, workspace_bytes, &p));
     return lm_cpu(fn, &p, loss, dlogits, logits, targets, grad_loss, grad_scale);
 }

@@ -264,6 +264,58 @@ static inline cudaError_t rp_reduce(const float* rowloss, int64_t n, void* scrat
     return cudaGetLastError();
 }
 
+// ---- the row losses of sections 14-15 (taylor_ce.cu, large_margin_ce.cu): one host plan --------------
+// Workspace (SUM / MEAN; src/internal.h): float D at 16 | reduction partials at 256 | per-row fp32
+// losses at FL__TAYLOR_WS_HEAD; NONE: the per-row losses go straight to loss[]. Kernels: one warp per
+// row up to C = 1024 (warp_threads / 32 rows per CTA, at most 16 CTAs per SM, grid-strided), one CTA
+// per row beyond (2 per SM in flight).
+struct RlPlan {
+    int none, mean;
+    float* D;        // MEAN's count (device), else NULL
+    void* part;      // the two-stage reductions' partials
+    float* rowloss;  // loss[] (NONE) or the workspace's per-row losses
+};
+static inline RlPlan rl_plan(void* workspace, float* loss, fl_reduction reduction) {
+    RlPlan w;
+    w.none = reduction == FL_REDUCTION_NONE;
+    w.mean = reduction == FL_REDUCTION_MEAN;
+    char* ws = (char*)workspace;
+    w.D = w.none ? nullptr : (float*)(ws + 16);
+    w.part = w.none ? nullptr : (void*)(ws + 256);
+    w.rowloss = w.none ? loss : (float*)(ws + FL__TAYLOR_WS_HEAD);
+    return w;
+}
+// before the row kernel: N == 0 writes SUM 0 / MEAN NaN (*done = 1); else MEAN's count
+static inline cudaError_t rl_begin(const RlPlan& w, float* loss, const void* targets, int lab64, int64_t ignore,
+                                   int64_t N, cudaStream_t stream, int* done) {
+    *done = N == 0;
+    if (N == 0) return (!w.none && loss) ? rp_reduce(w.rowloss, 0, w.part, nullptr, w.mean ? 0.0f : 1.0f, loss, stream)
+                                         : cudaSuccess;
+    return w.mean ? rp_count(targets, lab64, ignore, N, w.part, w.D, stream) : cudaSuccess;
+}
+// after it: SUM / MEAN of the per-row losses (when the loss is wanted)
+static inline cudaError_t rl_end(const RlPlan& w, float* loss, int64_t N, cudaStream_t stream) {
+    return (!w.none && loss) ? rp_reduce(w.rowloss, N, w.part, w.mean ? w.D : nullptr, 1.0f, loss, stream)
+                             : cudaSuccess;
+}
+// 16-byte vectors usable: logits, dlogits (when written) and the row stride all 16-byte aligned
+static inline bool rl_vec16(const void* logits, const void* dlogits, int fused, int64_t ld, size_t es) {
+    return ((uintptr_t)logits % 16) == 0 && (!fused || ((uintptr_t)dlogits % 16) == 0) && ((size_t)ld * es) % 16 == 0;
+}
+// the grid of the row kernels (see above)
+static inline cudaError_t rl_grid(int64_t N, int64_t C, int warp_threads, unsigned* grid) {
+    int dev = 0, sms = 132;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+    const bool warp = C <= 1024;
+    const int64_t per_cta = warp ? warp_threads / 32 : 1;
+    int64_t g = (N + per_cta - 1) / per_cta;
+    const int64_t cap = (int64_t)sms * (warp ? 16 : 2);
+    *grid = (unsigned)(g > cap ? cap : g);
+    return cudaSuccess;
+}
+
 // ---- host helpers ---------------------------------------------------------------------------------
 static inline int64_t rp_env_i64(const char* name, int64_t dflt) {
     const char* v = getenv(name);

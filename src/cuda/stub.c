@@ -291,3 +291,22 @@ fl_status fl_taylor_ce_fused_cuda(float* loss, void* dlogits, const void* logits
     (void)grad_scale; (void)N; (void)C; (void)dtype; (void)opts; (void)workspace; (void)workspace_bytes; (void)stream;
     return FL_NOT_BUILT("fl_taylor_ce_fused_cuda");
 }
+
+fl_status fl_large_margin_ce_forward_cuda(float* loss, const void* logits, int64_t ld, const void* targets,
+                                          fl_index_dtype index_dtype, int64_t N, int64_t C, fl_dtype dtype,
+                                          const fl_large_margin_options* opts, void* workspace,
+                                          size_t workspace_bytes, fl_stream stream) {
+    (void)loss; (void)logits; (void)ld; (void)targets; (void)index_dtype; (void)N; (void)C; (void)dtype; (void)opts;
+    (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_large_margin_ce_forward_cuda");
+}
+
+fl_status fl_large_margin_ce_fused_cuda(float* loss, void* dlogits, const void* logits, int64_t ld,
+                                        const void* targets, fl_index_dtype index_dtype, const float* grad_loss,
+                                        float grad_scale, int64_t N, int64_t C, fl_dtype dtype,
+                                        const fl_large_margin_options* opts, void* workspace,
+                                        size_t workspace_bytes, fl_stream stream) {
+    (void)loss; (void)dlogits; (void)logits; (void)ld; (void)targets; (void)index_dtype; (void)grad_loss;
+    (void)grad_scale; (void)N; (void)C; (void)dtype; (void)opts; (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_large_margin_ce_fused_cuda");
+}

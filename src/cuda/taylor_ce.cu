@@ -245,17 +245,12 @@ static fl_status tc_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
     fl__taylor_params p;
     FL_CHECK(fl__taylor_validate(fn, pass, 1, loss, dlogits, logits, ld, targets, index_dtype, grad_loss, grad_scale,
                                  N, C, dtype, opts, workspace, workspace_bytes, &p));
-    const int none = p.reduction == FL_REDUCTION_NONE, mean = p.reduction == FL_REDUCTION_MEAN;
-    char* ws = (char*)workspace;
-    float* Dslot = none ? nullptr : (float*)(ws + 16);
-    void* part = none ? nullptr : (void*)(ws + 256);
-    float* rowloss = none ? loss : (float*)(ws + FL__TAYLOR_WS_HEAD);
-    if (N == 0) {
-        if (!none && loss) FL_CUDA_TRY(rp_reduce(rowloss, 0, part, nullptr, mean ? 0.0f : 1.0f, loss, stream));
-        return FL_OK;
-    }
+    const RlPlan w = rl_plan(workspace, loss, p.reduction);
+    int done = 0;
+    FL_CUDA_TRY(rl_begin(w, loss, targets, index_dtype == FL_INDEX_I64, p.ignore_index, N, stream, &done));
+    if (done) return FL_OK;
+    const int none = w.none, mean = w.mean;
     const int fused = pass == FL__PASS_FUSED;
-    if (mean) FL_CUDA_TRY(rp_count(targets, index_dtype == FL_INDEX_I64, p.ignore_index, N, part, Dslot, stream));
     TcArgs a;
     memset(&a, 0, sizeof a);
     a.x = logits;
@@ -272,26 +267,16 @@ static fl_status tc_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
     a.fused = fused;
     a.gl = grad_loss;
     a.gscale = grad_scale;
-    a.Ddev = mean ? Dslot : nullptr;
-    a.rowloss = loss ? rowloss : nullptr;
+    a.Ddev = mean ? w.D : nullptr;
+    a.rowloss = loss ? w.rowloss : nullptr;
     a.error_flag = p.error_flag;
 
-    int dev = 0, sms = 132;
-    FL_CUDA_TRY(cudaGetDevice(&dev));
-    FL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const size_t es = fl__dtype_size(dtype);
-    const bool vec16 = ((uintptr_t)logits % 16) == 0 && (!fused || ((uintptr_t)dlogits % 16) == 0) &&
-                       ((size_t)ld * es) % 16 == 0;
-    const tc_fn kfn = tc_pick(dtype, C, vec16);
-    const bool warp = C <= 1024;
-    const int64_t per_cta = warp ? TC_THREADS / 32 : 1;
-    int64_t grid = (N + per_cta - 1) / per_cta;
-    /* warp kernel: up to 16 CTAs per SM (grid-strided); CTA kernel: 2 rows per SM in flight */
-    const int64_t cap = (int64_t)sms * (warp ? 16 : 2);
-    if (grid > cap) grid = cap;
-    kfn<<<(unsigned)grid, warp ? TC_THREADS : TC_CTA_THREADS, 0, stream>>>(a);
+    const tc_fn kfn = tc_pick(dtype, C, rl_vec16(logits, dlogits, fused, ld, fl__dtype_size(dtype)));
+    unsigned grid = 0;
+    FL_CUDA_TRY(rl_grid(N, C, TC_THREADS, &grid));
+    kfn<<<grid, C <= 1024 ? TC_THREADS : TC_CTA_THREADS, 0, stream>>>(a);
     FL_CUDA_TRY(cudaGetLastError());
-    if (!none && loss) FL_CUDA_TRY(rp_reduce(rowloss, N, part, a.Ddev, 1.0f, loss, stream));
+    FL_CUDA_TRY(rl_end(w, loss, N, stream));
     return FL_OK;
 }
 

@@ -1,0 +1,506 @@
+/* large_margin_ce.cu — CUDA backend of the large-margin softmax cross-entropy (include/fusedloss.h
+ * section 15; Kobayashi, pytorch-loss LargeMarginSoftmaxV1), the semantics of
+ * src/cpu/large_margin_ce.c in fp32 arithmetic. The structure is taylor_ce.cu's:
+ *
+ *   C <= 1024 : lm_warp_kernel, one warp per row (8 rows per CTA, rows grid-strided), the row in
+ *               registers (lane l holds the VEC-column groups l, l + 32, ..., VEC = 16 / sizeof(T)),
+ *               so the logits are read once and dlogits written once;
+ *   C >  1024 : lm_cta_kernel, one 512-thread CTA per row, 2 per SM: pass 1 gathers the row's
+ *               statistics, pass 2 reads the row again (from L2: at most 2 rows per SM in flight)
+ *               and writes the gradient.
+ *   16-byte vectors when the rows (and dlogits) are 16-byte aligned; otherwise the same groups
+ *   element by element, so the values and the summation order (hence the results) do not depend
+ *   on the alignment.
+ *
+ * Numerics (fp32; u = 2^-24). Only the non-target columns k != y and x_y are needed: with
+ * m' = max_k x_k, d_k = x_k - m', e_k = exp(d_k), the row statistics are s = sum e_k (>= 1),
+ * w = sum e_k d_k, b = sum d_k. Then q_k = e_k / s, A' = w / s = sum q_k (x_k - m') and, as
+ * sum q_k = 1 and (C - 1) c = 1 (c = 1 / (C - 1)), the regulariser sum (q_k - c) log q_k is
+ * A' - c b exactly: every term is shifted by m', so its rounding is relative to |x_k - m'|, not to
+ * |x_k| (the CPU's (A - lse') - c (B - (C - 1) lse') cancels in fp32 for large logits).
+ * lse - x_y: with dd = m' - x_y, dd >= 0: dd + log(s + exp(-dd)) (two terms >= 0); dd < 0 (the
+ * target dominates): log1p(s exp(dd)), which keeps tiny losses to full relative precision. The
+ * same branch gives P = exp(m' - lse) = 1 / (s + exp(x_y - m')) (p_j = e_j P: one exp per element,
+ * shared with q_j) and 1 - p_y = sum_{k != y} p_k = s P, so dx_y = -g s P does not cancel. The
+ * gradient of j != y is e_j (g P + g (lambda / 2) / s (d_j + 1 - A')) - g (lambda / 2) c.
+ * Statistics: the warp kernel takes m' first (a warp max), then sums with the shift known; the CTA
+ * kernel keeps a running (m, s, w, b, n) per thread, re-shifted when its maximum grows (once per
+ * 16-byte group at most: the group's max first), and merges them in a fixed tree (shuffles, then
+ * warp 0 over the 16 warps' partials): deterministic. MEAN's count of rows not ignored and the SUM
+ * / MEAN reduction of the per-row losses are rowpass.cuh's two-stage kernels (rp_count before,
+ * rp_reduce after), as taylor_ce.cu. Out-of-range targets: the row's loss and gradient NaN,
+ * *error_flag = 1; they count in MEAN's D.
+ * In place (dlogits == logits): every thread writes only the columns it read itself, after it read
+ * them; x_y, the one value shared across threads, comes from the owning lane's registers (warp
+ * kernel) or is read by thread 0 before the first barrier of the row (CTA kernel), which every
+ * store of the row follows (the hazard of NOTES.md run 28).
+ * Workspace (SUM / MEAN; src/internal.h): float D at 16 | reduction partials at 256 | per-row fp32
+ * losses at FL__TAYLOR_WS_HEAD (the rule of section 14). NONE: the per-row losses go straight to
+ * loss[].
+ * SPDX-License-Identifier: MIT
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "common.cuh"
+#include "rowpass.cuh"
+
+#define LM_THREADS 256       /* warp kernel: 8 rows per CTA */
+#define LM_CTA_THREADS 512   /* CTA kernel: one row per CTA */
+
+typedef struct {
+    const void* x;
+    void* dx;
+    const void* tg;
+    int lab64;
+    int64_t N, C, ld, ign;
+    float half;          /* lambda / 2 */
+    float c;             /* 1 / (C - 1), rounded once */
+    int none, mean, fused;
+    const float* gl;
+    float gscale;
+    const float* Ddev;   /* MEAN's count (device), else NULL */
+    float* rowloss;      /* per-row losses: loss[] for NONE, the workspace's otherwise (NULL: not wanted) */
+    int* error_flag;
+} LmArgs;
+
+// ---------------------------------------------------------------------------------------------
+// device helpers
+// ---------------------------------------------------------------------------------------------
+
+/* the row's upstream gradient g_i (MEAN: / D) */
+static __device__ __forceinline__ float lm_g(const LmArgs& a, int64_t i) {
+    float g = a.gscale * (a.gl ? a.gl[a.none ? i : 0] : 1.0f);
+    if (a.mean) g /= *a.Ddev;
+    return g;
+}
+
+/* 0: a regular row; 1: ignored; 2: out of range (flagged) */
+static __device__ __forceinline__ int lm_row_kind(const LmArgs& a, int64_t y) {
+    if (y == a.ign) return 1;
+    if (y < 0 || y >= a.C) return 2;
+    return 0;
+}
+
+/* The per-row gradient coefficients: dx_j = e_j (gp + gq (d_j + k1)) - gc (j != y), dx_y = dy */
+typedef struct {
+    float mo, gp, gq, k1, gc, dy;
+} LmCoef;
+
+/* The row's loss from x_y and the non-target statistics (mo = m', s, w, b as in the header comment);
+ * with want_grad, the gradient coefficients for the upstream gradient g. */
+static __device__ __forceinline__ float lm_row(const LmArgs& a, float xy, float mo, float s, float w, float b,
+                                               bool want_grad, float g, LmCoef* k) {
+    const float As = w / s;                 /* sum q_k (x_k - m') <= 0 */
+    const float reg = fmaf(-a.c, b, As);    /* sum (q_k - c) log q_k = A' - c b (>= 0) */
+    const float dd = mo - xy;
+    float ce, P;                            /* lse - x_y; exp(m' - lse) */
+    if (dd >= 0.0f) {                       /* x_y <= m': lse = m' + log(s + e_y), s >= 1 */
+        const float den = s + expf(-dd);
+        ce = dd + logf(den);
+        P = 1.0f / den;
+    } else {                                /* the target dominates (or NaN): lse = x_y + log1p(t) */
+        const float r = expf(dd), t = s * r;
+        ce = log1pf(t);
+        P = r / (1.0f + t);
+    }
+    if (want_grad) {
+        const float gh = g * a.half;
+        k->mo = mo;
+        k->gp = g * P;
+        k->gq = gh / s;
+        k->k1 = 1.0f - As;
+        k->gc = gh * a.c;
+        k->dy = -(g * (s * P));             /* g (p_y - 1) = -g sum_{k != y} p_k */
+    }
+    return fmaf(a.half, reg, ce);
+}
+
+static __device__ __forceinline__ float lm_grad(const LmCoef& k, float v) {
+    const float d = v - k.mo;
+    return fmaf(expf(d), fmaf(k.gq, d + k.k1, k.gp), -k.gc);
+}
+
+/* 16 bytes of T (VEC = 16 / sizeof(T) elements) at p as floats: one vector load (VEC16, p 16-byte
+ * aligned) or VEC element loads of the same values. LAST: the last read of these bytes (evict
+ * first), else kept in L2 for the re-read. */
+template <typename T, bool VEC16, bool LAST>
+static __device__ __forceinline__ void lm_load16(const T* p, float* out) {
+    if (VEC16) {
+        const uint4 u = LAST ? __ldcs((const uint4*)p) : __ldcg((const uint4*)p);
+        rp_unpack<T>(u, out);
+    } else {
+#pragma unroll
+        for (int k = 0; k < (int)(16 / sizeof(T)); k++) out[k] = to_float(LAST ? __ldcs(p + k) : __ldcg(p + k));
+    }
+}
+template <typename T, bool VEC16>
+static __device__ __forceinline__ void lm_store16(T* p, const float* in) {
+    if (VEC16) {
+        rp_vstore<T, (int)(16 / sizeof(T))>(p, in);
+    } else {
+#pragma unroll
+        for (int k = 0; k < (int)(16 / sizeof(T)); k++) p[k] = from_float<T>(in[k]);
+    }
+}
+
+/* ---- the CTA kernel's running statistics of the non-target columns: max m, and relative to it
+ * s = sum exp(x - m), w = sum exp(x - m) (x - m), b = sum (x - m); n values so far ---- */
+typedef struct {
+    float m, s, w, b, n;
+} LmStat;
+
+/* re-shift to a maximum M >= t.m: exp(x - M) = f exp(x - m), f = exp(m - M); x - M = (x - m) + dm */
+static __device__ __forceinline__ void lm_shift(LmStat& t, float M) {
+    if (t.n > 0.0f) {
+        const float dm = t.m - M, f = expf(dm);
+        t.w = f * fmaf(t.s, dm, t.w);
+        t.s *= f;
+        t.b = fmaf(t.n, dm, t.b);
+    }
+    t.m = M;
+}
+static __device__ __forceinline__ void lm_add(LmStat& t, float v) {
+    const float d = v - t.m, e = expf(d);
+    t.s += e;
+    t.w = fmaf(e, d, t.w);
+    t.b += d;
+    t.n += 1.0f;
+}
+/* the VEC values of one group (dq: the target's column minus the group's first, excluded when in
+ * [0, VEC)): the group's maximum first, so the statistics re-shift at most once per group */
+template <int VEC>
+static __device__ __forceinline__ void lm_push_group(LmStat& t, const float* v, int64_t dq) {
+    const int ty = dq >= 0 && dq < VEC ? (int)dq : -1;
+    float vm = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < VEC; k++)
+        if (k != ty) vm = fmaxf(vm, v[k]);
+    if (vm > t.m) lm_shift(t, vm);
+#pragma unroll
+    for (int k = 0; k < VEC; k++)
+        if (k != ty) lm_add(t, v[k]);
+}
+/* a then b, in this order (the CTA's merge tree fixes which is which: deterministic) */
+static __device__ __forceinline__ LmStat lm_merge(LmStat a, LmStat b) {
+    if (b.n == 0.0f) return a;
+    if (a.n == 0.0f) return b;
+    const float M = fmaxf(a.m, b.m);
+    lm_shift(a, M);
+    lm_shift(b, M);
+    a.s += b.s;
+    a.w += b.w;
+    a.b += b.b;
+    a.n += b.n;
+    return a;
+}
+/* lane 0 ends with the merge of the 32 lanes' statistics (a fixed tree) */
+static __device__ __forceinline__ LmStat lm_warp_merge(LmStat t) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        LmStat u;
+        u.m = __shfl_down_sync(0xffffffffu, t.m, o);
+        u.s = __shfl_down_sync(0xffffffffu, t.s, o);
+        u.w = __shfl_down_sync(0xffffffffu, t.w, o);
+        u.b = __shfl_down_sync(0xffffffffu, t.b, o);
+        u.n = __shfl_down_sync(0xffffffffu, t.n, o);
+        t = lm_merge(t, u);
+    }
+    return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// kernels
+// ---------------------------------------------------------------------------------------------
+
+/* rows whose target is ignored (loss 0, gradient 0) or out of range (NaN, flagged); `t` / `nt`:
+ * this thread's index and the threads per row */
+template <typename T>
+static __device__ __forceinline__ void lm_special_row(const LmArgs& a, int64_t i, int kind, int t, int nt) {
+    const float v = kind == 1 ? 0.0f : NAN;
+    if (kind == 2 && t == 0 && a.error_flag) atomicOr(a.error_flag, 1);
+    if (t == 0 && a.rowloss) a.rowloss[i] = v;
+    if (a.fused) {
+        T* dx = (T*)a.dx + i * a.ld;
+        for (int64_t j = t; j < a.C; j += nt) dx[j] = from_float<T>(v);
+    }
+}
+
+/* One warp per row, C <= 1024: lane l holds the G groups l + 32 g of VEC columns (a full group moves
+ * as one 16-byte vector when VEC16; the row's last, partial group element by element, never past C). */
+template <typename T, int G, bool VEC16>
+static __global__ void __launch_bounds__(LM_THREADS) lm_warp_kernel(LmArgs a) {
+    constexpr int VEC = 16 / (int)sizeof(T);
+    constexpr int VPL = G * VEC;
+    const int lane = threadIdx.x & 31;
+    const int C = (int)a.C;   /* <= 1024: 32-bit column arithmetic */
+    const int64_t warps = (int64_t)gridDim.x * (LM_THREADS / 32);
+    for (int64_t i = (int64_t)blockIdx.x * (LM_THREADS / 32) + (threadIdx.x >> 5); i < a.N; i += warps) {
+        const int64_t y64 = rp_label(a.tg, a.lab64, i);
+        const int kind = lm_row_kind(a, y64);
+        if (kind != 0) {
+            lm_special_row<T>(a, i, kind, lane, 32);
+            continue;
+        }
+        const int y = (int)y64;
+        const T* x = (const T*)a.x + i * a.ld;   /* 64-bit row offset: N * ld may exceed 2^31 */
+        float v[VPL];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const int c0 = (lane + 32 * g) * VEC;
+            if (c0 + VEC <= C) {
+                lm_load16<T, VEC16, true>(x + c0, v + g * VEC);
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; k++) v[g * VEC + k] = c0 + k < C ? to_float(__ldcs(x + c0 + k)) : 0.0f;
+            }
+        }
+        /* x_y from the registers of the lane that holds it: no second global read, which in place
+         * could see another lane's gradient already stored there */
+        float t = 0.0f, mo = -INFINITY;
+#pragma unroll
+        for (int q = 0; q < VPL; q++) {
+            const int j = (lane + 32 * (q / VEC)) * VEC + q % VEC;
+            if (j == y) t = v[q];
+            else if (j < C) mo = fmaxf(mo, v[q]);
+        }
+        const float xy = __shfl_sync(0xffffffffu, t, (y / VEC) & 31);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mo = fmaxf(mo, __shfl_xor_sync(0xffffffffu, mo, o));
+        /* the shift known: e and d per element (kept for the gradient), sums in column order per
+         * lane, then a butterfly (plain adds: every lane ends with the same bits) */
+        float e[VPL];
+        float s = 0.0f, w = 0.0f, b = 0.0f;
+#pragma unroll
+        for (int q = 0; q < VPL; q++) {
+            const int j = (lane + 32 * (q / VEC)) * VEC + q % VEC;
+            v[q] -= mo;
+            e[q] = expf(v[q]);
+            if (j != y && j < C) {
+                s += e[q];
+                w = fmaf(e[q], v[q], w);
+                b += v[q];
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+            w += __shfl_xor_sync(0xffffffffu, w, o);
+            b += __shfl_xor_sync(0xffffffffu, b, o);
+        }
+        LmCoef k;
+        const float g = a.fused ? lm_g(a, i) : 0.0f;
+        const float l = lm_row(a, xy, mo, s, w, b, a.fused != 0, g, &k);
+        if (lane == 0 && a.rowloss) a.rowloss[i] = l;
+        if (a.fused) {
+            T* dx = (T*)a.dx + i * a.ld;
+#pragma unroll
+            for (int g2 = 0; g2 < G; g2++) {
+                const int c0 = (lane + 32 * g2) * VEC;
+                float o[VEC];
+#pragma unroll
+                for (int kk = 0; kk < VEC; kk++) {
+                    const int q = g2 * VEC + kk;
+                    o[kk] = c0 + kk == y ? k.dy : fmaf(e[q], fmaf(k.gq, v[q] + k.k1, k.gp), -k.gc);
+                }
+                if (c0 + VEC <= C) {
+                    lm_store16<T, VEC16>(dx + c0, o);
+                } else {
+#pragma unroll
+                    for (int kk = 0; kk < VEC; kk++)
+                        if (c0 + kk < C) dx[c0 + kk] = from_float<T>(o[kk]);
+                }
+            }
+        }
+    }
+}
+
+/* One CTA of LM_CTA_THREADS per row, C > 1024: thread t takes the VEC-column groups t, t + 512, ...
+ * then the tail columns (C % VEC of them) t, t + 512, ...; VEC16: rows (and dlogits) 16-byte
+ * aligned, so the groups move as vectors. The grid keeps at most 2 rows per SM in flight so that
+ * pass 2's re-read of the row comes from L2 (lm_cuda). */
+template <typename T, bool VEC16>
+static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a) {
+    constexpr int VEC = 16 / (int)sizeof(T);
+    constexpr int NW = LM_CTA_THREADS / 32;
+    __shared__ float sh_stat[5][NW];   /* the warps' merged statistics (m, s, w, b, n) */
+    __shared__ float sh_coef[6];       /* the row's gradient coefficients (LmCoef) */
+    const int64_t nvec = a.C / VEC, tail0 = nvec * VEC;
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    for (int64_t i = blockIdx.x; i < a.N; i += gridDim.x) {
+        const int64_t y = rp_label(a.tg, a.lab64, i);
+        const int kind = lm_row_kind(a, y);
+        if (kind != 0) {   /* the same branch for the whole CTA: no barrier skipped by some threads */
+            lm_special_row<T>(a, i, kind, tid, LM_CTA_THREADS);
+            continue;
+        }
+        const T* x = (const T*)a.x + i * a.ld;   /* 64-bit row offset */
+        /* x_y by thread 0 before barrier A: in place, the owner's gradient store (after barrier B)
+         * overwrites it */
+        const float xy = tid == 0 ? to_float(x[y]) : 0.0f;
+        LmStat st;
+        st.m = -INFINITY;
+        st.s = st.w = st.b = st.n = 0.0f;
+        /* two groups per step, both loads issued before either is processed (bytes in flight; a
+         * plain `#pragma unroll 2` made ptxas spill on sm_80): the groups are still taken in the
+         * order q, q + 512, q + 1024, ... */
+        for (int64_t q = tid; q < nvec; q += 2 * LM_CTA_THREADS) {
+            const bool two = q + LM_CTA_THREADS < nvec;
+            float v0[VEC], v1[VEC];
+            lm_load16<T, VEC16, false>(x + q * VEC, v0);
+            if (two) lm_load16<T, VEC16, false>(x + (q + LM_CTA_THREADS) * VEC, v1);
+            lm_push_group<VEC>(st, v0, y - q * VEC);
+            if (two) lm_push_group<VEC>(st, v1, y - (q + LM_CTA_THREADS) * VEC);
+        }
+        for (int64_t j = tail0 + tid; j < a.C; j += LM_CTA_THREADS) {
+            if (j == y) continue;
+            const float v = to_float(__ldcg(x + j));
+            if (v > st.m) lm_shift(st, v);
+            lm_add(st, v);
+        }
+        st = lm_warp_merge(st);
+        if (lane == 0) {
+            sh_stat[0][wid] = st.m; sh_stat[1][wid] = st.s; sh_stat[2][wid] = st.w;
+            sh_stat[3][wid] = st.b; sh_stat[4][wid] = st.n;
+        }
+        /* barrier A: the warps' partials visible to warp 0. (No barrier is needed at the end of the
+         * row: sh_stat is rewritten only after barrier B, which warp 0 passes after reading it, and
+         * sh_coef only after the next row's barrier A, which every thread passes after reading it.) */
+        __syncthreads();
+        if (wid == 0) {
+            LmStat u;
+            if (lane < NW) {
+                u.m = sh_stat[0][lane]; u.s = sh_stat[1][lane]; u.w = sh_stat[2][lane];
+                u.b = sh_stat[3][lane]; u.n = sh_stat[4][lane];
+            } else {
+                u.m = -INFINITY;
+                u.s = u.w = u.b = u.n = 0.0f;
+            }
+            u = lm_warp_merge(u);
+            if (lane == 0) {
+                LmCoef k;
+                const float g = a.fused ? lm_g(a, i) : 0.0f;
+                const float l = lm_row(a, xy, u.m, u.s, u.w, u.b, a.fused != 0, g, &k);
+                if (a.rowloss) a.rowloss[i] = l;
+                sh_coef[0] = k.mo; sh_coef[1] = k.gp; sh_coef[2] = k.gq; sh_coef[3] = k.k1;
+                sh_coef[4] = k.gc; sh_coef[5] = k.dy;
+            }
+        }
+        /* barrier B: the coefficients visible to every thread; also in the forward, where it keeps
+         * the other warps from writing the next row's sh_stat before warp 0 has read this row's */
+        __syncthreads();
+        if (!a.fused) continue;
+        LmCoef k;
+        k.mo = sh_coef[0]; k.gp = sh_coef[1]; k.gq = sh_coef[2]; k.k1 = sh_coef[3]; k.gc = sh_coef[4];
+        k.dy = sh_coef[5];
+        T* dx = (T*)a.dx + i * a.ld;
+#pragma unroll 2
+        for (int64_t q = tid; q < nvec; q += LM_CTA_THREADS) {
+            float v[VEC];
+            lm_load16<T, VEC16, true>(x + q * VEC, v);
+            const int64_t dq = y - q * VEC;
+#pragma unroll
+            for (int kk = 0; kk < VEC; kk++) v[kk] = dq == kk ? k.dy : lm_grad(k, v[kk]);
+            lm_store16<T, VEC16>(dx + q * VEC, v);
+        }
+        for (int64_t j = tail0 + tid; j < a.C; j += LM_CTA_THREADS) {
+            const float v = to_float(__ldcs(x + j));
+            dx[j] = from_float<T>(j == y ? k.dy : lm_grad(k, v));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// launchers
+// ---------------------------------------------------------------------------------------------
+
+typedef void (*lm_fn)(LmArgs);
+
+template <typename T>
+static lm_fn lm_pick_t(int64_t C, bool vec16) {
+    constexpr int VEC = 16 / (int)sizeof(T);
+    const int64_t G = ((C + VEC - 1) / VEC + 31) / 32;   /* groups per lane */
+    if (C > 1024) return vec16 ? lm_cta_kernel<T, true> : lm_cta_kernel<T, false>;
+    if (G <= 1) return vec16 ? lm_warp_kernel<T, 1, true> : lm_warp_kernel<T, 1, false>;
+    if (G <= 2) return vec16 ? lm_warp_kernel<T, 2, true> : lm_warp_kernel<T, 2, false>;
+    if constexpr (VEC == 4) {   /* fp32: up to 8 groups of 4 at C = 1024; 16-bit: up to 4 of 8 */
+        if (G > 4) return vec16 ? lm_warp_kernel<T, 8, true> : lm_warp_kernel<T, 8, false>;
+    }
+    return vec16 ? lm_warp_kernel<T, 4, true> : lm_warp_kernel<T, 4, false>;
+}
+static lm_fn lm_pick(fl_dtype dt, int64_t C, bool vec16) {
+    switch (dt) {
+        case FL_DTYPE_F32: return lm_pick_t<float>(C, vec16);
+        case FL_DTYPE_F16: return lm_pick_t<__half>(C, vec16);
+        default: return lm_pick_t<__nv_bfloat16>(C, vec16);
+    }
+}
+
+static fl_status lm_cuda(const char* fn, fl__pass pass, float* loss, void* dlogits, const void* logits, int64_t ld,
+                         const void* targets, fl_index_dtype index_dtype, const float* grad_loss, float grad_scale,
+                         int64_t N, int64_t C, fl_dtype dtype, const fl_large_margin_options* opts, void* workspace,
+                         size_t workspace_bytes, cudaStream_t stream) {
+    fl__clear_error();
+    fl__large_margin_params p;
+    FL_CHECK(fl__large_margin_validate(fn, pass, 1, loss, dlogits, logits, ld, targets, index_dtype, grad_loss,
+                                       grad_scale, N, C, dtype, opts, workspace, workspace_bytes, &p));
+    const RlPlan w = rl_plan(workspace, loss, p.reduction);
+    int done = 0;
+    FL_CUDA_TRY(rl_begin(w, loss, targets, index_dtype == FL_INDEX_I64, p.ignore_index, N, stream, &done));
+    if (done) return FL_OK;
+    const int none = w.none, mean = w.mean;
+    const int fused = pass == FL__PASS_FUSED;
+    LmArgs a;
+    memset(&a, 0, sizeof a);
+    a.x = logits;
+    a.dx = fused ? dlogits : nullptr;
+    a.tg = targets;
+    a.lab64 = index_dtype == FL_INDEX_I64;
+    a.N = N;
+    a.C = C;
+    a.ld = ld;
+    a.ign = p.ignore_index;
+    a.half = 0.5f * p.lambda;
+    a.c = (float)(1.0 / (double)(C - 1));
+    a.none = none;
+    a.mean = mean;
+    a.fused = fused;
+    a.gl = grad_loss;
+    a.gscale = grad_scale;
+    a.Ddev = mean ? w.D : nullptr;
+    a.rowloss = loss ? w.rowloss : nullptr;
+    a.error_flag = p.error_flag;
+
+    const lm_fn kfn = lm_pick(dtype, C, rl_vec16(logits, dlogits, fused, ld, fl__dtype_size(dtype)));
+    unsigned grid = 0;
+    FL_CUDA_TRY(rl_grid(N, C, LM_THREADS, &grid));
+    kfn<<<grid, C <= 1024 ? LM_THREADS : LM_CTA_THREADS, 0, stream>>>(a);
+    FL_CUDA_TRY(cudaGetLastError());
+    FL_CUDA_TRY(rl_end(w, loss, N, stream));
+    return FL_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// entry points
+// ---------------------------------------------------------------------------------------------
+extern "C" {
+
+fl_status fl_large_margin_ce_forward_cuda(float* loss, const void* logits, int64_t ld, const void* targets,
+                                          fl_index_dtype index_dtype, int64_t N, int64_t C, fl_dtype dtype,
+                                          const fl_large_margin_options* opts, void* workspace,
+                                          size_t workspace_bytes, fl_stream stream) {
+    return lm_cuda("fl_large_margin_ce_forward_cuda", FL__PASS_FORWARD, loss, NULL, logits, ld, targets,
+                   index_dtype, NULL, 1.0f, N, C, dtype, opts, workspace, workspace_bytes, (cudaStream_t)stream);
+}
+
+fl_status fl_large_margin_ce_fused_cuda(float* loss, void* dlogits, const void* logits, int64_t ld,
+                                        const void* targets, fl_index_dtype index_dtype, const float* grad_loss,
+                                        float grad_scale, int64_t N, int64_t C, fl_dtype dtype,
+                                        const fl_large_margin_options* opts, void* workspace,
+                                        size_t workspace_bytes, fl_stream stream) {
+    return lm_cuda("fl_large_margin_ce_fused_cuda", FL__PASS_FUSED, loss, dlogits, logits, ld, targets, index_dtype,
+                   grad_loss, grad_scale, N, C, dtype, opts, workspace, workspace_bytes, (cudaStream_t)stream);
+}
+
+}  // extern "C"
