@@ -115,6 +115,9 @@ static void run_case(const tcase* c, int mode) {
     }
     float* hcw = (float*)tu_xmalloc((size_t)c->V * 4 + 16);
     for (int64_t j = 0; j < c->V; j++) hcw[j] = (float)tu_uniform_in(&r, 0.2, 2.0);
+    /* the class-weight cases also carry per-class logit offsets (ce_opts->logit_offset) */
+    float* hoff = (float*)tu_xmalloc((size_t)c->V * 4 + 16);
+    for (int64_t j = 0; j < c->V; j++) hoff[j] = (float)tu_uniform_in(&r, -1.0, 1.0);
     const int none = c->red == FL_REDUCTION_NONE;
     const size_t nl = none ? (size_t)c->N : 1;
     float* hg = (float*)tu_xmalloc(nl * 4 + 16);
@@ -133,6 +136,9 @@ static void run_case(const tcase* c, int mode) {
     fl_status st = fl_linear_cross_entropy_workspace_size(&wsb, c->N, c->H, c->V, c->dt, c->wdt, &ce, &lo);
     CHECK_STATUS(st, FL_OK, what);
     ce.weight = c->cw ? hcw : NULL;
+    ce.logit_offset = c->cw ? hoff : NULL;
+    float* c_tp = (float*)tu_xmalloc((size_t)c->N * 4 + 16);   /* ce_opts->target_prob, every case */
+    ce.target_prob = c_tp;
     void* cws = tu_xmalloc(wsb);
     float* c_loss = (float*)tu_xmalloc(nl * 4 + 16);
     float* c_lse = (float*)tu_xmalloc((size_t)c->N * 4 + 16);
@@ -151,6 +157,9 @@ static void run_case(const tcase* c, int mode) {
         void* db_in = dalloc((size_t)c->V * es); h2d(db_in, hb, (size_t)c->V * es);
         void* dt_in = dalloc((size_t)c->N * isz); h2d(dt_in, ht, (size_t)c->N * isz);
         float* dcw = (float*)dalloc((size_t)c->V * 4); h2d(dcw, hcw, (size_t)c->V * 4);
+        float* doff = (float*)dalloc((size_t)c->V * 4); h2d(doff, hoff, (size_t)c->V * 4);
+        float* g_tp = (float*)dalloc((size_t)c->N * 4 + 64);
+        CK(cudaMemsetAsync(g_tp, 0xff, (size_t)c->N * 4 + 64, g_stream));
         float* dg = (float*)dalloc(nl * 4); h2d(dg, hg, nl * 4);
         int32_t* flag = (int32_t*)dalloc(4); CK(cudaMemsetAsync(flag, 0, 4, g_stream));
         float* g_loss = (float*)dalloc(nl * 4);
@@ -167,6 +176,8 @@ static void run_case(const tcase* c, int mode) {
         CK(cudaDeviceSynchronize());
         fl_ce_options gce = ce;
         gce.weight = c->cw ? dcw : NULL;
+        gce.logit_offset = c->cw ? doff : NULL;
+        gce.target_prob = g_tp;
         gce.error_flag = flag;
         const fl_index_dtype it = c->i64 ? FL_INDEX_I64 : FL_INDEX_I32;
         if (mode == 0) {
@@ -230,6 +241,21 @@ static void run_case(const tcase* c, int mode) {
                 printf("  %s: lse[%lld] cuda %.7g cpu %.7g\n", what, (long long)i, a, b);
         }
         CHECK(bad_lse == 0, "%s: %d lse values off", what, bad_lse);
+        {   /* target_prob (forward in both modes): as the CPU's, 1 on ignored rows; nothing past N */
+            float* o_tp = (float*)tu_xmalloc((size_t)c->N * 4 + 64);
+            d2h(o_tp, g_tp, (size_t)c->N * 4 + 64);
+            int bad_tp = 0;
+            for (int64_t i = 0; i < c->N; i++) {
+                const double a = o_tp[i], b = c_tp[i];
+                if (!(fabs(a - b) <= tl->loss_atol + tl->loss_rtol * fabs(b)) && bad_tp++ < 3)
+                    printf("  %s: target_prob[%lld] cuda %.7g cpu %.7g\n", what, (long long)i, a, b);
+            }
+            CHECK(bad_tp == 0, "%s: %d target_prob values off", what, bad_tp);
+            int past = 0;
+            for (int k = 0; k < 64; k++) past |= ((const unsigned char*)o_tp)[(size_t)c->N * 4 + (size_t)k] != 0xff;
+            CHECK(!past, "%s: bytes past target_prob[N-1] written", what);
+            free(o_tp);
+        }
         const double edh = relerr(o_dh, c_dh, (size_t)(c->N * c->H), c->dt);
         const double edw = relerr(o_dw, c_dw, (size_t)(c->V * c->H), c->wdt);
         const double gt = TOL[c->dt].grad_norm > TOL[c->wdt].grad_norm ? TOL[c->dt].grad_norm : TOL[c->wdt].grad_norm;
@@ -241,11 +267,11 @@ static void run_case(const tcase* c, int mode) {
         }
         free(o_loss); free(o_lse); free(o_dh); free(o_dw); free(o_db);
         CK(cudaFree(dh_in)); CK(cudaFree(dw_in)); CK(cudaFree(db_in)); CK(cudaFree(dt_in)); CK(cudaFree(dcw));
-        CK(cudaFree(dg)); CK(cudaFree(flag)); CK(cudaFree(g_loss)); CK(cudaFree(g_lse)); CK(cudaFree(g_dh));
+        CK(cudaFree(dg)); CK(cudaFree(flag)); CK(cudaFree(doff)); CK(cudaFree(g_tp)); CK(cudaFree(g_loss)); CK(cudaFree(g_lse)); CK(cudaFree(g_dh));
         CK(cudaFree(g_dw)); CK(cudaFree(g_db)); CK(cudaFree(gws));
     }
 done_cpu:
-    free(hh); free(hw); free(hb); free(ht); free(hcw); free(hg); free(cws); free(c_loss); free(c_lse); free(c_dh);
+    free(hh); free(hw); free(hb); free(ht); free(hcw); free(hoff); free(c_tp); free(hg); free(cws); free(c_loss); free(c_lse); free(c_dh);
     free(c_dw); free(c_db);
 }
 
