@@ -55,13 +55,14 @@ typedef struct {
 static void describe(const fcase* c, char* buf, size_t n) {
     snprintf(buf, n,
              "N=%lld V=%lld ld=%lld %s %s %s%s%s red=%d ignore=%lld eps=%g w=%s zeta=%g cap=%g scale=%g "
-             "grad_loss=%s gs=%g sigma=%g%s%s",
+             "grad_loss=%s gs=%g sigma=%g%s%s%s%s",
              (long long)c->N, (long long)c->V, (long long)c->ld, tu_dtype_name(c->dt),
              c->it == FL_INDEX_I32 ? "i32" : "i64", PASS_NAME[c->pass], c->in_place ? " in-place" : "",
              c->lse_null ? " lse=NULL" : "", (int)c->o.reduction, (long long)c->o.ignore_index,
              c->o.label_smoothing, c->o.weight ? "yes" : "no", c->o.z_loss, c->o.softcap, c->o.logit_scale,
              c->gmode ? "ptr" : "NULL", c->gs, c->sigma, c->big ? " +-1e4" : "",
-             c->bad_row >= 0 ? " bad-target" : "");
+             c->bad_row >= 0 ? " bad-target" : "", c->o.logit_offset ? " offset" : "",
+             c->o.target_prob ? " target_prob" : "");
 }
 
 static void set_target(void* t, fl_index_dtype it, int64_t i, int64_t v) {
@@ -103,6 +104,18 @@ static void run_one(uint64_t seed, long k) {
         w = (float*)tu_xmalloc((size_t)c.V * sizeof(float));
         for (int64_t j = 0; j < c.V; j++) w[j] = tu_uniform(rng) < 0.1 ? 0.0f : (float)tu_uniform_in(rng, 0.05, 2.0);
         o.weight = w;
+    }
+    float* off = NULL;   /* per-class logit offsets (version-2 options), 25% of the cases */
+    if (tu_uniform(rng) < 0.25) {
+        off = (float*)tu_xmalloc((size_t)c.V * sizeof(float));
+        for (int64_t j = 0; j < c.V; j++) off[j] = (float)tu_uniform_in(rng, -3.0, 3.0);
+        o.logit_offset = off;
+    }
+    float* tp = NULL;    /* the target_prob output, half of the forward / fused cases */
+    if (tu_uniform(rng) < 0.5) {
+        tp = (float*)tu_xmalloc((size_t)(c.N > 0 ? c.N : 1) * sizeof(float) + 16);
+        tu_poison(tp, (size_t)(c.N > 0 ? c.N : 1) * sizeof(float) + 16);
+        o.target_prob = tp;
     }
 
     /* ---- targets: random classes, some rows ignored ---- */
@@ -222,6 +235,7 @@ static void run_one(uint64_t seed, long k) {
         for (int64_t i = 0; i < nr; i++) untouched &= tu_is_poison(loss, 4, i) && tu_is_poison(lse, 4, i);
         if (c.in_place) untouched &= memcmp(dl, x, xb) == 0;
         else for (int64_t q = 0; q < (int64_t)(xb / es); q++) untouched &= tu_is_poison(dl, es, q);
+        if (tp) untouched &= tu_is_poison(tp, 4, 0);
         CHECK(untouched, "an output was written although a target is out of range");
         free(lz);
         goto cleanup;
@@ -262,6 +276,13 @@ static void run_one(uint64_t seed, long k) {
             for (int64_t i = 0; i < nr; i++) untouched &= tu_is_poison(lse, 4, i);
             CHECK(untouched, "lse buffer written although lse was NULL");
         }
+        if (tp) {   /* the forward / fused call wrote p_t (a backward case ran a forward first); nothing past N */
+            long double* rtp = (long double*)tu_xmalloc((size_t)nr * sizeof(long double));
+            ref_target_prob(&rx, t, c.it, N, V, &o, rtp);
+            ref_check_f32("target_prob", tp, rtp, N, tol.loss_atol, tol.loss_rtol);
+            CHECK(tu_is_poison(tp, 4, N > 0 ? N : 1), "target_prob written beyond its %lld entries", (long long)N);
+            free(rtp);
+        }
         if (c.pass != P_FWD) {
             ref_check_rounding("dlogits", dl, c.dt, N, V, ld, rgs ? rgs : rg);
             double* slack = NULL;
@@ -276,7 +297,7 @@ static void run_one(uint64_t seed, long k) {
     }
 cleanup:
     tu_context = "";
-    free(loss); free(lse); free(dl); free(ws); free(x); free(t); free(w); free(gl);
+    free(loss); free(lse); free(dl); free(ws); free(x); free(t); free(w); free(off); free(tp); free(gl);
 }
 
 int main(int argc, char** argv) {
