@@ -166,8 +166,8 @@ typedef struct CUstream_st* fl_stream;
  *    (CUDA). With reduction NONE the per-row losses come with it, so a sampler (mmseg's
  *    OHEMPixelSampler: keep the rows with p_t below a threshold, at least min_kept of them) can
  *    select rows on the device and pass its 0/1 (or weighted) mask as backward's per-row grad_loss.
- *    Neither it nor logit_offset is available to the vocab-parallel steps (section 8):
- *    FL_ERR_UNSUPPORTED there.
+ *    Not available to the vocab-parallel steps (section 8): FL_ERR_UNSUPPORTED there; their
+ *    logit_offset is the GLOBAL [V] array, as the class weights.
  *
  * Options. struct_size is sizeof(fl_ce_options) of the header the caller was built with: this
  * version also accepts the size of version 1 (the fields up to error_flag, without logit_offset
@@ -583,8 +583,9 @@ FL_API fl_status fl_gelu_backward_cuda(void* dx, void* dbias, const void* dy, co
  *       lse and the upstream gradient (section 5's backward restricted to the shard's columns).
  *
  *  Options (fl_ce_options) are section 5's; opts->weight, when given, is the GLOBAL class-weight
- *  array [V] (every rank passes the whole array; its sum W is computed from it). The same options
- *  must be passed to all steps on all ranks.
+ *  array [V] (every rank passes the whole array; its sum W is computed from it), and so is
+ *  opts->logit_offset; opts->target_prob is refused (FL_ERR_UNSUPPORTED). The same options must be
+ *  passed to all steps on all ranks.
  *  Out-of-range targets (not in [0, V), not ignore_index): CPU steps 1, 3 and 4 (all read the
  *  targets) return FL_ERR_TARGET_OUT_OF_RANGE before writing anything; the CUDA steps behave as
  *  section 5's CUDA backend (NaN, flag).

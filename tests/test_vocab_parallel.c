@@ -83,6 +83,7 @@ typedef struct {
     fl_index_dtype it;
     fl_ce_options  o;
     float*         w;
+    float*         off;     /* per-class logit offsets (global [V]) or NULL */
     void*          x;
     void*          t;
     float*         gl;
@@ -106,7 +107,7 @@ static prob_t make_prob(tu_rng* rng, const cfg_t* c, int64_t N, int64_t V, int64
     prob_t p;
     memset(&p, 0, sizeof p);
     p.N = N; p.V = V; p.ld = ld; p.dt = dt; p.it = it; p.gs = gs;
-    p.o = cfg_options(c, V, rng, &p.w, NULL);  /* no offsets: the steps refuse them */
+    p.o = cfg_options(c, V, rng, &p.w, &p.off);
     p.t = tu_xmalloc((size_t)(N > 0 ? N : 1) * 8);
     const int64_t navoid = avoid_hi > avoid_lo ? avoid_hi - avoid_lo : 0;
     for (int64_t i = 0; i < N; i++) {
@@ -147,7 +148,7 @@ static prob_t make_prob(tu_rng* rng, const cfg_t* c, int64_t N, int64_t V, int64
 }
 
 static void free_prob(prob_t* p) {
-    free(p->w); free(p->x); free(p->t); free(p->gl);
+    free(p->w); free(p->off); free(p->x); free(p->t); free(p->gl);
     memset(p, 0, sizeof *p);
 }
 
@@ -259,10 +260,12 @@ static void check_stats(const prob_t* p, int64_t vs, int64_t V_local, const floa
         long double m = -INFINITY, S = 0.0L, wz = 0.0L, swz = 0.0L, zt = 0.0L, z, dz;
         for (int64_t j = 0; j < V_local; j++) {
             ref_transform((long double)tu_load(p->x, p->dt, i * p->ld + vs + j), sc, cap, &z, &dz);
+            if (p->off) z += (long double)p->off[vs + j];
             if (z > m) m = z;
         }
         for (int64_t j = 0; j < V_local; j++) {
             ref_transform((long double)tu_load(p->x, p->dt, i * p->ld + vs + j), sc, cap, &z, &dz);
+            if (p->off) z += (long double)p->off[vs + j];
             const long double w = p->w ? (long double)p->w[vs + j] : 1.0L;
             S += expl(z - m);
             wz += w * z;
@@ -583,7 +586,6 @@ static void test_options(tu_rng* rng) {
     char label[320];
     split_t sp[12];
     for (int c = 0; c < N_CFGS; c++) {
-        if (cfg_has_offset(c)) continue;   /* refused by the steps (tested in the bad-argument cases) */
         const cfg_t* cf = &CFGS[c];
         const long p0 = tu_passed, f0 = tu_failed;
         tu_quiet = 1;
@@ -656,7 +658,6 @@ static void test_empty_and_all_ignored(tu_rng* rng) {
     const long p0 = tu_passed, f0 = tu_failed;
     tu_quiet = 1;
     for (int c = 0; c < N_CFGS; c++) {
-        if (cfg_has_offset(c)) continue;   /* refused by the steps (tested in the bad-argument cases) */
         const cfg_t* cf = &CFGS[c];
         for (int dt = 0; dt < 3; dt++) {
             prob_t p0p = make_prob(rng, cf, 0, 5, 6, (fl_dtype)dt, FL_INDEX_I64, IGN_NONE, 1, 1.0f, 0, 0, LOGITS_NORMAL);
@@ -997,9 +998,11 @@ static void test_errors(tu_rng* rng) {
         BAD(o.logit_scale = 0.0f, FL_ERR_INVALID_ARGUMENT, "logit_scale 0", "logit_scale");
         BAD(o.logit_scale = INFINITY, FL_ERR_INVALID_ARGUMENT, "logit_scale inf", "logit_scale");
         BAD(o.reduction = (fl_reduction)3, FL_ERR_INVALID_ARGUMENT, "reduction 3", "reduction (3)");
-        /* section 5's version-2 options are not available to the steps */
-        BAD(o.logit_offset = e_w, FL_ERR_UNSUPPORTED, "logit_offset given", "logit_offset");
+        /* the per-row target probability output is not one of the steps'; offsets are global, finite */
         BAD(o.target_prob = e_w, FL_ERR_UNSUPPORTED, "target_prob given", "target_prob");
+        BAD((e_w[8] = NAN, o.logit_offset = e_w), FL_ERR_INVALID_ARGUMENT, "logit_offset[8] = NaN (outside the shard)",
+            "logit_offset[8]");
+        e_w[8] = 1.0f;
         /* class weights: the global [V] array, checked also outside the shard [3, 7) */
         BAD((e_w[4] = -1.0f, o.weight = e_w), FL_ERR_INVALID_ARGUMENT, "weight[4] = -1 (in the shard)", "weight[4]");
         e_w[4] = 1.0f;

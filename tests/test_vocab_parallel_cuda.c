@@ -75,6 +75,7 @@ typedef struct {
     fl_index_dtype it;
     fl_ce_options o;
     float* w;
+    float* off;       /* per-class logit offsets (global [V]) or NULL */
     void* x;        /* host [N][V] full logits (ignored rows NaN) */
     void* t;        /* host targets */
     float* gl;      /* host upstream gradient or NULL */
@@ -93,7 +94,7 @@ static prob_t make_prob(tu_rng* r, const cfg_t* c, int64_t N, int64_t V, fl_dtyp
     prob_t p;
     memset(&p, 0, sizeof p);
     p.N = N; p.V = V; p.dt = dt; p.it = it; p.k = k;
-    p.o = cfg_options(c, V, r, &p.w, NULL);  /* no offsets: the steps refuse them */
+    p.o = cfg_options(c, V, r, &p.w, &p.off);
     p.gs = (float)tu_uniform_in(r, 0.5, 1.5);
     p.t = tu_xmalloc((size_t)(N ? N : 1) * 8);
     for (int64_t i = 0; i < N; i++) {
@@ -131,7 +132,7 @@ static prob_t make_prob(tu_rng* r, const cfg_t* c, int64_t N, int64_t V, fl_dtyp
     return p;
 }
 
-static void free_prob(prob_t* p) { free(p->w); free(p->x); free(p->t); free(p->gl); }
+static void free_prob(prob_t* p) { free(p->w); free(p->off); free(p->x); free(p->t); free(p->gl); }
 
 /* The outputs of the k-rank computation on one backend. */
 typedef struct {
@@ -191,6 +192,7 @@ typedef struct {
     void* dl[8];      /* shard dlogits (== x when in place) */
     void* t;
     float* w;
+    float* off;
     float* gl;
     float* stats[8];  /* each rank's step-1 output */
     float* gath;      /* [k][N][4] */
@@ -220,6 +222,11 @@ static void dev_setup(const prob_t* p, void* const* hs, dev_t* d, int inplace) {
         d->w = (float*)dalloc((size_t)p->V * 4);
         h2d(d->w, p->w, (size_t)p->V * 4);
         d->o.weight = d->w;
+    }
+    if (p->off) {
+        d->off = (float*)dalloc((size_t)p->V * 4);
+        h2d(d->off, p->off, (size_t)p->V * 4);
+        d->o.logit_offset = d->off;
     }
     if (p->gl) {
         d->gl = (float*)dalloc((size_t)nloss(p) * 4);
@@ -281,7 +288,7 @@ static void dev_free(const prob_t* p, dev_t* d) {
         if (!d->inplace) cudaFree(d->dl[q]);
         cudaFree(d->stats[q]);
     }
-    cudaFree(d->t); cudaFree(d->w); cudaFree(d->gl); cudaFree(d->gath); cudaFree(d->loss); cudaFree(d->lse);
+    cudaFree(d->t); cudaFree(d->w); cudaFree(d->off); cudaFree(d->gl); cudaFree(d->gath); cudaFree(d->loss); cudaFree(d->lse);
     cudaFree(d->ws); cudaFree(d->flag);
 }
 
@@ -409,6 +416,8 @@ static void check_vs_fused(const prob_t* p, const vp_out* g, const char* label) 
     float *w = NULL, *gl = NULL;
     fl_ce_options o = p->o;
     if (p->w) { w = (float*)dalloc((size_t)p->V * 4); h2d(w, p->w, (size_t)p->V * 4); o.weight = w; }
+    float* off = NULL;
+    if (p->off) { off = (float*)dalloc((size_t)p->V * 4); h2d(off, p->off, (size_t)p->V * 4); o.logit_offset = off; }
     if (p->gl) { gl = (float*)dalloc((size_t)nloss(p) * 4); h2d(gl, p->gl, (size_t)nloss(p) * 4); }
     h2d(x, p->x, (size_t)N * p->V * es);
     h2d(t, p->t, (size_t)N * isz);
@@ -428,7 +437,7 @@ static void check_vs_fused(const prob_t* p, const vp_out* g, const char* label) 
     CHECK(bad == 0, "%s: k-rank loss/lse vs the whole-vocabulary fused CUDA call: %d mismatches (loss %.9g vs %.9g)",
           label, bad, g->loss[0], hl[0]);
     free(hl); free(hlse);
-    cudaFree(x); cudaFree(dl); cudaFree(t); cudaFree(loss); cudaFree(lse); cudaFree(w); cudaFree(gl); cudaFree(ws);
+    cudaFree(x); cudaFree(dl); cudaFree(t); cudaFree(loss); cudaFree(lse); cudaFree(w); cudaFree(off); cudaFree(gl); cudaFree(ws);
 }
 
 static void run_case(tu_rng* r, int cfg, int64_t N, int64_t V, fl_dtype dt, int k, int uneven, int pad, int gmode,
@@ -577,7 +586,7 @@ int main(int argc, char** argv) {
 
     /* every option configuration, every dtype, small shapes, even/uneven/padded splits */
     for (int c = 0; c < N_CFGS; c++)
-        for (int di = 0; di < 3 && !cfg_has_offset(c); di++) {
+        for (int di = 0; di < 3; di++) {
             const int k = 2 + (c + di) % 4;  /* 2..5 */
             run_case(&r, c, 37, 1001, DT[di], k, (c + di) & 1, c % 3 == 0, (c + di) % 3 != 0, 0, c % 9 == 0);
         }

@@ -34,11 +34,9 @@ static fl_status check_disjoint(const char* fn, vp_buf out, const vp_buf* in, in
 }
 
 
-/* Section 5's version-2 options (per-class logit offsets, the per-row target probability output)
- * are not available to the steps. */
+/* Section 5's per-row target probability output is not one of the steps' outputs (the per-class
+ * logit offsets are: the GLOBAL [V] array, as the class weights). */
 static fl_status no_v2_options(const char* fn, const fl__ce_params* p) {
-    if (p->logit_offset)
-        return fl__fail(FL_ERR_UNSUPPORTED, "%s: opts->logit_offset is not supported by the vocab-parallel steps", fn);
     if (p->target_prob)
         return fl__fail(FL_ERR_UNSUPPORTED, "%s: opts->target_prob is not supported by the vocab-parallel steps", fn);
     return FL_OK;
@@ -81,6 +79,7 @@ fl_status fl__vp_validate_shard(const char* fn, int backward, int is_cuda, const
 
     /* class weights: the GLOBAL [V] array; values checkable only where they are host memory */
     FL_CHECK(fl__ce_check_weights(fn, "weight", p->weight, V, is_cuda));
+    FL_CHECK(fl__ce_check_offset(fn, "logit_offset", p->logit_offset, V, is_cuda));
 
     /* workspace: section 5's for N rows of V_local classes */
     const size_t need = fl__ce_workspace_bytes(N, V_local, dtype);
@@ -92,12 +91,13 @@ fl_status fl__vp_validate_shard(const char* fn, int backward, int is_cuda, const
     const vp_buf b_logits = {"logits", logits, mat_bytes};
     const vp_buf b_targets = {"targets", targets, (size_t)N * isize};
     const vp_buf b_weight = {"weight", p->weight, (size_t)V * sizeof(float)};
+    const vp_buf b_offset = {"logit_offset", p->logit_offset, (size_t)V * sizeof(float)};
     const vp_buf b_ws = {"workspace", workspace, need};
     if (!backward) {
         const vp_buf b_stats = {"stats", stats, (size_t)N * 4u * sizeof(float)};
-        const vp_buf in[] = {b_logits, b_targets, b_weight, b_ws};
-        FL_CHECK(check_disjoint(fn, b_stats, in, 4));
-        FL_CHECK(check_disjoint(fn, b_ws, in, 3));
+        const vp_buf in[] = {b_logits, b_targets, b_weight, b_offset, b_ws};
+        FL_CHECK(check_disjoint(fn, b_stats, in, 5));
+        FL_CHECK(check_disjoint(fn, b_ws, in, 4));
         return FL_OK;
     }
     const vp_buf b_lse = {"lse", lse, (size_t)N * sizeof(float)};
@@ -107,9 +107,9 @@ fl_status fl__vp_validate_shard(const char* fn, int backward, int is_cuda, const
                         "%s: dlogits (%p) partially overlaps logits (%p); only dlogits == logits (in place) is allowed",
                         fn, dlogits, logits);
     const vp_buf b_dl = {"dlogits", dlogits, mat_bytes};
-    const vp_buf in[] = {b_targets, b_lse, b_gl, b_weight, b_ws, b_logits};
-    FL_CHECK(check_disjoint(fn, b_dl, in, 5));      /* logits: the in-place rule above */
-    FL_CHECK(check_disjoint(fn, b_ws, in, 4));
+    const vp_buf in[] = {b_targets, b_lse, b_gl, b_weight, b_offset, b_ws, b_logits};
+    FL_CHECK(check_disjoint(fn, b_dl, in, 6));      /* logits: the in-place rule above */
+    FL_CHECK(check_disjoint(fn, b_ws, in, 5));
     FL_CHECK(check_disjoint(fn, b_ws, &b_logits, 1));
     return FL_OK;
 }
@@ -138,6 +138,7 @@ fl_status fl__vp_validate_combine(const char* fn, int is_cuda, const float* loss
     if (N > 0 && !targets) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: targets is NULL", fn);
 
     FL_CHECK(fl__ce_check_weights(fn, "weight", p->weight, V, is_cuda));
+    FL_CHECK(fl__ce_check_offset(fn, "logit_offset", p->logit_offset, V, is_cuda));
 
     const size_t need = fl__vp_combine_workspace_bytes(N, V);
     FL_CHECK(fl__check_workspace(fn, is_cuda, workspace, workspace_bytes, need, NULL));

@@ -68,7 +68,7 @@ struct CeArgs {
     float eps, zeta, softcap, scale;
     const float* weight;
     int32_t* error_flag;
-    const float* offset;  // per-class logit offset o_j (F_ZMAP), or NULL (never for a vocabulary shard)
+    const float* offset;  // per-class logit offset o_j (F_ZMAP), or NULL; a vocabulary shard's is offset by col0
     float* tprob;         // forward / fused: [N] p_t = exp(z_t - lse) per row, or NULL
     float inv_softcap;   // 1/softcap (0 when off)
     double* hdr;          // workspace header: [0] D_w, [1] D_n, [2] W
@@ -2048,8 +2048,8 @@ static CeArgs vp_args(const fl__ce_params& p, void* dlogits, const void* logits,
     a.col0 = vocab_start;
     a.Vg = V;
     if (a.weight) a.weight += vocab_start;
-    a.offset = NULL;  // section 5's version-2 options: refused by the steps' validators
-    a.tprob = NULL;
+    if (a.offset) a.offset += vocab_start;  // the global [V] offsets, as the weights
+    a.tprob = NULL;                         // not an output of the steps (refused by the validators)
     return a;
 }
 
