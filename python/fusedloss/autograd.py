@@ -563,33 +563,35 @@ ops.vp_ce_backward.register_autograd(_vp_double_backward, setup_context=_no_setu
 
 class VocabParallelCrossEntropyFunction(torch.autograd.Function):
     """apply(logits [N, V_local], gathered fp32 [k, N, 4], target [N], weight fp32 [V] or None,
-    vocab_start, V, ce_args, eager) -> loss (fp32, (N,) for reduction none else 0-d).
+    vocab_start, V, ce_args, eager, offset fp32 [V] or None) -> loss (fp32, (N,) for reduction
+    none else 0-d).
 
     gathered: step 1's stats of every rank's shard of these rows, in rank order, without autograd
     history; ce_args: (ignore_index, fl reduction, label_smoothing, z_loss, softcap (0 = off),
-    logit_scale); eager: call the C steps directly (not traced). Inputs are checked by
+    logit_scale); eager: call the C steps directly (not traced); offset: the GLOBAL per-class
+    logit offsets (detached; saved for backward, which reads them). Inputs are checked by
     functional.vocab_parallel_cross_entropy."""
 
     @staticmethod
-    def forward(ctx, logits, gathered, target, weight, vocab_start, V, ce_args, eager):
-        args = (gathered, target, weight, V) + ce_args
+    def forward(ctx, logits, gathered, target, weight, vocab_start, V, ce_args, eager, offset=None):
+        args = (gathered, target, weight, V) + ce_args + (offset,)
         if eager:
             loss, lse = ops.vp_combine_impl(*args)
         else:
             loss, lse = torch.ops.fusedloss.vp_ce_combine(*args)
-        ctx.save_for_backward(logits, target, weight, lse)
+        ctx.save_for_backward(logits, target, weight, lse, offset)
         ctx.args = (vocab_start, V, ce_args)
         return loss
 
     @staticmethod
     def backward(ctx, grad):
-        nones = (None,) * 7
+        nones = (None,) * 8
         if grad is None or not ctx.needs_input_grad[0]:
             return (None,) + nones
-        logits, target, weight, lse = ctx.saved_tensors
+        logits, target, weight, lse, offset = ctx.saved_tensors
         vocab_start, V, ce_args = ctx.args
         args = (_grad_loss(grad, ce_args[1]), logits, target, lse, weight, vocab_start, V) + \
-            ce_args + (1.0,)
+            ce_args + (1.0, offset)
         if eager_ok(grad) and not torch.is_grad_enabled():
             dlogits = ops.vp_backward_impl(*args)
         else:  # traced, or create_graph=True: the op (whose autograd refuses double backward)

@@ -667,7 +667,7 @@ def _int_arg(fn, name, v):
 def vocab_parallel_cross_entropy(local_logits, target, vocab_start, vocab_end, group=None,
                                  ignore_index=-100, reduction="mean", label_smoothing=0.0, *,
                                  weight=None, z_loss=0.0, softcap=None, logit_scale=1.0,
-                                 vocab_size=None):
+                                 vocab_size=None, logit_offset=None):
     r"""Cross-entropy of logits sharded by vocabulary over the ranks of a process group.
 
     Rank r holds ``local_logits`` (..., V_local) for the classes ``[vocab_start, vocab_end)`` of the
@@ -705,6 +705,10 @@ def vocab_parallel_cross_entropy(local_logits, target, vocab_start, vocab_end, g
     - ``weight``: the GLOBAL class weights (V,) (every rank passes the whole array), or None;
       ``label_smoothing`` is over the WHOLE vocabulary (eps / V per class, weighted by the global
       weights), not over the shard.
+    - ``logit_offset``: the GLOBAL per-class logit offsets, a (V,) floating tensor on the logits'
+      device (every rank passes the whole array), or None; added after softcap, exactly as
+      :func:`fusedloss.cross_entropy`'s ``logit_offset`` on the full logits (a constant: no
+      gradient; converted to float32 contiguous).
     - ``ignore_index``, ``reduction`` ('none' | 'mean' | 'sum'), ``label_smoothing`` and the
       keyword-only ``z_loss``, ``softcap``, ``logit_scale``: exactly as
       :func:`fusedloss.cross_entropy`. ``reduction='none'`` returns the per-row loss in
@@ -774,6 +778,18 @@ def vocab_parallel_cross_entropy(local_logits, target, vocab_start, vocab_end, g
                              f"shape (V,)), got {weight.dtype} {tuple(weight.shape)}")
         if weight.device != dev:
             raise ValueError(f"{fn}: weight is on {weight.device} but local_logits is on {dev}")
+    if logit_offset is not None:
+        if not isinstance(logit_offset, Tensor):
+            raise TypeError(f"{fn}: logit_offset must be a Tensor or None, got "
+                            f"{type(logit_offset).__name__}")
+        if not logit_offset.is_floating_point():
+            raise TypeError(f"{fn}: logit_offset must be floating point, got {logit_offset.dtype}")
+        if logit_offset.dim() != 1:
+            raise ValueError(f"{fn}: logit_offset must be 1-D (the GLOBAL per-class logit offsets, "
+                             f"shape (V,)), got shape {tuple(logit_offset.shape)}")
+        if logit_offset.device != dev:
+            raise ValueError(f"{fn}: logit_offset is on {logit_offset.device} but local_logits is "
+                             f"on {dev}")
     if dev.type == "cuda" and ops.vp_cuda_missing():
         raise ops.vp_cuda_not_built_error(fn)  # before any collective: on every rank alike
 
@@ -814,6 +830,7 @@ def vocab_parallel_cross_entropy(local_logits, target, vocab_start, vocab_end, g
             raise ValueError(f"{fn}: weight must be the GLOBAL class weights of shape ({V},), got "
                              f"{tuple(weight.shape)}")
         weight = weight.detach().to(_F32).contiguous()
+    logit_offset = _class_vector(fn, "logit_offset", logit_offset, V, dev)  # the GLOBAL (V,)
 
     # ---- to rows: logits (N, V_local) with unit column stride, target (N,) contiguous ----
     x = local_logits.reshape(-1, Vl)
@@ -830,9 +847,10 @@ def vocab_parallel_cross_entropy(local_logits, target, vocab_start, vocab_end, g
     eager = not _FORCE_OPS and _autograd.eager_ok(x)
     xd = x.detach()
     if eager:
-        stats = ops.vp_local_stats_impl(xd, t, weight, vocab_start, V, *ce_args)
+        stats = ops.vp_local_stats_impl(xd, t, weight, vocab_start, V, *ce_args, logit_offset)
     else:
-        stats = torch.ops.fusedloss.vp_ce_local_stats(xd, t, weight, vocab_start, V, *ce_args)
+        stats = torch.ops.fusedloss.vp_ce_local_stats(xd, t, weight, vocab_start, V, *ce_args,
+                                                      logit_offset)
     if k == 1:
         gathered = stats.unsqueeze(0)
     elif N == 0:  # N is the same on every rank: no rank enters the collective
@@ -841,11 +859,13 @@ def vocab_parallel_cross_entropy(local_logits, target, vocab_start, vocab_end, g
         gathered = _vp_all_gather(stats, group, k)
     if x.requires_grad and _grad_enabled():
         loss = _autograd.VocabParallelCrossEntropyFunction.apply(x, gathered, t, weight,
-                                                                 vocab_start, V, ce_args, eager)
+                                                                 vocab_start, V, ce_args, eager,
+                                                                 logit_offset)
     elif eager:
-        loss, _ = ops.vp_combine_impl(gathered, t, weight, V, *ce_args)
+        loss, _ = ops.vp_combine_impl(gathered, t, weight, V, *ce_args, logit_offset)
     else:
-        loss, _ = torch.ops.fusedloss.vp_ce_combine(gathered, t, weight, V, *ce_args)
+        loss, _ = torch.ops.fusedloss.vp_ce_combine(gathered, t, weight, V, *ce_args,
+                                                    logit_offset)
     if red == REDUCTIONS["none"]:
         loss = loss.reshape(target.shape)
     return loss

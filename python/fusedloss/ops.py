@@ -30,12 +30,14 @@ fl_*_cuda on torch's current stream, and a fake kernel for torch.compile / meta 
       -> (dhidden, dweight, dbias)                    mode 2: recompute from the saved lse
       class_offset: fp32 (V,) per-class logit offset, as the cross-entropy ops' offset
       (fl_linear_cross_entropy_*; see the notes at the linear cross-entropy section below)
-  vp_ce_local_stats(logits, target, weight?, vocab_start, vocab_size, <CE options>) -> stats
-  vp_ce_combine(gathered, target, weight?, vocab_size, <CE options>) -> (loss, lse)
+  vp_ce_local_stats(logits, target, weight?, vocab_start, vocab_size, <CE options>, offset?=None)
+      -> stats
+  vp_ce_combine(gathered, target, weight?, vocab_size, <CE options>, offset?=None) -> (loss, lse)
   vp_ce_backward(grad_loss, logits, target, lse, weight?, vocab_start, vocab_size, <CE options>,
-                 grad_scale) -> dlogits
+                 grad_scale, offset?=None) -> dlogits
       vocab-parallel cross-entropy, steps 1, 3, 4 on one rank (fl_vp_ce_*; CPU only until the
-      C library has the CUDA steps; see the notes at the vocab-parallel section at the end)
+      C library has the CUDA steps; see the notes at the vocab-parallel section at the end);
+      offset: fp32 (V,) the GLOBAL per-class logit offsets (every rank the whole array)
 
 The ops are deliberately raw: logits are 2-D (N, V) with unit column stride and a row stride
 ld = stride(0) >= V (the C API's layout); target is 1-D (N,) int32/int64; weight and offset are
@@ -1262,20 +1264,24 @@ def _(grad_loss, hidden, weight, bias, target, lse, class_weight, ignore_index, 
 # API's steps 1, 3 and 4 on one rank. Step 2, the all-gather of every rank's stats IN RANK ORDER,
 # belongs to the caller's engine: fusedloss.vocab_parallel_cross_entropy runs it with
 # torch.distributed (functional.py).
-#   vp_ce_local_stats(logits, target, weight?, vocab_start, vocab_size, <CE options>) -> stats
-#   vp_ce_combine(gathered, target, weight?, vocab_size, <CE options>) -> (loss, lse)
+#   vp_ce_local_stats(logits, target, weight?, vocab_start, vocab_size, <CE options>, offset?)
+#       -> stats
+#   vp_ce_combine(gathered, target, weight?, vocab_size, <CE options>, offset?) -> (loss, lse)
 #   vp_ce_backward(grad_loss, logits, target, lse, weight?, vocab_start, vocab_size,
-#                  <CE options>, grad_scale) -> dlogits
+#                  <CE options>, grad_scale, offset?) -> dlogits
 # <CE options> = ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale, as the
 # cross-entropy ops (the same values on every step and every rank). Raw layout as those ops:
 # logits is this rank's shard [N, V_local] (unit column stride, row stride ld >= V_local) holding
 # the GLOBAL classes vocab_start .. vocab_start + V_local - 1 of vocab_size (V); target (N,)
 # GLOBAL class ids, the same on every rank; weight fp32 (V,): the GLOBAL class weights (every
-# rank passes the whole array), or None. stats: fp32 [N, 4] contiguous, (max z, sum exp(z - max),
-# sum w z, z_target or 0) over the shard ((-inf, 0, 0, 0) on ignored rows); gathered: fp32
-# [k, N, 4] contiguous, the k ranks' stats in rank order; loss fp32 (N,) for reduction none else
-# 0-d; lse fp32 (N,), the global log-sum-exp (0 on ignored rows; what backward needs, so backward
-# needs no collective); dlogits as cross_entropy_backward's, for this shard's columns only.
+# rank passes the whole array), or None; offset fp32 (V,): the GLOBAL per-class logit offsets
+# (fl_ce_options.logit_offset, added after softcap; every rank passes the whole array; steps 1 and
+# 4 read it, step 3 accepts it), or None; pass the same offset (or None) to every step.
+# stats: fp32 [N, 4] contiguous, (max z, sum exp(z - max), sum w z, z_target or 0) over the
+# shard ((-inf, 0, 0, 0) on ignored rows); gathered: fp32 [k, N, 4] contiguous, the k ranks'
+# stats in rank order; loss fp32 (N,) for reduction none else 0-d; lse fp32 (N,), the global
+# log-sum-exp (0 on ignored rows; what backward needs, so backward needs no collective); dlogits
+# as cross_entropy_backward's, for this shard's columns only.
 # N == 0: answered without a C call (as the cross-entropy ops).
 # Workspaces: section 8's "section-5 workspace of its call": fl_cross_entropy_workspace_size with
 # (N, V_local, logits dtype) for steps 1 and 4; for step 3 with (N, V) and any dtype (it reads no
@@ -1324,16 +1330,21 @@ def _vp_check_vocab(op, vocab_start, V_local, vocab_size):
                          f"[0, {vocab_size})")
 
 
-def _vp_check_weight(op, weight, V, device):
+def _vp_check_weight(op, weight, V, device, name="weight", what="class weights"):
     if weight is None:
         return 0
     if weight.dtype != torch.float32 or weight.shape != (V,) or weight.device != device:
-        raise ValueError(f"fusedloss::{op}: weight must be the GLOBAL class weights, float32 of shape "
+        raise ValueError(f"fusedloss::{op}: {name} must be the GLOBAL {what}, float32 of shape "
                          f"({V},) (vocab_size) on {device}, got {weight.dtype} {tuple(weight.shape)} "
                          f"on {weight.device}")
     if V > 1 and weight.stride(0) != 1:
-        raise ValueError(f"fusedloss::{op}: weight must be contiguous")
+        raise ValueError(f"fusedloss::{op}: {name} must be contiguous")
     return weight.data_ptr()
+
+
+def _vp_check_offset(op, offset, V, device):
+    """The GLOBAL per-class logit offsets (V,) fp32 contiguous on device, or None: its address."""
+    return _vp_check_weight(op, offset, V, device, "offset", "per-class logit offsets")
 
 
 def _vp_device(idx):
@@ -1369,9 +1380,10 @@ def run_vp_local_stats(logits, target, vocab_start, vocab_size, p):
     return stats
 
 
-def vp_combine_plan(N, V, it, idx, cfg, wptr):
-    """The plan() of step 3: no logits; the workspace of (N, V) for a 16-bit dtype (see above)."""
-    return plan(N, V, V, _lib.FL_DTYPE_BF16, it, idx, cfg, wptr)
+def vp_combine_plan(N, V, it, idx, cfg, wptr, optr=0):
+    """The plan() of step 3: no logits; the workspace of (N, V) for a 16-bit dtype (see above).
+    optr: the address of the GLOBAL logit offsets (0 = none; step 3 does not read them)."""
+    return plan(N, V, V, _lib.FL_DTYPE_BF16, it, idx, cfg, wptr, optr)
 
 
 def run_vp_combine(gathered, target, p):
@@ -1438,22 +1450,23 @@ def run_vp_backward(grad_loss, logits, target, lse, vocab_start, vocab_size, p, 
 
 
 def vp_local_stats_impl(logits, target, weight, vocab_start, vocab_size, ignore_index, reduction,
-                        label_smoothing, z_loss, softcap, logit_scale):
+                        label_smoothing, z_loss, softcap, logit_scale, offset=None):
     """Step 1 with its checks: stats fp32 [N, 4] of this shard."""
     op = "vp_ce_local_stats"
     N, Vl, ld, dt, it = _check_args(op, logits, target)
     _vp_check_cuda(logits)
     _vp_check_vocab(op, vocab_start, Vl, vocab_size)
     wptr = _vp_check_weight(op, weight, vocab_size, logits.device)
+    optr = _vp_check_offset(op, offset, vocab_size, logits.device)
     if N == 0:
         return torch.empty((0, 4), dtype=_F32, device=logits.device)
     cfg = config(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
     return run_vp_local_stats(logits, target, vocab_start, vocab_size,
-                              plan(N, Vl, ld, dt, it, _device_index(logits), cfg, wptr))
+                              plan(N, Vl, ld, dt, it, _device_index(logits), cfg, wptr, optr))
 
 
 def vp_combine_impl(gathered, target, weight, vocab_size, ignore_index, reduction,
-                    label_smoothing, z_loss, softcap, logit_scale):
+                    label_smoothing, z_loss, softcap, logit_scale, offset=None):
     """Step 3 with its checks: (loss, lse) from the k ranks' stats gathered in rank order."""
     op = "vp_ce_combine"
     if gathered.dtype != _F32 or gathered.dim() != 3 or gathered.shape[0] < 1 or gathered.shape[2] != 4:
@@ -1476,43 +1489,49 @@ def vp_combine_impl(gathered, target, weight, vocab_size, ignore_index, reductio
         raise ValueError(f"fusedloss::{op}: vocab_size must be >= 1, got {vocab_size}")
     _vp_check_cuda(gathered)
     wptr = _vp_check_weight(op, weight, vocab_size, dev)
+    optr = _vp_check_offset(op, offset, vocab_size, dev)
     if N == 0:
         loss = torch.empty(_loss_shape(N, reduction), dtype=_F32, device=dev)
         return _empty_loss(loss, reduction), torch.empty((0,), dtype=_F32, device=dev)
     cfg = config(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
     return run_vp_combine(gathered, target,
-                          vp_combine_plan(N, vocab_size, it, _device_index(gathered), cfg, wptr))
+                          vp_combine_plan(N, vocab_size, it, _device_index(gathered), cfg, wptr,
+                                          optr))
 
 
 def vp_backward_impl(grad_loss, logits, target, lse, weight, vocab_start, vocab_size, ignore_index,
-                     reduction, label_smoothing, z_loss, softcap, logit_scale, grad_scale):
+                     reduction, label_smoothing, z_loss, softcap, logit_scale, grad_scale,
+                     offset=None):
     """Step 4 with its checks: this shard's dlogits from the global lse of step 3."""
     op = "vp_ce_backward"
     N, Vl, ld, dt, it = _check_args(op, logits, target, None, lse)
     _vp_check_cuda(logits)
     _vp_check_vocab(op, vocab_start, Vl, vocab_size)
     wptr = _vp_check_weight(op, weight, vocab_size, logits.device)
+    optr = _vp_check_offset(op, offset, vocab_size, logits.device)
     _check_grad_loss(op, grad_loss, N, reduction, logits.device)
     if N == 0:
         return _new_dlogits(logits, N, Vl, ld)
     cfg = config(ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
     return run_vp_backward(grad_loss, logits, target, lse, vocab_start, vocab_size,
-                           plan(N, Vl, ld, dt, it, _device_index(logits), cfg, wptr), grad_scale)
+                           plan(N, Vl, ld, dt, it, _device_index(logits), cfg, wptr, optr),
+                           grad_scale)
 
 
 @torch.library.custom_op("fusedloss::vp_ce_local_stats", mutates_args=(),
                          device_types=("cpu", "cuda"))
 def vp_ce_local_stats(logits: Tensor, target: Tensor, weight: Optional[Tensor], vocab_start: int,
                       vocab_size: int, ignore_index: int, reduction: int, label_smoothing: float,
-                      z_loss: float, softcap: float, logit_scale: float) -> Tensor:
+                      z_loss: float, softcap: float, logit_scale: float,
+                      offset: Optional[Tensor] = None) -> Tensor:
     """Step 1 (fl_vp_ce_local_stats_*): stats fp32 [N, 4] of this rank's shard of the logits."""
     return vp_local_stats_impl(logits, target, weight, vocab_start, vocab_size, ignore_index,
-                               reduction, label_smoothing, z_loss, softcap, logit_scale)
+                               reduction, label_smoothing, z_loss, softcap, logit_scale, offset)
 
 
 @vp_ce_local_stats.register_fake
 def _(logits, target, weight, vocab_start, vocab_size, ignore_index, reduction, label_smoothing,
-      z_loss, softcap, logit_scale):
+      z_loss, softcap, logit_scale, offset=None):
     torch._check(logits.dim() == 2, lambda: "fusedloss::vp_ce_local_stats: logits must be 2-D")
     return logits.new_empty((logits.shape[0], 4), dtype=torch.float32)
 
@@ -1520,15 +1539,16 @@ def _(logits, target, weight, vocab_start, vocab_size, ignore_index, reduction, 
 @torch.library.custom_op("fusedloss::vp_ce_combine", mutates_args=(), device_types=("cpu", "cuda"))
 def vp_ce_combine(gathered: Tensor, target: Tensor, weight: Optional[Tensor], vocab_size: int,
                   ignore_index: int, reduction: int, label_smoothing: float, z_loss: float,
-                  softcap: float, logit_scale: float) -> Tuple[Tensor, Tensor]:
+                  softcap: float, logit_scale: float,
+                  offset: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Step 3 (fl_vp_ce_combine_*): (loss, global lse) from gathered fp32 [k, N, 4]."""
     return vp_combine_impl(gathered, target, weight, vocab_size, ignore_index, reduction,
-                           label_smoothing, z_loss, softcap, logit_scale)
+                           label_smoothing, z_loss, softcap, logit_scale, offset)
 
 
 @vp_ce_combine.register_fake
 def _(gathered, target, weight, vocab_size, ignore_index, reduction, label_smoothing, z_loss,
-      softcap, logit_scale):
+      softcap, logit_scale, offset=None):
     torch._check(gathered.dim() == 3, lambda: "fusedloss::vp_ce_combine: gathered must be (k, N, 4)")
     N = gathered.shape[1]
     return (gathered.new_empty(_loss_shape(N, reduction), dtype=torch.float32),
@@ -1539,14 +1559,14 @@ def _(gathered, target, weight, vocab_size, ignore_index, reduction, label_smoot
 def vp_ce_backward(grad_loss: Tensor, logits: Tensor, target: Tensor, lse: Tensor,
                    weight: Optional[Tensor], vocab_start: int, vocab_size: int, ignore_index: int,
                    reduction: int, label_smoothing: float, z_loss: float, softcap: float,
-                   logit_scale: float, grad_scale: float) -> Tensor:
+                   logit_scale: float, grad_scale: float, offset: Optional[Tensor] = None) -> Tensor:
     """Step 4 (fl_vp_ce_backward_*): this shard's dlogits from the global lse of step 3."""
     return vp_backward_impl(grad_loss, logits, target, lse, weight, vocab_start, vocab_size,
                             ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale,
-                            grad_scale)
+                            grad_scale, offset)
 
 
 @vp_ce_backward.register_fake
 def _(grad_loss, logits, target, lse, weight, vocab_start, vocab_size, ignore_index, reduction,
-      label_smoothing, z_loss, softcap, logit_scale, grad_scale):
+      label_smoothing, z_loss, softcap, logit_scale, grad_scale, offset=None):
     return _fake_dlogits(logits)

@@ -404,14 +404,35 @@ def test_fast_path_passes_the_offset_address_cpu(monkeypatch, inplace):
 
 
 def test_vocab_parallel_ops_pass_no_offset_cpu(monkeypatch):
+    """The vocab-parallel steps pass NULL without logit_offset, and the GLOBAL (V,) fp32 offset's
+    address (to all three steps, forward and backward) with one."""
     spy = _Spy(fusedloss.ops._fl)
     monkeypatch.setattr(fusedloss.ops, "_fl", spy)
     x, t = make_inputs((6, 10), torch.float32, "cpu")
-    fusedloss.vocab_parallel_cross_entropy(x, t, 0, 10)
-    for name, args in spy.calls:
-        if name.startswith("fl_vp_ce_"):
-            opts = args[10] if "local_stats" in name else args[8] if "combine" in name else args[13]
-            assert _lib.CEOptions.from_address(opts).logit_offset is None, name
+
+    def offsets_passed():
+        got = {}
+        for name, args in spy.calls:
+            if name.startswith("fl_vp_ce_"):
+                opts = args[10] if "local_stats" in name else args[8] if "combine" in name else args[13]
+                got.setdefault(name, []).append(_lib.CEOptions.from_address(opts).logit_offset)
+        spy.calls.clear()
+        return got
+
+    xg = x.clone().requires_grad_(True)
+    fusedloss.vocab_parallel_cross_entropy(xg, t, 0, 10).backward()
+    got = offsets_passed()
+    assert sorted(got) == ["fl_vp_ce_backward_cpu", "fl_vp_ce_combine_cpu", "fl_vp_ce_local_stats_cpu"]
+    for name, ptrs in got.items():
+        assert ptrs == [None] * len(ptrs), name
+    o = log_prior_offset(10, "cpu")
+    assert o.dtype == torch.float32 and o.is_contiguous()
+    xg = x.clone().requires_grad_(True)
+    fusedloss.vocab_parallel_cross_entropy(xg, t, 0, 10, logit_offset=o).backward()
+    got = offsets_passed()
+    assert sorted(got) == ["fl_vp_ce_backward_cpu", "fl_vp_ce_combine_cpu", "fl_vp_ce_local_stats_cpu"]
+    for name, ptrs in got.items():
+        assert ptrs == [o.data_ptr()] * len(ptrs), name
 
 
 # ---- the raw ops -----------------------------------------------------------------------------------

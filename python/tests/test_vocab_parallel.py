@@ -72,12 +72,14 @@ def assert_close(got, ref, tol, what):
 
 
 def reference(x, t, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
-              z_loss=0.0, softcap=None, logit_scale=1.0):
-    """F.cross_entropy on float64 logits x [N, V] transformed as the C API says, plus
-    z_loss * lse^2 (not class-weighted; 'mean' over non-ignored rows)."""
+              z_loss=0.0, softcap=None, logit_scale=1.0, logit_offset=None):
+    """F.cross_entropy on float64 logits x [N, V] transformed as the C API says (softcap(s * x)
+    + logit_offset), plus z_loss * lse^2 (not class-weighted; 'mean' over non-ignored rows)."""
     z = x * logit_scale
     if softcap:
         z = softcap * torch.tanh(z / softcap)
+    if logit_offset is not None:
+        z = z + logit_offset.double().to(z.device)
     w = weight.double() if weight is not None else None
     ce = F.cross_entropy(z, t.long(), w, ignore_index=ignore_index, reduction=reduction,
                          label_smoothing=label_smoothing)
@@ -106,6 +108,12 @@ def make_inputs(lead, V, dtype, seed, ignore_index=-100, frac_ignored=0.25, inde
 def class_weights(V, seed=7):
     g = torch.Generator().manual_seed(seed)
     return torch.rand(V, generator=g) + 0.2
+
+
+def logit_offsets(V, seed=13):
+    """GLOBAL per-class logit offsets (V,) fp32 (e.g. a log-prior), large enough to matter."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(V, generator=g)
 
 
 def upstream(shape, seed=1):
@@ -226,6 +234,89 @@ def test_world_size_1_via_ops(opts, via_ops):
     check_against_full(loss, leaf.grad, x, t, 0, V, o, g, f"k=1 via ops {opts}")
 
 
+# ---- the GLOBAL per-class logit offset (logit_offset), world size 1 ------------------------------
+OFFSET_OPTION_SETS = [
+    dict(),
+    dict(reduction="sum"),
+    dict(reduction="none"),
+    dict(label_smoothing=0.1),
+    dict(label_smoothing=0.2, weight=True),
+    dict(label_smoothing=0.1, weight=True, reduction="none"),
+    dict(weight=True, reduction="sum"),
+    dict(z_loss=1e-2, softcap=4.0, logit_scale=0.8),
+    dict(ignore_index=3, label_smoothing=0.1),
+    dict(label_smoothing=0.3, weight=True, z_loss=1e-3, softcap=6.0, logit_scale=1.3),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("opts", OFFSET_OPTION_SETS, ids=_id)
+def test_world_size_1_logit_offset(opts, dtype, device):
+    """loss and gradient == fusedloss.cross_entropy(..., logit_offset=o) (and float64
+    F.cross_entropy(softcap(s x) + o)); the offset gets no gradient."""
+    assert _dist_off()
+    V = 13
+    o = _to(_opts(opts, V), device)
+    x, t = make_inputs((3, 5), V, dtype, seed=21, ignore_index=o.get("ignore_index", -100))
+    x, t = x.to(device), t.to(device)
+    off = logit_offsets(V).to(device).requires_grad_(True)  # a constant: detached inside
+    o["logit_offset"] = off
+    leaf = x.clone().requires_grad_(True)
+    loss = vp_ce(leaf, t, 0, V, **o)
+    assert loss.dtype == torch.float32
+    assert loss.shape == (t.shape if o.get("reduction") == "none" else ())
+    g = upstream(loss.shape).to(device)
+    loss.backward(g)
+    assert off.grad is None
+    assert leaf.grad.dtype == dtype and leaf.grad.shape == x.shape
+    check_against_full(loss, leaf.grad, x, t, 0, V, {**o, "logit_offset": off.detach()}, g,
+                       f"k=1 offset {dtype} {opts}")
+    # the offset matters
+    plain = vp_ce(x, t, 0, V, **{k: v for k, v in o.items() if k != "logit_offset"})
+    assert not torch.allclose(loss.detach(), plain)
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(label_smoothing=0.2, weight=True, z_loss=1e-2,
+                                              softcap=5.0, reduction="none")], ids=_id)
+def test_world_size_1_logit_offset_via_ops(opts, via_ops):
+    V = 9
+    o = _opts(opts, V)
+    o["logit_offset"] = logit_offsets(V)
+    x, t = make_inputs((7,), V, torch.float32, seed=3)
+    leaf = x.clone().requires_grad_(True)
+    loss = vp_ce(leaf, t, 0, V, vocab_size=V, **o)
+    g = upstream(loss.shape)
+    loss.backward(g)
+    check_against_full(loss, leaf.grad, x, t, 0, V, o, g, f"k=1 offset via ops {opts}")
+
+
+def test_world_size_1_logit_offset_converted():
+    """A bf16 / float64 / non-contiguous offset: converted to fp32 contiguous, as
+    fusedloss.cross_entropy does; no_grad and the all-ignored / N == 0 cases."""
+    V = 10
+    x, t = make_inputs((6,), V, torch.float32, seed=31)
+    base = logit_offsets(V)
+    for off in (base.bfloat16(), base.double(), torch.stack([base, base], 1)[:, 0]):
+        leaf = x.clone().requires_grad_(True)
+        loss = vp_ce(leaf, t, 0, V, label_smoothing=0.1, logit_offset=off)
+        loss.backward()
+        check_against_full(loss, leaf.grad, x, t, 0, V, dict(label_smoothing=0.1, logit_offset=off),
+                           torch.tensor(1.0), f"offset {off.dtype} stride {off.stride()}")
+    with torch.no_grad():
+        assert_close(vp_ce(x, t, 0, V, logit_offset=base),
+                     fusedloss.cross_entropy(x, t, logit_offset=base), LOSS_TOL_FUSED, "no_grad")
+    xi, ti = make_inputs((4,), V, torch.float32, seed=5, frac_ignored=1.0)
+    leaf = xi.clone().requires_grad_(True)
+    loss = vp_ce(leaf, ti, 0, V, logit_offset=base)
+    loss.backward()
+    assert torch.isnan(loss) and torch.all(leaf.grad == 0)
+    e = torch.empty((0, V), requires_grad=True)
+    loss = vp_ce(e, torch.empty((0,), dtype=torch.int64), 0, V, reduction="sum", logit_offset=base)
+    loss.backward()
+    assert loss.item() == 0.0 and e.grad.shape == (0, V)
+
+
 def test_world_size_1_edge_cases():
     V = 6
     # all rows ignored: mean NaN with a zero gradient, sum 0, none all zeros
@@ -276,16 +367,21 @@ def test_double_backward_raises():
 SIM_LAYOUTS = [[11], [4, 11], [1, 6, 11], [3, 4, 8, 9, 11], [7, 8, 9, 10, 11]]
 
 
+@pytest.mark.parametrize("offset", [False, True], ids=["no-offset", "offset"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("ends", SIM_LAYOUTS + [pytest.param([20000, 50257], marks=needs_cuda)],
                          ids=lambda e: f"k={len(e)}:{e}")
-def test_simulated_ranks_raw_ops(ends, dtype, device):
+def test_simulated_ranks_raw_ops(ends, dtype, device, offset):
     """fl_vp_ce_* as the header describes them: step 1 per shard, the gather in rank order by
-    hand, step 3 (every "rank" gets the same bits), step 4 per shard; every option."""
+    hand, step 3 (every "rank" gets the same bits), step 4 per shard; every option; with and
+    without the GLOBAL logit offset (every "rank" passes the whole (V,) array to every step)."""
     V = ends[-1]
     for i, opts in enumerate(OPTION_SETS):
         o = _to(_opts(opts, V), device)
+        off = logit_offsets(V).to(device) if offset else None
+        if offset:
+            o["logit_offset"] = off
         x, t = make_inputs((6,), V, dtype, seed=100 + i, ignore_index=o.get("ignore_index", -100))
         x, t = x.to(device), t.to(device)
         red = fusedloss._lib.REDUCTIONS[o.get("reduction", "mean")]
@@ -293,13 +389,13 @@ def test_simulated_ranks_raw_ops(ends, dtype, device):
         ce = (o.get("ignore_index", -100), red, o.get("label_smoothing", 0.0), o.get("z_loss", 0.0),
               cap, o.get("logit_scale", 1.0))
         w = o.get("weight")
-        stats = [torch.ops.fusedloss.vp_ce_local_stats(x[:, s:e], t, w, s, V, *ce)
+        stats = [torch.ops.fusedloss.vp_ce_local_stats(x[:, s:e], t, w, s, V, *ce, off)
                  for s, e in shards(ends)]
         gathered = torch.stack(stats)
-        loss, lse = torch.ops.fusedloss.vp_ce_combine(gathered, t, w, V, *ce)
+        loss, lse = torch.ops.fusedloss.vp_ce_combine(gathered, t, w, V, *ce, off)
         g = upstream(loss.shape).to(device)
         grads = [torch.ops.fusedloss.vp_ce_backward(g.reshape(-1), x[:, s:e].contiguous(), t, lse, w,
-                                                    s, V, *ce, 1.0) for s, e in shards(ends)]
+                                                    s, V, *ce, 1.0, off) for s, e in shards(ends)]
         for s, e in shards(ends):
             check_against_full(loss, grads[ends.index(e)], x, t, s, e, o, g,
                                f"simulated k={len(ends)} {ends} [{s}, {e}) {dtype} {opts}")
@@ -307,6 +403,8 @@ def test_simulated_ranks_raw_ops(ends, dtype, device):
         z = x.double() * o.get("logit_scale", 1.0)
         if cap:
             z = cap * torch.tanh(z / cap)
+        if offset:
+            z = z + off.double()
         ref_lse = torch.where(t == o.get("ignore_index", -100), 0.0, torch.logsumexp(z, 1))
         assert_close(lse, ref_lse, (1e-5, 1e-5) if x.is_cuda else (1e-6, 1e-6), f"lse {ends} {opts}")
         if len(ends) > 1:  # ignored rows: (-inf, 0, 0, 0)
@@ -332,6 +430,15 @@ def test_opcheck_vp_ops():
         loss, lse = torch.ops.fusedloss.vp_ce_combine(gathered, t, w, V, *ce)
         gl = upstream((5,) if red == 0 else (1,))
         opcheck(torch.ops.fusedloss.vp_ce_backward.default, (gl, xs, t, lse, w, 3, V) + ce + (0.5,))
+        # with the GLOBAL logit offset (the last, optional, argument of every step)
+        off = logit_offsets(V)
+        opcheck(torch.ops.fusedloss.vp_ce_local_stats.default, (xs, t, w, 3, V) + ce + (off,))
+        go = torch.stack([torch.ops.fusedloss.vp_ce_local_stats(x[:, s:e], t, w, s, V, *ce, off)
+                          for s, e in shards(ends)])
+        opcheck(torch.ops.fusedloss.vp_ce_combine.default, (go, t, w, V) + ce + (off,))
+        _, lse_o = torch.ops.fusedloss.vp_ce_combine(go, t, w, V, *ce, off)
+        opcheck(torch.ops.fusedloss.vp_ce_backward.default,
+                (gl, xs, t, lse_o, w, 3, V) + ce + (0.5, off))
 
 
 # ---- bad arguments (no collective: each raises before step 2) -----------------------------------
@@ -386,6 +493,31 @@ def test_bad_arguments():
         torch.ops.fusedloss.vp_ce_combine(torch.zeros(4, 4), t, None, V, *ce)
     with pytest.raises(ValueError, match=r"GLOBAL class weights, float32 of shape \(8,\)"):
         torch.ops.fusedloss.vp_ce_combine(torch.zeros(1, 4, 4), t, torch.ones(3), V, *ce)
+    # bad logit offsets: the GLOBAL (V,) floating tensor on the logits' device
+    with pytest.raises(ValueError, match=r"logit_offset must have shape \(8,\)"):
+        vp_ce(x, t, 0, V, logit_offset=torch.zeros(5))
+    with pytest.raises(ValueError, match="logit_offset must be 1-D"):
+        vp_ce(x, t, 0, V, logit_offset=torch.zeros(1, V))
+    with pytest.raises(TypeError, match="logit_offset must be floating point"):
+        vp_ce(x, t, 0, V, logit_offset=torch.zeros(V, dtype=torch.int64))
+    with pytest.raises(TypeError, match="logit_offset must be a Tensor or None"):
+        vp_ce(x, t, 0, V, logit_offset=[0.0] * V)
+    with pytest.raises(ValueError, match="logit_offset is on meta"):
+        vp_ce(x, t, 0, V, logit_offset=torch.zeros(V, device="meta"))
+    o8 = torch.zeros(V)
+    with pytest.raises(ValueError, match=r"offset must be the GLOBAL per-class logit offsets, float32 of shape \(8,\)"):
+        torch.ops.fusedloss.vp_ce_local_stats(x[:, :3], t, None, 0, V, *ce, torch.zeros(3))  # shard's
+    with pytest.raises(ValueError, match=r"offset must be the GLOBAL per-class logit offsets, float32"):
+        torch.ops.fusedloss.vp_ce_local_stats(x, t, None, 0, V, *ce, o8.double())
+    with pytest.raises(ValueError, match=r"offset must be the GLOBAL per-class logit offsets, float32"):
+        torch.ops.fusedloss.vp_ce_combine(torch.zeros(1, 4, 4), t, None, V, *ce, o8.half())
+    lse = torch.zeros(4)
+    with pytest.raises(ValueError, match=r"offset must be the GLOBAL per-class logit offsets, float32"):
+        torch.ops.fusedloss.vp_ce_backward(torch.ones(1), x, t, lse, None, 0, V, *ce, 1.0,
+                                           torch.zeros(V + 1))
+    with pytest.raises(ValueError, match="offset must be contiguous"):
+        torch.ops.fusedloss.vp_ce_backward(torch.ones(1), x, t, lse, None, 0, V, *ce, 1.0,
+                                           torch.zeros(V, 2)[:, 0])
     # the C library's own checks surface as FusedLossError naming the C function
     with pytest.raises(fusedloss.FusedLossError, match="fl_vp_ce_local_stats_cpu"):
         torch.ops.fusedloss.vp_ce_local_stats(x, t, None, 0, V, -100, 7, 0.0, 0.0, 0.0, 1.0)
@@ -446,6 +578,8 @@ def _mp_cases():
     yield "world", torch.float32, dict(), dict(lead=(0,))
     yield "world", torch.float32, dict(weight=True), dict(no_grad=True)
     yield "world", torch.float32, dict(label_smoothing=0.1), dict(debug=True)
+    yield "world", torch.float32, dict(label_smoothing=0.1, weight=True, z_loss=1e-3, softcap=6.0), \
+        dict(offset=True)
 
 
 def _run_case(rank, groups, gname, dtype, opts, extras, seed):
@@ -459,6 +593,8 @@ def _run_case(rank, groups, gname, dtype, opts, extras, seed):
     V = ends[-1]
     start, end = shards(ends)[r]
     o = _opts(opts, V)
+    if extras.get("offset"):  # the GLOBAL (V,) logit offsets, the same on every rank
+        o["logit_offset"] = logit_offsets(V)
     ii = o.get("ignore_index", -100)
     lead = extras.get("lead", (7,))
     x, t = make_inputs(lead, V, dtype, seed, ignore_index=ii,
@@ -483,7 +619,8 @@ def _run_case(rank, groups, gname, dtype, opts, extras, seed):
     assert all(torch.equal(b, allbits[0]) for b in allbits), f"{what}: loss differs between ranks"
     if extras.get("no_grad"):
         assert loss.grad_fn is None
-        ref = fusedloss.cross_entropy(x.reshape(-1, V), t.reshape(-1), o.get("weight"))
+        ref = fusedloss.cross_entropy(x.reshape(-1, V), t.reshape(-1), o.get("weight"),
+                                      logit_offset=o.get("logit_offset"))
         assert_close(loss, ref, LOSS_TOL_FUSED, what)
         return 1
     g = upstream(loss.shape, seed=seed)
