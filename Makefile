@@ -63,7 +63,7 @@ LIB_SO := $(BUILD)/libfusedloss.so
 
 CPU_TESTS  := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out %_cuda.c,$(wildcard tests/test_*.c tests/fuzz_*.c)))
 CUDA_TESTS := $(patsubst tests/%.c,$(BUILD)/%,$(wildcard tests/*_cuda.c))
-TOOLS      := $(BUILD)/fl_demo $(if $(NVCC),$(BUILD)/bench_cross_entropy $(BUILD)/bench_gelu $(BUILD)/bench_linear_ce)
+TOOLS      := $(BUILD)/fl_demo $(if $(NVCC),$(BUILD)/bench_cross_entropy $(BUILD)/bench_gelu $(BUILD)/bench_linear_ce $(BUILD)/bench_vp_linear)
 
 .PHONY: all lib test test-cuda bench bench-gelu bench-lce demo install example clean
 all: lib $(CPU_TESTS) $(TOOLS) $(if $(NVCC),$(CUDA_TESTS))
@@ -98,6 +98,9 @@ $(BUILD)/bench_gelu: bench/bench_gelu.c $(LIB_A)
 	$(CC) $(CFLAGS) $(CUDA_INC) $< -o $@ $(LIB_A) $(CUDA_LIBS) $(LDLIBS)
 
 $(BUILD)/bench_linear_ce: bench/bench_linear_ce.c $(LIB_A)
+	$(CC) $(CFLAGS) $(CUDA_INC) $< -o $@ $(LIB_A) $(CUDA_LIBS) $(LDLIBS)
+
+$(BUILD)/bench_vp_linear: bench/bench_vp_linear.c $(LIB_A)
 	$(CC) $(CFLAGS) $(CUDA_INC) $< -o $@ $(LIB_A) $(CUDA_LIBS) $(LDLIBS)
 
 # CPU tests: each prints "N passed, M failed"; any failure fails make

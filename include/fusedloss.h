@@ -601,8 +601,31 @@ FL_API fl_status fl_gelu_backward_cuda(void* dx, void* dbias, const void* dy, co
  *  sync, graph-capturable. Step 1 reads the shard once (section 5's streaming forward kernel), step
  *  3 is one thread per row plus section 5's reduce kernel, step 4 is section 5's backward (one read,
  *  one write). Step 2 is the caller's collective on the same stream (or one ordered after it).
- *  fl_vp_cross_entropy_nccl() does steps 1-4 with NCCL's all-gather (below). Not built yet
- *  (issue 9): the linear-CE variant (weight rows sharded).
+ *  fl_vp_cross_entropy_nccl() does steps 1-4 with NCCL's all-gather (below).
+ *
+ *  LINEAR VARIANT (the lm_head's weight sharded by vocabulary rows, Megatron style): rank r holds
+ *  weight rows [vocab_start, vocab_start + V_local) ([V_local, H], row stride ld_weight) and, if
+ *  any, their bias [V_local]; hidden [N, H] and the targets are the same on every rank. The shard's
+ *  logits hidden · weightᵀ (+ bias) are section 6's (accumulated in fp32, double on the CPU,
+ *  rounded once to dtype), formed a chunk of rows at a time (section 6's chunk plan with V_local
+ *  for V, byte budget in lce_opts): no rank holds more than a chunk of its own shard's logits.
+ *    1'. fl_vp_linear_ce_local_stats_*(): step 1's stats [N][4] of the shard's logits (1 GEMM).
+ *    2, 3 as above (the caller's all-gather; fl_vp_ce_combine_*: the global lse and the loss).
+ *    4'. fl_vp_linear_ce_backward_*(): recomputes the shard's logits chunk by chunk, forms their
+ *        gradient (step 4) and from it this rank's dhidden PARTIAL (fp32 [N, H], = dlogits_shard ·
+ *        weight_shard: the sum over the ranks is dhidden; the caller all-reduces it, e.g. with
+ *        torch.distributed.all_reduce, and rounds it to its dtype once), and the shard's dweight
+ *        [V_local, H] and dbias [V_local] (wgrad_dtype and lce_opts->wgrad_accum as section 6).
+ *        3 GEMMs; with 1' that is section 6's mode (2): 4 GEMMs in all, any upstream gradient.
+ *  fl_vp_linear_cross_entropy_nccl() (below) does it all on an NCCL communicator in section 6's
+ *  mode (1): per chunk of rows GEMM1, step 1, an all-gather of the chunk's stats (16 bytes per row
+ *  and rank), step 3, step 4 in place, GEMM2 into fp32, an fp32 all-reduce (sum) of the chunk's
+ *  dhidden rows rounded once to dtype, GEMM3; 3 GEMMs, moving 16 N + 4 N H bytes per rank.
+ *  Workspace of all three: fl_vp_linear_ce_workspace_size() (k = the number of ranks; only the NCCL
+ *  entry uses the k-dependent part; step 1' forms no gradients, so the answer for any wgrad_dtype
+ *  suffices for it). Options as the other steps (ce_opts->weight and
+ *  ->logit_offset GLOBAL [V] arrays, target_prob refused); alignment rules (CUDA) and aliasing as
+ *  section 6, with dhidden of 4'. fp32 16-byte aligned.
  ******************************************************************************/
 
 /*! fl_vp_ce_local_stats_{cpu,cuda}() :
@@ -670,6 +693,67 @@ FL_API fl_status fl_vp_cross_entropy_nccl(float* loss, float* lse, void* dlogits
                                           fl_dtype dtype, fl_index_dtype index_dtype, const fl_ce_options* opts,
                                           void* nccl_comm, void* workspace, size_t workspace_bytes,
                                           fl_stream stream);
+
+/*! fl_vp_linear_ce_workspace_size() :
+ *  Bytes of workspace the linear vocab-parallel entry points (1', 4', the NCCL entry; both
+ *  backends) need: section 6's plan for N, H, V_local, plus (NCCL) an fp32 [chunk_rows, H] dhidden
+ *  chunk, the chunk's stats [chunk_rows][4], gathered stats [k][chunk_rows][4] and lse [N]. Never 0.
+ * @return : FL_OK or FL_ERR_INVALID_ARGUMENT. */
+FL_API fl_status fl_vp_linear_ce_workspace_size(size_t* bytes, int64_t N, int64_t H, int64_t V_local, int64_t V,
+                                                fl_dtype dtype, fl_dtype wgrad_dtype, int k,
+                                                const fl_ce_options* ce_opts, const fl_lce_options* lce_opts);
+
+/*! fl_vp_linear_ce_local_stats_{cpu,cuda}() :
+ *  stats : fp32 [N][4] as fl_vp_ce_local_stats (rows of ignored targets (-inf, 0, 0, 0)).
+ *  hidden [N, ld_hidden], weight = this rank's rows [V_local, ld_weight], bias [V_local] or NULL.
+ *  ctx : CUDA only (section 6's context). */
+FL_API fl_status fl_vp_linear_ce_local_stats_cpu(
+    float* stats, const void* hidden, int64_t ld_hidden, const void* weight, int64_t ld_weight, const void* bias,
+    const void* targets, int64_t N, int64_t H, int64_t V_local, int64_t vocab_start, int64_t V, fl_dtype dtype,
+    fl_index_dtype index_dtype, const fl_ce_options* ce_opts, const fl_lce_options* lce_opts, void* workspace,
+    size_t workspace_bytes);
+FL_API fl_status fl_vp_linear_ce_local_stats_cuda(
+    fl_lce_context* ctx, float* stats, const void* hidden, int64_t ld_hidden, const void* weight, int64_t ld_weight,
+    const void* bias, const void* targets, int64_t N, int64_t H, int64_t V_local, int64_t vocab_start, int64_t V,
+    fl_dtype dtype, fl_index_dtype index_dtype, const fl_ce_options* ce_opts, const fl_lce_options* lce_opts,
+    void* workspace, size_t workspace_bytes, fl_stream stream);
+
+/*! fl_vp_linear_ce_backward_{cpu,cuda}() :
+ *  dhidden_partial : fp32 [N, H] contiguous, overwritten (required): this rank's share of dhidden.
+ *  dweight [V_local, H] (wgrad_dtype), dbias [V_local] (wgrad_dtype): the shard's gradients,
+ *         overwritten, each optional (dbias requires bias).
+ *  lse : the global lse of step 3; grad_loss / grad_scale as section 5's backward. Same options
+ *  as step 1' and 3. No output may overlap another output or any input.
+ * @return : FL_OK or an error status. */
+FL_API fl_status fl_vp_linear_ce_backward_cpu(
+    float* dhidden_partial, void* dweight, void* dbias, const void* hidden, int64_t ld_hidden, const void* weight,
+    int64_t ld_weight, const void* bias, const void* targets, const float* lse, const float* grad_loss,
+    float grad_scale, int64_t N, int64_t H, int64_t V_local, int64_t vocab_start, int64_t V, fl_dtype dtype,
+    fl_dtype wgrad_dtype, fl_index_dtype index_dtype, const fl_ce_options* ce_opts, const fl_lce_options* lce_opts,
+    void* workspace, size_t workspace_bytes);
+FL_API fl_status fl_vp_linear_ce_backward_cuda(
+    fl_lce_context* ctx, float* dhidden_partial, void* dweight, void* dbias, const void* hidden, int64_t ld_hidden,
+    const void* weight, int64_t ld_weight, const void* bias, const void* targets, const float* lse,
+    const float* grad_loss, float grad_scale, int64_t N, int64_t H, int64_t V_local, int64_t vocab_start, int64_t V,
+    fl_dtype dtype, fl_dtype wgrad_dtype, fl_index_dtype index_dtype, const fl_ce_options* ce_opts,
+    const fl_lce_options* lce_opts, void* workspace, size_t workspace_bytes, fl_stream stream);
+
+/*! fl_vp_linear_cross_entropy_nccl() : the linear variant on an NCCL communicator (rank r holds
+ *  weight shard r, shards in rank order, k = ncclCommCount), mode (1), on `stream`.
+ *  loss : [N] (NONE) or [1], every rank the same bits; lse [N] or NULL.
+ *  dhidden [N, H] (dtype, contiguous): the FULL gradient (summed over the ranks in fp32, rounded
+ *         once), the same on every rank; NULL for the loss only (then dweight and dbias must be
+ *         NULL too, and grad_loss / grad_scale are ignored).
+ *  dweight [V_local, H], dbias [V_local] (wgrad_dtype, optional): this shard's, for the upstream
+ *         gradient grad_loss / grad_scale given up front (section 5's fused call).
+ *  NCCL is loaded at run time as for fl_vp_cross_entropy_nccl. Every rank must make the same call.
+ * @return : FL_OK or an error status (FL_ERR_UNSUPPORTED when NCCL cannot be loaded). */
+FL_API fl_status fl_vp_linear_cross_entropy_nccl(
+    fl_lce_context* ctx, float* loss, float* lse, void* dhidden, void* dweight, void* dbias, const void* hidden,
+    int64_t ld_hidden, const void* weight, int64_t ld_weight, const void* bias, const void* targets,
+    const float* grad_loss, float grad_scale, int64_t N, int64_t H, int64_t V_local, int64_t vocab_start, int64_t V,
+    fl_dtype dtype, fl_dtype wgrad_dtype, fl_index_dtype index_dtype, const fl_ce_options* ce_opts,
+    const fl_lce_options* lce_opts, void* nccl_comm, void* workspace, size_t workspace_bytes, fl_stream stream);
 
 /*-****************************************************************************
  *  9. Elementwise losses: sigmoid focal, BCE with logits

@@ -25,8 +25,9 @@
 #              memcheck on its --small grid, build/bench_linear_ce, python3 bench/bench_lce_torch.py
 #              (eager, torch.compile, Liger, fusedloss through Python); all output in $OUT/lce.log
 #   vp         vocab-parallel CE (issue 9): build/test_vocab_parallel_cuda, memcheck + racecheck on its
-#              --small grid; with >= 2 GPUs torchrun python/tests/dist_vp_nccl.py and bench/bench_vp.py
-#              (NCCL); all output in $OUT/vp.log
+#              --small grid, test_vp_nccl_cuda, the linear variant's test_vp_linear_cuda (+ memcheck
+#              --small) and bench_vp_linear; with >= 2 GPUs torchrun python/tests/dist_vp_nccl.py and
+#              bench/bench_vp.py (NCCL); all output in $OUT/vp.log
 #   zoo        loss zoo (issue 8): the GPU tests of the elementwise losses, distillation, margin CE and
 #              softmax focal, Lovasz, Taylor and large-margin CE (ZOO_TESTS; + memcheck / racecheck on their --small grids); unless
 #              ZOO_PY=0, the benches (ZOO_BENCHES: bench_zoo, bench_distill, bench_softmax_losses, bench_lovasz,
@@ -379,6 +380,19 @@ if want vp && have build/test_vocab_parallel_cuda vp; then
         [ -z "$NCCL_LIB" ] && NCCL_LIB=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], \"lib\", \"libnccl.so.2\"))" 2>/dev/null)
         echo "### test_vp_nccl_cuda (NCCL: ${NCCL_LIB:-not found})"
         FUSEDLOSS_NCCL_LIBRARY="$NCCL_LIB" NCCL_NVLS_ENABLE=0 timeout 90 build/test_vp_nccl_cuda || rc=1
+        if [ -e build/test_vp_linear_cuda ]; then
+            echo "### test_vp_linear_cuda (the linear variant; NCCL: ${NCCL_LIB:-not found})"
+            FUSEDLOSS_NCCL_LIBRARY="$NCCL_LIB" NCCL_NVLS_ENABLE=0 timeout 150 build/test_vp_linear_cuda || rc=1
+            if [ -n "$SANITIZER" ]; then
+                echo "### memcheck test_vp_linear_cuda --small"
+                FUSEDLOSS_NCCL_LIBRARY="$NCCL_LIB" NCCL_NVLS_ENABLE=0 timeout 120 "$SANITIZER" --tool memcheck \
+                    --print-limit 20 --error-exitcode 99 build/test_vp_linear_cuda --small | tail -3 || rc=1
+            fi
+        fi
+        if [ -e build/bench_vp_linear ]; then
+            echo "### bench_vp_linear (rank 0 of TP = k on one GPU)"
+            FUSEDLOSS_NCCL_LIBRARY="$NCCL_LIB" NCCL_NVLS_ENABLE=0 timeout 90 build/bench_vp_linear ${VPL_BENCH_ARGS:-} || rc=1
+        fi
         echo "### pytest python/tests/test_vocab_parallel.py (CUDA cases)"
         PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so timeout 120 python3 -m pytest -q -x -k cuda \
             python/tests/test_vocab_parallel.py 2>&1 | tail -4 || rc=1

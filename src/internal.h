@@ -194,6 +194,12 @@ fl_status fl__vp_validate_combine(const char* fn, int is_cuda, const float* loss
                                   fl_index_dtype index_dtype, const fl_ce_options* opts, const void* workspace,
                                   size_t workspace_bytes, fl__ce_params* p);
 
+/* Step 1's per-row stats (m, s, wz, zt) of the slice [col0, col0 + n) of a row at `off` (the CPU
+ * backend's formula and fp32 rounding: s relative to the stored m; -inf, 0 for an all -inf
+ * slice; wz 0 without label smoothing). Shared by the logits and the linear variants. */
+void fl__vp_cpu_row_stats(float* st, const void* logits, fl_dtype dtype, int64_t off, int64_t col0, int64_t n,
+                          int64_t t, const fl__ce_params* p);
+
 /* ---- GeLU: shared validation and the CUDA work plan (src/common/gelu_validate.c) --------- */
 
 /* How the CUDA backend cuts a GeLU call (pure integer arithmetic, so that the workspace size
@@ -279,6 +285,10 @@ typedef struct {
 fl_status fl__lce_make_plan(const char* fn, int64_t N, int64_t H, int64_t V, fl_dtype dtype,
                             fl_dtype wgrad_dtype, const fl_ce_options* ce_opts,
                             const fl_lce_options* lce_opts, fl__lce_plan* plan);
+/* The same, with the fp32 dhidden region sized for every V when force_dh32 (the linear VP). */
+fl_status fl__lce_make_plan_ex(const char* fn, int64_t N, int64_t H, int64_t V, fl_dtype dtype,
+                               fl_dtype wgrad_dtype, const fl_ce_options* ce_opts,
+                               const fl_lce_options* lce_opts, int force_dh32, fl__lce_plan* plan);
 
 /* Validate every argument of a linear-CE entry point (either backend), resolve the CE options
  * into *p (as fl__ce_validate does), and the plan into *plan. backward = 0: the forward (lse
@@ -313,6 +323,78 @@ fl_status fl__ce_cuda_chunk_rows(int pass, const fl__ce_params* p, int64_t r0, i
                                  fl_dtype dt, fl_index_dtype it, void* ce_ws, fl_stream stream);
 fl_status fl__ce_cuda_chunk_end(const fl__ce_params* p, float* loss, const void* targets, int64_t N, int64_t V,
                                 fl_index_dtype it, void* ce_ws, fl_stream stream);
+
+/* The vocab-parallel steps on chunks of rows of one batch (the linear variant). ce_ws: a CE
+ * workspace for all N rows of V_local classes. begin: MEAN denominators and the GLOBAL class-weight
+ * sum over all N targets (one launch, if needed). stats: step 1 of rows [r0, r0 + R) into
+ * stats[R][4] (chunk-relative; logits point at the chunk). combine: step 3 of those rows from
+ * gathered[k][R][4] into lse[r0..] and loss[r0..] (NONE) or the row partials (reduced: finish
+ * with fl__ce_cuda_chunk_end over V). backward: step 4 of those rows (dlogits may be logits). */
+fl_status fl__vp_cuda_chunk_begin(const fl__ce_params* p, const void* targets, int64_t N, int64_t V_local,
+                                  int64_t vocab_start, int64_t V, fl_index_dtype it, void* ce_ws, fl_stream stream);
+fl_status fl__vp_cuda_chunk_stats(const fl__ce_params* p, int64_t r0, int64_t R, int64_t N, float* stats,
+                                  const void* logits, int64_t ld, const void* targets, int64_t V_local,
+                                  int64_t vocab_start, int64_t V, fl_dtype dt, fl_index_dtype it, void* ce_ws,
+                                  fl_stream stream);
+fl_status fl__vp_cuda_chunk_combine(const fl__ce_params* p, int64_t r0, int64_t R, int64_t N, float* loss,
+                                    float* lse, const float* gathered, int k, const void* targets, int64_t V,
+                                    fl_index_dtype it, void* ce_ws, fl_stream stream);
+fl_status fl__vp_cuda_chunk_backward(const fl__ce_params* p, int64_t r0, int64_t R, int64_t N, void* dlogits,
+                                     const void* logits, int64_t ld, const void* targets, const float* lse,
+                                     const float* grad_loss, float grad_scale, int64_t V_local, int64_t vocab_start,
+                                     int64_t V, fl_dtype dt, fl_index_dtype it, void* ce_ws, fl_stream stream);
+
+/* ---- vocab-parallel linear cross-entropy (header section 8, linear variant) ---------------- */
+
+/* Workspace of the linear VP entry points: section 6's plan for (N, H, V_local) with the fp32
+ * [chunk_rows, H] dhidden region always present (plan.off_dh32), then the NCCL entry's regions. */
+typedef struct {
+    fl__lce_plan lce;
+    size_t off_stats;     /* [chunk_rows][4] fp32: a chunk's stats (NCCL) */
+    size_t off_gathered;  /* [k][chunk_rows][4] fp32: the gathered stats (NCCL) */
+    size_t off_lse;       /* [N] fp32: lse when the caller passes none (NCCL) */
+    size_t total;
+} fl__vp_lce_plan;
+
+fl_status fl__vp_lce_make_plan(const char* fn, int64_t N, int64_t H, int64_t V_local, int64_t V, fl_dtype dtype,
+                               fl_dtype wgrad_dtype, int k, const fl_ce_options* ce_opts,
+                               const fl_lce_options* lce_opts, fl__vp_lce_plan* plan);
+
+/* Validate a linear VP entry point. which: 0 = step 1' (stats output; dhidden, dweight, dbias,
+ * lse, grad_loss NULL), 1 = step 4' (dhidden is the fp32 partial, required; lse required),
+ * 2 = the NCCL entry (loss required, lse optional output, dhidden of dtype optional). Checks the
+ * shard (0 <= vocab_start, vocab_start + V_local <= V), sizes, dtypes, options (target_prob
+ * refused; weight / logit_offset GLOBAL [V]), NULLs, alignment (CUDA: section 6's 16-byte rules),
+ * the workspace (plan->total) and aliasing. Resolves *p and *plan. */
+fl_status fl__vp_lce_validate(const char* fn, int which, int is_cuda, const float* stats, const float* loss,
+                              const float* lse, const void* dhidden, const void* dweight, const void* dbias,
+                              const void* hidden, int64_t ld_hidden, const void* weight, int64_t ld_weight,
+                              const void* bias, const void* targets, const float* grad_loss, float grad_scale,
+                              int64_t N, int64_t H, int64_t V_local, int64_t vocab_start, int64_t V, fl_dtype dtype,
+                              fl_dtype wgrad_dtype, fl_index_dtype index_dtype, int k, const fl_ce_options* ce_opts,
+                              const fl_lce_options* lce_opts, const void* workspace, size_t workspace_bytes,
+                              fl__ce_params* p, fl__vp_lce_plan* plan);
+
+/* The collectives of the linear VP's collective entry (vp_nccl.cu fills them from NCCL): an
+ * all-gather of `count` floats per rank in rank order, and an in-place fp32 sum all-reduce. */
+typedef struct fl__vp_coll_s fl__vp_coll;
+struct fl__vp_coll_s {
+    int   k;      /* ranks */
+    void* comm;
+    fl_status (*all_gather)(const fl__vp_coll* c, const float* send, float* recv, size_t count, fl_stream s);
+    fl_status (*all_reduce_sum)(const fl__vp_coll* c, float* buf, size_t count, fl_stream s);
+};
+
+/* The CUDA linear VP driver (src/cuda/linear_cross_entropy.cu): which = 0 step 1' (stats), 1 step 4'
+ * (lse input, dhidden the fp32 partial), 2 the collective entry (coll required; loss, lse output,
+ * dhidden of dtype). */
+fl_status fl__vp_lce_cuda(const char* fn, int which, fl_lce_context* ctx, const fl__vp_coll* coll, float* stats,
+                          float* loss, float* lse, void* dhidden, void* dweight, void* dbias, const void* hidden,
+                          int64_t ld_hidden, const void* weight, int64_t ld_weight, const void* bias,
+                          const void* targets, const float* grad_loss, float grad_scale, int64_t N, int64_t H,
+                          int64_t Vl, int64_t vocab_start, int64_t V, fl_dtype dt, fl_dtype wdt, fl_index_dtype it,
+                          const fl_ce_options* ce_opts, const fl_lce_options* lce_opts, void* workspace,
+                          size_t workspace_bytes, fl_stream stream);
 
 /* ---- distillation divergences (include/fusedloss.h section 10) ---------------------------- */
 

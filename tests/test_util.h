@@ -44,10 +44,14 @@ static inline int tu_check(int ok, const char* file, int line, const char* fmt, 
  * Returns cond (0/1) so tests can stop early on a broken precondition. */
 #define CHECK(cond, ...) tu_check(!!(cond), __FILE__, __LINE__, __VA_ARGS__)
 
-/* Exact status check, plus fl_last_error() naming the function on failure. */
-#define CHECK_STATUS(got, want, what)                                                          \
-    CHECK((got) == (want), "%s: status %d (%s), expected %d (%s); last error: \"%s\"", (what),  \
-          (int)(got), fl_status_string(got), (int)(want), fl_status_string(want), fl_last_error())
+/* Exact status check, plus fl_last_error() naming the function on failure. `got` is evaluated
+ * ONCE (it is usually the call under test: an in-place call evaluated twice would run on its own
+ * output). */
+static inline int tu_check_status(fl_status got, fl_status want, const char* what, const char* file, int line) {
+    return tu_check(got == want, file, line, "%s: status %d (%s), expected %d (%s); last error: \"%s\"", what,
+                    (int)got, fl_status_string(got), (int)want, fl_status_string(want), fl_last_error());
+}
+#define CHECK_STATUS(got, want, what) tu_check_status((got), (want), (what), __FILE__, __LINE__)
 
 static inline int tu_finish(void) {
     printf("overall okay: %d\n", tu_failed == 0);

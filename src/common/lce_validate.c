@@ -65,6 +65,12 @@ static fl_status overflow(const char* fn, const char* what, int64_t N, int64_t H
 fl_status fl__lce_make_plan(const char* fn, int64_t N, int64_t H, int64_t V, fl_dtype dtype,
                             fl_dtype wgrad_dtype, const fl_ce_options* ce_opts,
                             const fl_lce_options* lce_opts, fl__lce_plan* plan) {
+    return fl__lce_make_plan_ex(fn, N, H, V, dtype, wgrad_dtype, ce_opts, lce_opts, 0, plan);
+}
+
+fl_status fl__lce_make_plan_ex(const char* fn, int64_t N, int64_t H, int64_t V, fl_dtype dtype,
+                               fl_dtype wgrad_dtype, const fl_ce_options* ce_opts,
+                               const fl_lce_options* lce_opts, int force_dh32, fl__lce_plan* plan) {
     static const fl_lce_options defaults = FL_LCE_OPTIONS_INIT;
     const fl_lce_options* o = lce_opts ? lce_opts : &defaults;
 
@@ -110,7 +116,7 @@ fl_status fl__lce_make_plan(const char* fn, int64_t N, int64_t H, int64_t V, fl_
     if (mul_ov(ldl, esize, &row_bytes) || add_ov(row_bytes, esize, &row_bytes))
         return overflow(fn, "a logits row (ldl*esize bytes)", N, H, V);
     const int odd16 = (v % FL__LCE_V_ALIGN) != 0 && esize == 2;
-    const uint64_t dh32_row = odd16 ? 4u * h : 0u;                   /* <= acc_bytes: no overflow */
+    const uint64_t dh32_row = (odd16 || force_dh32) ? 4u * h : 0u;                   /* <= acc_bytes: no overflow */
     if (add_ov(row_bytes, dh32_row, &row_bytes)) return overflow(fn, "a logits row (ldl*esize bytes)", N, H, V);
 
     const int wgrad16 = wsize == 2;

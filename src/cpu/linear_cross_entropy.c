@@ -95,9 +95,9 @@ static void chunk_logits(void* L, int64_t ldl, const void* hidden, int64_t ldh, 
     }
 }
 
-/* dhidden[r0+k, :] = round_dt(sum_j dL[k, j] * weight[j, :]) for k < C (dhidden contiguous [N, H]) */
-static void chunk_dhidden(void* dhidden, const void* dL, int64_t ldl, const void* weight, int64_t ldw, int64_t r0,
-                          int64_t C, int64_t H, int64_t V, fl_dtype dt, double* scratch) {
+/* dhidden[r0+k, :] = round_{dh_dt}(sum_j dL[k, j] * weight[j, :]) for k < C (dhidden contiguous [N, H]) */
+static void chunk_dhidden(void* dhidden, fl_dtype dh_dt, const void* dL, int64_t ldl, const void* weight,
+                          int64_t ldw, int64_t r0, int64_t C, int64_t H, int64_t V, fl_dtype dt, double* scratch) {
     const int64_t tiles = (C + TILE - 1) / TILE;
     const size_t per = scratch_per_thread(H);
 #ifdef _OPENMP
@@ -117,7 +117,7 @@ static void chunk_dhidden(void* dhidden, const void* dL, int64_t ldl, const void
                 for (int64_t h = 0; h < H; h++) a[h] += g * wr[h];
             }
         }
-        for (int64_t k = 0; k < nk; k++) fl__cpu_store_row(dhidden, dt, (r0 + k0 + k) * H, acc + k * H, H);
+        for (int64_t k = 0; k < nk; k++) fl__cpu_store_row(dhidden, dh_dt, (r0 + k0 + k) * H, acc + k * H, H);
     }
 }
 
@@ -200,7 +200,7 @@ static fl_status lce_cpu(const char* fn, int backward, float* loss, float* lse_o
         /* logits -> loss/lse and (gradient passes) dlogits in place */
         fl__ce_cpu_rows(pass, &p, &d, backward ? NULL : loss, lse_out, grads ? L : NULL, L, plan.ldl, targets, it,
                         lse_in, grad_loss, grad_scale, r0, C, V, dt, part);
-        if (dhidden) chunk_dhidden(dhidden, L, plan.ldl, weight, ld_weight, r0, C, H, V, dt, scratch);
+        if (dhidden) chunk_dhidden(dhidden, dt, L, plan.ldl, weight, ld_weight, r0, C, H, V, dt, scratch);
         if (dW || db) chunk_dweight(dW, db, L, plan.ldl, hidden, ld_hidden, r0, C, H, V, dt, scratch);
     }
     if (!backward) fl__ce_cpu_reduce(loss, part, N, &p, &d);
@@ -232,4 +232,104 @@ fl_status fl_linear_cross_entropy_backward_cpu(
     return lce_cpu("fl_linear_cross_entropy_backward_cpu", 1, NULL, NULL, lse, dhidden, dweight, dbias, hidden,
                    ld_hidden, weight, ld_weight, bias, targets, grad_loss, grad_scale, N, H, V, dtype, wgrad_dtype,
                    index_dtype, ce_opts, lce_opts, workspace, workspace_bytes);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* the vocab-parallel linear variant (header section 8): steps 1' and 4'                      */
+
+/* Step 1' (backward = 0: stats) or 4' (backward = 1: dhidden_partial fp32, dweight, dbias) of this
+ * rank's weight shard, chunk by chunk: the shard's logits as lce_cpu forms them (chunk_logits on
+ * the V_local weight rows), then the vocab-parallel row math of src/cpu/vocab_parallel.c on them
+ * with the global denominators (the targets and class weights of the whole batch / vocabulary). */
+static fl_status vp_lce_cpu(const char* fn, int backward, float* stats, float* dhp, void* dweight, void* dbias,
+                            const void* hidden, int64_t ld_hidden, const void* weight, int64_t ld_weight,
+                            const void* bias, const void* targets, const float* lse, const float* grad_loss,
+                            float grad_scale, int64_t N, int64_t H, int64_t V_local, int64_t vocab_start, int64_t V,
+                            fl_dtype dt, fl_dtype wdt, fl_index_dtype it, const fl_ce_options* ce_opts,
+                            const fl_lce_options* lce_opts, void* workspace, size_t workspace_bytes) {
+    fl__clear_error();
+    fl__ce_params p;
+    fl__vp_lce_plan vplan;
+    FL_CHECK(fl__vp_lce_validate(fn, backward, 0, stats, NULL, lse, dhp, dweight, dbias, hidden, ld_hidden, weight,
+                                 ld_weight, bias, targets, grad_loss, grad_scale, N, H, V_local, vocab_start, V, dt,
+                                 wdt, it, 1, ce_opts, lce_opts, workspace, workspace_bytes, &p, &vplan));
+    const fl__lce_plan plan = vplan.lce;
+    /* the GLOBAL targets checked (before anything is written); denominators over the batch */
+    fl__ce_denoms d;
+    FL_CHECK(fl__ce_cpu_denoms(fn, targets, it, N, V, &p, &d));
+
+    double* dW = NULL;
+    double* db = NULL;
+    double* scratch = NULL;
+    const size_t scratch_n = (size_t)max_threads() * scratch_per_thread(H);
+    if (dweight) dW = (double*)calloc((size_t)V_local * (size_t)H, sizeof(double));
+    if (dbias) db = (double*)calloc((size_t)V_local, sizeof(double));
+    if (N > 0) scratch = (double*)malloc(scratch_n * sizeof(double));
+    if ((dweight && !dW) || (dbias && !db) || (N > 0 && !scratch)) {
+        free(dW);
+        free(db);
+        free(scratch);
+        return fl__fail(FL_ERR_OUT_OF_MEMORY, "%s: cannot allocate the CPU backend's double accumulators", fn);
+    }
+    void* L = (char*)workspace + plan.off_logits;        /* [chunk_rows, ldl] of dt */
+    for (int64_t c = 0; c < plan.chunks; c++) {
+        const int64_t r0 = c * plan.chunk_rows;
+        const int64_t C = N - r0 < plan.chunk_rows ? N - r0 : plan.chunk_rows;
+        chunk_logits(L, plan.ldl, hidden, ld_hidden, weight, ld_weight, bias, r0, C, H, V_local, dt, scratch);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (C * V_local > 65536)
+#endif
+        for (int64_t k = 0; k < C; k++) {
+            const int64_t i = r0 + k, off = k * plan.ldl;
+            const int64_t t = fl__ce_load_target(targets, it, i);
+            if (!backward) {
+                float* st = stats + 4 * i;
+                if (t == p.ignore_index) {
+                    st[0] = -INFINITY;
+                    st[1] = st[2] = st[3] = 0.0f;
+                } else {
+                    fl__vp_cpu_row_stats(st, L, dt, off, vocab_start, V_local, t, &p);
+                }
+                continue;
+            }
+            if (t == p.ignore_index) {
+                fl__ce_cpu_row_zero(L, dt, off, V_local);
+                continue;
+            }
+            double g_a, g_b;
+            fl__ce_row_upstream(&p, &d, grad_loss, grad_scale, i, &g_a, &g_b);
+            fl__ce_cpu_row_grad(L, L, dt, off, vocab_start, V_local, V, t, (double)lse[i], d.W, g_a, g_b, &p);
+        }
+        if (!backward) continue;
+        chunk_dhidden(dhp, FL_DTYPE_F32, L, plan.ldl, weight, ld_weight, r0, C, H, V_local, dt, scratch);
+        if (dW || db) chunk_dweight(dW, db, L, plan.ldl, hidden, ld_hidden, r0, C, H, V_local, dt, scratch);
+    }
+    if (dweight) fl__cpu_store_row(dweight, wdt, 0, dW, V_local * H);
+    if (dbias) fl__cpu_store_row(dbias, wdt, 0, db, V_local);
+    free(dW);
+    free(db);
+    free(scratch);
+    return FL_OK;
+}
+
+fl_status fl_vp_linear_ce_local_stats_cpu(float* stats, const void* hidden, int64_t ld_hidden, const void* weight,
+                                          int64_t ld_weight, const void* bias, const void* targets, int64_t N,
+                                          int64_t H, int64_t V_local, int64_t vocab_start, int64_t V, fl_dtype dtype,
+                                          fl_index_dtype index_dtype, const fl_ce_options* ce_opts,
+                                          const fl_lce_options* lce_opts, void* workspace, size_t workspace_bytes) {
+    return vp_lce_cpu("fl_vp_linear_ce_local_stats_cpu", 0, stats, NULL, NULL, NULL, hidden, ld_hidden, weight,
+                      ld_weight, bias, targets, NULL, NULL, 1.0f, N, H, V_local, vocab_start, V, dtype, dtype,
+                      index_dtype, ce_opts, lce_opts, workspace, workspace_bytes);
+}
+
+fl_status fl_vp_linear_ce_backward_cpu(float* dhidden_partial, void* dweight, void* dbias, const void* hidden,
+                                       int64_t ld_hidden, const void* weight, int64_t ld_weight, const void* bias,
+                                       const void* targets, const float* lse, const float* grad_loss,
+                                       float grad_scale, int64_t N, int64_t H, int64_t V_local, int64_t vocab_start,
+                                       int64_t V, fl_dtype dtype, fl_dtype wgrad_dtype, fl_index_dtype index_dtype,
+                                       const fl_ce_options* ce_opts, const fl_lce_options* lce_opts,
+                                       void* workspace, size_t workspace_bytes) {
+    return vp_lce_cpu("fl_vp_linear_ce_backward_cpu", 1, NULL, dhidden_partial, dweight, dbias, hidden, ld_hidden,
+                      weight, ld_weight, bias, targets, lse, grad_loss, grad_scale, N, H, V_local, vocab_start, V,
+                      dtype, wgrad_dtype, index_dtype, ce_opts, lce_opts, workspace, workspace_bytes);
 }

@@ -29,6 +29,23 @@
 
 /* ---- step 1 ---------------------------------------------------------------------------------- */
 
+void fl__vp_cpu_row_stats(float* st, const void* logits, fl_dtype dtype, int64_t off, int64_t col0, int64_t n,
+                          int64_t t, const fl__ce_params* p) {
+    double m, s, zt, wz;
+    fl__ce_cpu_row_partial(logits, dtype, off, col0, n, t, p, &m, &s, &zt, &wz);
+    const float mf = (float)m;
+    /* s relative to the m that is stored: exp(m - mf) is exact to double rounding (m - mf is
+     * exact). An all-(-inf) shard stores (-inf, 0): its sum of exp is 0 (the row loop leaves
+     * s = NaN there, from exp(-inf - -inf), which fl__ce_lse never reads for a whole row but
+     * the merge would: NaN * 0) */
+    if (isfinite(mf)) s *= exp(m - (double)mf);
+    else if (m == -INFINITY) s = 0.0;
+    st[0] = mf;
+    st[1] = (float)s;
+    st[2] = p->label_smoothing > 0.0f ? (float)wz : 0.0f;  /* only smoothing uses it (as CUDA) */
+    st[3] = (float)zt;
+}
+
 fl_status fl_vp_ce_local_stats_cpu(float* stats, const void* logits, const void* targets, int64_t N,
                                    int64_t V_local, int64_t ld, int64_t vocab_start, int64_t V,
                                    fl_dtype dtype, fl_index_dtype index_dtype, const fl_ce_options* opts,
@@ -53,19 +70,7 @@ fl_status fl_vp_ce_local_stats_cpu(float* stats, const void* logits, const void*
             st[1] = st[2] = st[3] = 0.0f;
             continue;
         }
-        double m, s, zt, wz;
-        fl__ce_cpu_row_partial(logits, dtype, i * ld, vocab_start, V_local, t, &p, &m, &s, &zt, &wz);
-        const float mf = (float)m;
-        /* s relative to the m that is stored: exp(m - mf) is exact to double rounding (m - mf is
-         * exact). An all-(-inf) shard stores (-inf, 0): its sum of exp is 0 (the row loop leaves
-         * s = NaN there, from exp(-inf - -inf), which fl__ce_lse never reads for a whole row but
-         * the merge would: NaN * 0) */
-        if (isfinite(mf)) s *= exp(m - (double)mf);
-        else if (m == -INFINITY) s = 0.0;
-        st[0] = mf;
-        st[1] = (float)s;
-        st[2] = p.label_smoothing > 0.0f ? (float)wz : 0.0f;  /* only smoothing uses it (as CUDA) */
-        st[3] = (float)zt;
+        fl__vp_cpu_row_stats(st, logits, dtype, i * ld, vocab_start, V_local, t, &p);
     }
     return FL_OK;
 }

@@ -2040,17 +2040,38 @@ fl_status fl__ce_cuda_chunk_end(const fl__ce_params* p, float* loss, const void*
 
 // The kernel arguments of a shard step: section 5's over the shard's V_local columns, with the
 // shard's place in the vocabulary (see CeArgs).
+// Nws: the rows the workspace is laid out for (N, or a whole batch when these are a chunk of it).
 static CeArgs vp_args(const fl__ce_params& p, void* dlogits, const void* logits, const void* targets,
                       const float* lse_in, const float* grad_loss, float grad_scale, int64_t N, int64_t V_local,
-                      int64_t ld, int64_t vocab_start, int64_t V, fl_index_dtype it, void* workspace) {
+                      int64_t ld, int64_t vocab_start, int64_t V, fl_index_dtype it, void* workspace,
+                      int64_t Nws = -1) {
     CeArgs a = make_args(p, NULL, NULL, dlogits, logits, targets, lse_in, grad_loss, grad_scale, N, V_local, ld, it,
-                         workspace, N);
+                         workspace, Nws < 0 ? N : Nws);
     a.col0 = vocab_start;
     a.Vg = V;
     if (a.weight) a.weight += vocab_start;
     if (a.offset) a.offset += vocab_start;  // the global [V] offsets, as the weights
     a.tprob = NULL;                         // not an output of the steps (refused by the validators)
     return a;
+}
+
+// Step 1 of a.N rows (a from vp_args): the chunk partials, then one thread per row merges them.
+static fl_status vp_stats_launch(const char* fn, const fl__ce_params& p, CeArgs& a, float* stats, fl_dtype dtype,
+                                 cudaStream_t s) {
+    DevInfo d;
+    FL_CUDA_TRY(dev_info(&d));
+    const int esize = (int)fl__dtype_size(dtype);
+    const int64_t N = a.N, V_local = a.V;
+    Config c = choose_config(V_local, esize, PASS_FORWARD);
+    c.sms = d.sms;
+    if (V_local / (16 / esize) + 1 > 512) stream_plan(N, V_local, esize, d.sms, &c);
+    a.C = c.stream ? c.sC : c.C;
+    if (!c.stream && N * (int64_t)c.C > INT32_MAX)
+        return fl__fail(FL_ERR_UNSUPPORTED, "%s: N * chunks (%lld * %d) exceeds one launch", fn, (long long)N, c.C);
+    FL_CUDA_TRY(launch_pass(PASS_FORWARD, dtype, ce_flags(p), 2, a, c, 0, s));
+    vp_stats_kernel<<<(unsigned)((N + 255) / 256), 256, 0, s>>>(a, stats);
+    FL_CUDA_TRY(cudaGetLastError());
+    return FL_OK;
 }
 
 extern "C" {
@@ -2066,22 +2087,9 @@ fl_status fl_vp_ce_local_stats_cuda(float* stats, const void* logits, const void
                                    vocab_start, V, dtype, index_dtype, opts, workspace, workspace_bytes, &p));
     FL_CHECK(check_cuda_layout(fn, NULL, logits, N, V, dtype));
     if (N == 0) return FL_OK;
-    cudaStream_t s = (cudaStream_t)stream;
-    DevInfo d;
-    FL_CUDA_TRY(dev_info(&d));
-    const int esize = (int)fl__dtype_size(dtype);
     CeArgs a = vp_args(p, NULL, logits, targets, NULL, NULL, 1.0f, N, V_local, ld, vocab_start, V, index_dtype,
                        workspace);
-    Config c = choose_config(V_local, esize, PASS_FORWARD);
-    c.sms = d.sms;
-    if (V_local / (16 / esize) + 1 > 512) stream_plan(N, V_local, esize, d.sms, &c);
-    a.C = c.stream ? c.sC : c.C;
-    if (!c.stream && N * (int64_t)c.C > INT32_MAX)
-        return fl__fail(FL_ERR_UNSUPPORTED, "%s: N * chunks (%lld * %d) exceeds one launch", fn, (long long)N, c.C);
-    FL_CUDA_TRY(launch_pass(PASS_FORWARD, dtype, ce_flags(p), 2, a, c, 0, s));
-    vp_stats_kernel<<<(unsigned)((N + 255) / 256), 256, 0, s>>>(a, stats);
-    FL_CUDA_TRY(cudaGetLastError());
-    return FL_OK;
+    return vp_stats_launch(fn, p, a, stats, dtype, (cudaStream_t)stream);
 }
 
 fl_status fl_vp_ce_combine_cuda(float* loss, float* lse, const float* gathered, int k, const void* targets,
@@ -2138,6 +2146,65 @@ fl_status fl_vp_ce_backward_cuda(void* dlogits, const void* logits, const void* 
     if (N * (int64_t)c.C > INT32_MAX)
         return fl__fail(FL_ERR_UNSUPPORTED, "%s: N * chunks (%lld * %d) exceeds one launch", fn, (long long)N, c.C);
     FL_CUDA_TRY(launch_pass(PASS_BACKWARD, dtype, ce_flags(p), 0, a, c, 0, s));
+    return FL_OK;
+}
+
+// ---- the vocab-parallel steps on chunks of rows (the linear variant, linear_cross_entropy.cu) ----
+// The workspace keeps the whole batch's layout (Nws = N): header (denominators, W) and row partials
+// of all N rows stay valid between the chunks; a chunk's statistics partials use the stats region.
+
+fl_status fl__vp_cuda_chunk_begin(const fl__ce_params* p, const void* targets, int64_t N, int64_t V_local,
+                                  int64_t vocab_start, int64_t V, fl_index_dtype it, void* ce_ws, fl_stream stream) {
+    static const char* fn = "fl_vp_linear_ce_cuda";
+    // N == 0 too (MEAN's 0 / 0 = NaN, as the single-GPU calls give)
+    if (!(p->reduction == FL_REDUCTION_MEAN || (p->weight && p->label_smoothing > 0.0f))) return FL_OK;
+    CeArgs a = vp_args(*p, NULL, NULL, targets, NULL, NULL, 1.0f, N, V_local, V_local, vocab_start, V, it, ce_ws);
+    ce_setup_kernel<<<1, 1024, 0, (cudaStream_t)stream>>>(a);  // over all N targets and the global weights
+    FL_CUDA_TRY(cudaGetLastError());
+    return FL_OK;
+}
+
+fl_status fl__vp_cuda_chunk_stats(const fl__ce_params* p, int64_t r0, int64_t R, int64_t N, float* stats,
+                                  const void* logits, int64_t ld, const void* targets, int64_t V_local,
+                                  int64_t vocab_start, int64_t V, fl_dtype dt, fl_index_dtype it, void* ce_ws,
+                                  fl_stream stream) {
+    if (R == 0) return FL_OK;
+    const void* tg = (const char*)targets + (size_t)r0 * fl__index_size(it);
+    CeArgs a = vp_args(*p, NULL, logits, tg, NULL, NULL, 1.0f, R, V_local, ld, vocab_start, V, it, ce_ws, N);
+    return vp_stats_launch("fl_vp_linear_ce_cuda", *p, a, stats, dt, (cudaStream_t)stream);
+}
+
+fl_status fl__vp_cuda_chunk_combine(const fl__ce_params* p, int64_t r0, int64_t R, int64_t N, float* loss,
+                                    float* lse, const float* gathered, int k, const void* targets, int64_t V,
+                                    fl_index_dtype it, void* ce_ws, fl_stream stream) {
+    static const char* fn = "fl_vp_linear_ce_cuda";
+    if (R == 0) return FL_OK;
+    const int none = p->reduction == FL_REDUCTION_NONE;
+    const void* tg = (const char*)targets + (size_t)r0 * fl__index_size(it);
+    CeArgs a = make_args(*p, none ? loss + r0 : loss, lse + r0, NULL, NULL, tg, NULL, NULL, 1.0f, R, V, V, it, ce_ws,
+                         N);
+    a.part += 2 * r0;
+    a.tprob = NULL;
+    vp_combine_kernel<<<(unsigned)((R + 255) / 256), 256, 0, (cudaStream_t)stream>>>(a, gathered, k);
+    FL_CUDA_TRY(cudaGetLastError());
+    return FL_OK;
+}
+
+fl_status fl__vp_cuda_chunk_backward(const fl__ce_params* p, int64_t r0, int64_t R, int64_t N, void* dlogits,
+                                     const void* logits, int64_t ld, const void* targets, const float* lse,
+                                     const float* grad_loss, float grad_scale, int64_t V_local, int64_t vocab_start,
+                                     int64_t V, fl_dtype dt, fl_index_dtype it, void* ce_ws, fl_stream stream) {
+    static const char* fn = "fl_vp_linear_ce_cuda";
+    if (R == 0) return FL_OK;
+    const int none = p->reduction == FL_REDUCTION_NONE;
+    const void* tg = (const char*)targets + (size_t)r0 * fl__index_size(it);
+    CeArgs a = vp_args(*p, dlogits, logits, tg, lse + r0, (grad_loss && none) ? grad_loss + r0 : grad_loss,
+                       grad_scale, R, V_local, ld, vocab_start, V, it, ce_ws, N);
+    Config c = choose_config(V_local, (int)fl__dtype_size(dt), PASS_BACKWARD);
+    a.C = c.C;
+    if (R * (int64_t)c.C > INT32_MAX)
+        return fl__fail(FL_ERR_UNSUPPORTED, "%s: rows * chunks (%lld * %d) exceeds one launch", fn, (long long)R, c.C);
+    FL_CUDA_TRY(launch_pass(PASS_BACKWARD, dt, ce_flags(*p), 0, a, c, 0, (cudaStream_t)stream));
     return FL_OK;
 }
 

@@ -198,6 +198,100 @@ static fl_status fill_ones(const char* fn, void* out, fl_dtype dt, int64_t n, cu
 }
 
 // ---------------------------------------------------------------------------------------------
+// the GEMMs of one chunk (shared by the linear CE and its vocab-parallel variant)
+//
+// V is split at V1 = V rounded down to 64: cuBLAS picks slow kernels for an odd M / N / K
+// (H200, 2026-12-01: GEMM1 of 8192x768x50257 took 7.9x the time of V = 50304), so every GEMM
+// runs on the aligned main part and on the < 64-column tail separately.
+
+typedef struct {
+    fl_lce_context* ctx;
+    void* blas_ws;
+    cudaStream_t s;
+    cudaDataType_t at;             // the operands' type
+    cublasComputeType_t compute;
+    const void* weight; int64_t ldw; const void* bias;
+    int64_t V1, Vt, H, ldl;
+    const char* w_t; const char* b_t;  // the tail's weight rows and bias
+    size_t es;
+} ChunkGemms;
+
+static ChunkGemms chunk_gemms(fl_lce_context* ctx, void* blas_ws, cudaStream_t s, fl_dtype dt, int tf32,
+                              const void* weight, int64_t ldw, const void* bias, int64_t V, int64_t H, int64_t ldl) {
+    ChunkGemms g;
+    g.ctx = ctx; g.blas_ws = blas_ws; g.s = s;
+    g.at = cuda_type(dt);
+    g.compute = dt == FL_DTYPE_F32 ? (tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F) : CUBLAS_COMPUTE_32F;
+    g.weight = weight; g.ldw = ldw; g.bias = bias;
+    g.V1 = V - V % FL__LCE_V_ALIGN; g.Vt = V - g.V1; g.H = H; g.ldl = ldl;
+    g.es = fl__dtype_size(dt);
+    g.w_t = (const char*)weight + (size_t)g.V1 * (size_t)ldw * g.es;
+    g.b_t = bias ? (const char*)bias + (size_t)g.V1 * g.es : NULL;
+    return g;
+}
+
+// GEMM1: logits^T [V, R] = (W [H, V])^T · h_c [H, R] (+ bias)
+static fl_status gemm_logits(const char* fn, const ChunkGemms* q, void* L, const void* hc, int64_t ldh, int64_t R) {
+    char* L_t = (char*)L + (size_t)q->V1 * q->es;
+    if (q->V1) {
+        Gemm g = {1, 0, q->V1, R, q->H, q->weight, q->ldw, q->at, hc, ldh, L, q->ldl, q->at, 0, q->bias, q->compute};
+        FL_CHECK(run_gemm(fn, q->ctx, &g, q->blas_ws, q->s));
+    }
+    if (q->Vt) {
+        Gemm g = {1, 0, q->Vt, R, q->H, q->w_t, q->ldw, q->at, hc, ldh, L_t, q->ldl, q->at, 0, q->b_t, q->compute};
+        FL_CHECK(run_gemm(fn, q->ctx, &g, q->blas_ws, q->s));
+    }
+    return FL_OK;
+}
+
+// GEMM2: dh_c^T [H, R] = W [H, V] · dl [V, R], into dst of type dt_dst (the tail added with beta 1)
+static fl_status gemm_dhidden(const char* fn, const ChunkGemms* q, void* dst, cudaDataType_t dt_dst, const void* L,
+                              int64_t R) {
+    const char* L_t = (const char*)L + (size_t)q->V1 * q->es;
+    if (q->V1) {
+        Gemm g = {0, 0, q->H, R, q->V1, q->weight, q->ldw, q->at, L, q->ldl, dst, q->H, dt_dst, 0, NULL, q->compute};
+        FL_CHECK(run_gemm(fn, q->ctx, &g, q->blas_ws, q->s));
+    }
+    if (q->Vt) {
+        Gemm g = {0, 0, q->H, R, q->Vt, q->w_t, q->ldw, q->at, L_t, q->ldl, dst, q->H, dt_dst, q->V1 > 0, NULL,
+                  q->compute};
+        FL_CHECK(run_gemm(fn, q->ctx, &g, q->blas_ws, q->s));
+    }
+    return FL_OK;
+}
+
+// GEMM3: dW^T [H, V] (+)= h_c [H, R] · (dl [V, R])^T (dW of type dWt, dWes bytes per element; NULL
+// to skip), and the GEMV dB [V] (+)= dl [V, R] · ones [R] in fp32 (NULL to skip); beta 0 or 1.
+static fl_status gemm_wgrad(const char* fn, const ChunkGemms* q, void* dW, cudaDataType_t dWt, size_t dWes,
+                            float* dB, const void* ones, const void* L, const void* hc, int64_t ldh, int64_t R,
+                            int beta) {
+    const char* L_t = (const char*)L + (size_t)q->V1 * q->es;
+    if (dW) {
+        if (q->V1) {
+            Gemm g = {0, 1, q->H, q->V1, R, hc, ldh, q->at, L, q->ldl, dW, q->H, dWt, beta, NULL, q->compute};
+            FL_CHECK(run_gemm(fn, q->ctx, &g, q->blas_ws, q->s));
+        }
+        if (q->Vt) {
+            void* dW_t = (char*)dW + (size_t)q->V1 * (size_t)q->H * dWes;
+            Gemm g = {0, 1, q->H, q->Vt, R, hc, ldh, q->at, L_t, q->ldl, dW_t, q->H, dWt, beta, NULL, q->compute};
+            FL_CHECK(run_gemm(fn, q->ctx, &g, q->blas_ws, q->s));
+        }
+    }
+    if (dB) {
+        if (q->V1) {
+            Gemm g = {0, 0, q->V1, 1, R, L, q->ldl, q->at, ones, R, dB, q->V1, CUDA_R_32F, beta, NULL, q->compute};
+            FL_CHECK(run_gemm(fn, q->ctx, &g, q->blas_ws, q->s));
+        }
+        if (q->Vt) {
+            Gemm g = {0, 0, q->Vt, 1, R, L_t, q->ldl, q->at, ones, R, dB + q->V1, q->Vt, CUDA_R_32F, beta, NULL,
+                      q->compute};
+            FL_CHECK(run_gemm(fn, q->ctx, &g, q->blas_ws, q->s));
+        }
+    }
+    return FL_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
 // the chunk loop
 
 enum { MODE_FORWARD = 0, MODE_BACKWARD = 1 };
@@ -226,87 +320,36 @@ static fl_status lce_cuda(const char* fn, int mode, fl_lce_context* ctx, float* 
     float* acc = (float*)(ws + plan.off_acc);
     float* bacc = (float*)(ws + plan.off_bacc);
     void* ones = ws + plan.off_ones;
-    void* blas_ws = ws + plan.off_blas;
-
-    const cudaDataType_t at = cuda_type(dt);
-    const cublasComputeType_t compute =
-        dt == FL_DTYPE_F32 ? ((lce_opts && lce_opts->allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F)
-                           : CUBLAS_COMPUTE_32F;
+    const ChunkGemms q = chunk_gemms(ctx, ws + plan.off_blas, s, dt, lce_opts && lce_opts->allow_tf32, weight,
+                                     ld_weight, bias, V, H, plan.ldl);
     // dweight: into the fp32 accumulator (16-bit dweight, FP32 mode) or into dweight itself
     void* dW = plan.accum_fp32 ? (void*)acc : dweight;
     const cudaDataType_t dWt = plan.accum_fp32 ? CUDA_R_32F : cuda_type(wdt);
-    void* dB = wdt == FL_DTYPE_F32 ? dbias : (void*)bacc;
+    const size_t dWes = plan.accum_fp32 ? 4 : wes;
+    float* dB = dbias ? (wdt == FL_DTYPE_F32 ? (float*)dbias : bacc) : NULL;
 
     FL_CHECK(fl__ce_cuda_chunk_begin(&p, targets, N, V, it, ce_ws, (fl_stream)s));
     if (dbias && N > 0) FL_CHECK(fill_ones(fn, ones, dt, plan.chunk_rows, s));
 
-    // V is split at V1 = V rounded down to 64: cuBLAS picks slow kernels for an odd M / N / K
-    // (H200, 2026-12-01: GEMM1 of 8192x768x50257 took 7.9x the time of V = 50304), so every GEMM
-    // runs on the aligned main part and on the < 64-column tail separately. The tail's share of
-    // dhidden is added to the main part's in fp32 (dh32) and rounded once, as one GEMM would.
-    const int64_t V1 = V - V % FL__LCE_V_ALIGN, Vt = V - V1;
-    const int odd16 = Vt != 0 && es == 2;
+    // An odd V with 16-bit dhidden: the tail's share of dhidden is added to the main part's in
+    // fp32 (dh32) and rounded once, as one GEMM would.
+    const int odd16 = q.Vt != 0 && es == 2;
     float* dh32 = (float*)(ws + plan.off_dh32);
-    const size_t dWes = plan.accum_fp32 ? 4 : wes;
-    const char* w_t = (const char*)weight + (size_t)V1 * (size_t)ld_weight * es;  // tail rows of weight
-    const char* b_t = bias ? (const char*)bias + (size_t)V1 * es : NULL;
-    char* L_t = (char*)L + (size_t)V1 * es;                                        // tail columns of a chunk
 
     const int ce_pass = mode == MODE_BACKWARD ? FL__PASS_BACKWARD : grads ? FL__PASS_FUSED : FL__PASS_FORWARD;
     for (int64_t c = 0; c < plan.chunks; c++) {
         const int64_t r0 = c * plan.chunk_rows;
         const int64_t R = N - r0 < plan.chunk_rows ? N - r0 : plan.chunk_rows;
         const void* hc = (const char*)hidden + (size_t)r0 * (size_t)ld_hidden * es;
-        // GEMM1: logits^T [V, R] = (W [H, V])^T · h_c [H, R]
-        if (V1) {
-            Gemm g = {1, 0, V1, R, H, weight, ld_weight, at, hc, ld_hidden, L, plan.ldl, at, 0, bias, compute};
-            FL_CHECK(run_gemm(fn, ctx, &g, blas_ws, s));
-        }
-        if (Vt) {
-            Gemm g = {1, 0, Vt, R, H, w_t, ld_weight, at, hc, ld_hidden, L_t, plan.ldl, at, 0, b_t, compute};
-            FL_CHECK(run_gemm(fn, ctx, &g, blas_ws, s));
-        }
+        FL_CHECK(gemm_logits(fn, &q, L, hc, ld_hidden, R));
         FL_CHECK(fl__ce_cuda_chunk_rows(ce_pass, &p, r0, R, N, V, loss, mode == MODE_BACKWARD ? NULL : lse,
                                         grads ? L : NULL, L, plan.ldl, targets, mode == MODE_BACKWARD ? lse_in : NULL,
                                         grad_loss, grad_scale, dt, it, ce_ws, (fl_stream)s));
         if (!grads) continue;
-        // GEMM2: dh_c^T [H, R] = W [H, V] · dl [V, R]
         void* dhc = (char*)dhidden + (size_t)r0 * (size_t)H * es;
-        void* dht = odd16 ? (void*)dh32 : dhc;
-        const cudaDataType_t dhtt = odd16 ? CUDA_R_32F : at;
-        if (V1) {
-            Gemm g = {0, 0, H, R, V1, weight, ld_weight, at, L, plan.ldl, dht, H, dhtt, 0, NULL, compute};
-            FL_CHECK(run_gemm(fn, ctx, &g, blas_ws, s));
-        }
-        if (Vt) {
-            Gemm g = {0, 0, H, R, Vt, w_t, ld_weight, at, L_t, plan.ldl, dht, H, dhtt, V1 > 0, NULL, compute};
-            FL_CHECK(run_gemm(fn, ctx, &g, blas_ws, s));
-        }
+        FL_CHECK(gemm_dhidden(fn, &q, odd16 ? (void*)dh32 : dhc, odd16 ? CUDA_R_32F : q.at, L, R));
         if (odd16) FL_CHECK(convert(fn, dhc, dt, dh32, R * H, s));
-        if (dweight) {
-            // GEMM3: dW^T [H, V] (+)= h_c [H, R] · (dl [V, R])^T
-            if (V1) {
-                Gemm g = {0, 1, H, V1, R, hc, ld_hidden, at, L, plan.ldl, dW, H, dWt, c > 0, NULL, compute};
-                FL_CHECK(run_gemm(fn, ctx, &g, blas_ws, s));
-            }
-            if (Vt) {
-                void* dW_t = (char*)dW + (size_t)V1 * (size_t)H * dWes;
-                Gemm g = {0, 1, H, Vt, R, hc, ld_hidden, at, L_t, plan.ldl, dW_t, H, dWt, c > 0, NULL, compute};
-                FL_CHECK(run_gemm(fn, ctx, &g, blas_ws, s));
-            }
-        }
-        if (dbias) {
-            // dbias [V, 1] (+)= dl [V, R] · ones [R, 1]   (fp32)
-            if (V1) {
-                Gemm g = {0, 0, V1, 1, R, L, plan.ldl, at, ones, R, dB, V1, CUDA_R_32F, c > 0, NULL, compute};
-                FL_CHECK(run_gemm(fn, ctx, &g, blas_ws, s));
-            }
-            if (Vt) {
-                Gemm g = {0, 0, Vt, 1, R, L_t, plan.ldl, at, ones, R, (float*)dB + V1, Vt, CUDA_R_32F, c > 0, NULL,
-                          compute};
-                FL_CHECK(run_gemm(fn, ctx, &g, blas_ws, s));
-            }
-        }
+        FL_CHECK(gemm_wgrad(fn, &q, dweight ? dW : NULL, dWt, dWes, dB, ones, L, hc, ld_hidden, R, c > 0));
     }
     if (mode == MODE_FORWARD) FL_CHECK(fl__ce_cuda_chunk_end(&p, loss, targets, N, V, it, ce_ws, (fl_stream)s));
     if (N == 0) {  // no chunk wrote the gradients of the parameters: they are zero
@@ -316,6 +359,92 @@ static fl_status lce_cuda(const char* fn, int mode, fl_lce_context* ctx, float* 
     }
     if (dweight && plan.accum_fp32) FL_CHECK(convert(fn, dweight, wdt, acc, V * H, s));
     if (dbias && wdt != FL_DTYPE_F32) FL_CHECK(convert(fn, dbias, wdt, bacc, V, s));
+    return FL_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the vocab-parallel linear variant (header section 8): which = 0 step 1', 1 step 4', 2 the
+// collective entry (coll: the caller's all-gather / all-reduce, e.g. NCCL's from vp_nccl.cu)
+
+fl_status fl__vp_lce_cuda(const char* fn, int which, fl_lce_context* ctx, const fl__vp_coll* coll, float* stats,
+                          float* loss, float* lse, void* dhidden, void* dweight, void* dbias, const void* hidden,
+                          int64_t ld_hidden, const void* weight, int64_t ld_weight, const void* bias,
+                          const void* targets, const float* grad_loss, float grad_scale, int64_t N, int64_t H,
+                          int64_t Vl, int64_t vocab_start, int64_t V, fl_dtype dt, fl_dtype wdt, fl_index_dtype it,
+                          const fl_ce_options* ce_opts, const fl_lce_options* lce_opts, void* workspace,
+                          size_t workspace_bytes, fl_stream stream) {
+    if (!ctx) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: ctx is NULL (create it with fl_lce_context_create)", fn);
+    if (which == 2 && !coll) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: no collectives", fn);
+    const int k = which == 2 ? coll->k : 1;
+    fl__ce_params p;
+    fl__vp_lce_plan vplan;
+    FL_CHECK(fl__vp_lce_validate(fn, which, 1, stats, loss, lse, dhidden, dweight, dbias, hidden, ld_hidden, weight,
+                                 ld_weight, bias, targets, grad_loss, grad_scale, N, H, Vl, vocab_start, V, dt, wdt,
+                                 it, k, ce_opts, lce_opts, workspace, workspace_bytes, &p, &vplan));
+    const fl__lce_plan& plan = vplan.lce;
+    cudaStream_t s = (cudaStream_t)stream;
+    const int grads = which == 1 || (which == 2 && dhidden);
+    const size_t es = fl__dtype_size(dt), wes = fl__dtype_size(wdt);
+    char* ws = (char*)workspace;
+    void* ce_ws = ws + plan.off_ce;
+    void* L = ws + plan.off_logits;
+    float* acc = (float*)(ws + plan.off_acc);
+    float* bacc = (float*)(ws + plan.off_bacc);
+    void* ones = ws + plan.off_ones;
+    float* dh32 = (float*)(ws + plan.off_dh32);
+    float* st_ws = (float*)(ws + vplan.off_stats);
+    float* gathered = (float*)(ws + vplan.off_gathered);
+    float* lse_rows = which == 1 ? (float*)lse : which == 2 ? (lse ? lse : (float*)(ws + vplan.off_lse)) : NULL;
+    const ChunkGemms q = chunk_gemms(ctx, ws + plan.off_blas, s, dt, lce_opts && lce_opts->allow_tf32, weight,
+                                     ld_weight, bias, Vl, H, plan.ldl);
+    void* dW = plan.accum_fp32 ? (void*)acc : dweight;
+    const cudaDataType_t dWt = plan.accum_fp32 ? CUDA_R_32F : cuda_type(wdt);
+    const size_t dWes = plan.accum_fp32 ? 4 : wes;
+    float* dB = dbias ? (wdt == FL_DTYPE_F32 ? (float*)dbias : bacc) : NULL;
+
+    if (which != 0) FL_CHECK(fl__vp_cuda_chunk_begin(&p, targets, N, Vl, vocab_start, V, it, ce_ws, stream));
+    if (dbias && N > 0) FL_CHECK(fill_ones(fn, ones, dt, plan.chunk_rows, s));
+    for (int64_t c = 0; c < plan.chunks; c++) {
+        const int64_t r0 = c * plan.chunk_rows;
+        const int64_t R = N - r0 < plan.chunk_rows ? N - r0 : plan.chunk_rows;
+        const void* hc = (const char*)hidden + (size_t)r0 * (size_t)ld_hidden * es;
+        FL_CHECK(gemm_logits(fn, &q, L, hc, ld_hidden, R));
+        if (which == 0) {
+            FL_CHECK(fl__vp_cuda_chunk_stats(&p, r0, R, N, stats + 4 * r0, L, plan.ldl, targets, Vl, vocab_start, V,
+                                             dt, it, ce_ws, stream));
+            continue;
+        }
+        if (which == 2) {
+            FL_CHECK(fl__vp_cuda_chunk_stats(&p, r0, R, N, st_ws, L, plan.ldl, targets, Vl, vocab_start, V, dt, it,
+                                             ce_ws, stream));
+            FL_CHECK(coll->all_gather(coll, st_ws, gathered, (size_t)R * 4u, stream));
+            FL_CHECK(fl__vp_cuda_chunk_combine(&p, r0, R, N, loss, lse_rows, gathered, k, targets, V, it, ce_ws,
+                                               stream));
+            if (!grads) continue;
+        }
+        FL_CHECK(fl__vp_cuda_chunk_backward(&p, r0, R, N, L, L, plan.ldl, targets, lse_rows, grad_loss, grad_scale,
+                                            Vl, vocab_start, V, dt, it, ce_ws, stream));
+        // dhidden rows: step 4' writes the caller's fp32 partial; the collective entry sums the
+        // ranks' fp32 partials (in dhidden itself when it is fp32, else in dh32) and rounds once
+        float* dst = which == 1 ? (float*)dhidden + (size_t)r0 * (size_t)H
+                     : dt == FL_DTYPE_F32 ? (float*)dhidden + (size_t)r0 * (size_t)H : dh32;
+        FL_CHECK(gemm_dhidden(fn, &q, dst, CUDA_R_32F, L, R));
+        if (which == 2) {
+            FL_CHECK(coll->all_reduce_sum(coll, dst, (size_t)R * (size_t)H, stream));
+            if (dt != FL_DTYPE_F32)
+                FL_CHECK(convert(fn, (char*)dhidden + (size_t)r0 * (size_t)H * es, dt, dh32, R * H, s));
+        }
+        FL_CHECK(gemm_wgrad(fn, &q, dweight ? dW : NULL, dWt, dWes, dB, ones, L, hc, ld_hidden, R, c > 0));
+    }
+    if (which == 2) FL_CHECK(fl__ce_cuda_chunk_end(&p, loss, targets, N, V, it, ce_ws, stream));
+    if (which == 0) return FL_OK;
+    if (N == 0) {
+        if (dweight) FL_CUDA_TRY(cudaMemsetAsync(dweight, 0, (size_t)Vl * (size_t)H * wes, s));
+        if (dbias) FL_CUDA_TRY(cudaMemsetAsync(dbias, 0, (size_t)Vl * wes, s));
+        return FL_OK;
+    }
+    if (dweight && plan.accum_fp32) FL_CHECK(convert(fn, dweight, wdt, acc, Vl * H, s));
+    if (dbias && wdt != FL_DTYPE_F32) FL_CHECK(convert(fn, dbias, wdt, bacc, Vl, s));
     return FL_OK;
 }
 
@@ -372,6 +501,34 @@ fl_status fl_linear_cross_entropy_backward_cuda(fl_lce_context* ctx, void* dhidd
     return lce_cuda("fl_linear_cross_entropy_backward_cuda", MODE_BACKWARD, ctx, NULL, NULL, dhidden, dweight, dbias,
                     hidden, ld_hidden, weight, ld_weight, bias, targets, lse, grad_loss, grad_scale, N, H, V, dtype,
                     wgrad_dtype, index_dtype, ce_opts, lce_opts, workspace, workspace_bytes, (cudaStream_t)stream);
+}
+
+fl_status fl_vp_linear_ce_local_stats_cuda(fl_lce_context* ctx, float* stats, const void* hidden, int64_t ld_hidden,
+                                           const void* weight, int64_t ld_weight, const void* bias,
+                                           const void* targets, int64_t N, int64_t H, int64_t V_local,
+                                           int64_t vocab_start, int64_t V, fl_dtype dtype, fl_index_dtype index_dtype,
+                                           const fl_ce_options* ce_opts, const fl_lce_options* lce_opts,
+                                           void* workspace, size_t workspace_bytes, fl_stream stream) {
+    fl__clear_error();
+    return fl__vp_lce_cuda("fl_vp_linear_ce_local_stats_cuda", 0, ctx, NULL, stats, NULL, NULL, NULL, NULL, NULL,
+                           hidden, ld_hidden, weight, ld_weight, bias, targets, NULL, 1.0f, N, H, V_local,
+                           vocab_start, V, dtype, dtype, index_dtype, ce_opts, lce_opts, workspace, workspace_bytes,
+                           stream);
+}
+
+fl_status fl_vp_linear_ce_backward_cuda(fl_lce_context* ctx, float* dhidden_partial, void* dweight, void* dbias,
+                                        const void* hidden, int64_t ld_hidden, const void* weight, int64_t ld_weight,
+                                        const void* bias, const void* targets, const float* lse,
+                                        const float* grad_loss, float grad_scale, int64_t N, int64_t H,
+                                        int64_t V_local, int64_t vocab_start, int64_t V, fl_dtype dtype,
+                                        fl_dtype wgrad_dtype, fl_index_dtype index_dtype,
+                                        const fl_ce_options* ce_opts, const fl_lce_options* lce_opts,
+                                        void* workspace, size_t workspace_bytes, fl_stream stream) {
+    fl__clear_error();
+    return fl__vp_lce_cuda("fl_vp_linear_ce_backward_cuda", 1, ctx, NULL, NULL, NULL, (float*)lse, dhidden_partial,
+                           dweight, dbias, hidden, ld_hidden, weight, ld_weight, bias, targets, grad_loss, grad_scale,
+                           N, H, V_local, vocab_start, V, dtype, wgrad_dtype, index_dtype, ce_opts, lce_opts,
+                           workspace, workspace_bytes, stream);
 }
 
 }  // extern "C"

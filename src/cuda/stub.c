@@ -137,6 +137,48 @@ fl_status fl_vp_cross_entropy_nccl(float* loss, float* lse, void* dlogits, const
     return FL_NOT_BUILT("fl_vp_cross_entropy_nccl");
 }
 
+fl_status fl_vp_linear_ce_local_stats_cuda(fl_lce_context* ctx, float* stats, const void* hidden, int64_t ld_hidden,
+                                           const void* weight, int64_t ld_weight, const void* bias,
+                                           const void* targets, int64_t N, int64_t H, int64_t V_local,
+                                           int64_t vocab_start, int64_t V, fl_dtype dtype, fl_index_dtype index_dtype,
+                                           const fl_ce_options* ce_opts, const fl_lce_options* lce_opts,
+                                           void* workspace, size_t workspace_bytes, fl_stream stream) {
+    (void)ctx; (void)stats; (void)hidden; (void)ld_hidden; (void)weight; (void)ld_weight; (void)bias; (void)targets;
+    (void)N; (void)H; (void)V_local; (void)vocab_start; (void)V; (void)dtype; (void)index_dtype; (void)ce_opts;
+    (void)lce_opts; (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_vp_linear_ce_local_stats_cuda");
+}
+
+fl_status fl_vp_linear_ce_backward_cuda(fl_lce_context* ctx, float* dhidden_partial, void* dweight, void* dbias,
+                                        const void* hidden, int64_t ld_hidden, const void* weight, int64_t ld_weight,
+                                        const void* bias, const void* targets, const float* lse,
+                                        const float* grad_loss, float grad_scale, int64_t N, int64_t H,
+                                        int64_t V_local, int64_t vocab_start, int64_t V, fl_dtype dtype,
+                                        fl_dtype wgrad_dtype, fl_index_dtype index_dtype,
+                                        const fl_ce_options* ce_opts, const fl_lce_options* lce_opts,
+                                        void* workspace, size_t workspace_bytes, fl_stream stream) {
+    (void)ctx; (void)dhidden_partial; (void)dweight; (void)dbias; (void)hidden; (void)ld_hidden; (void)weight;
+    (void)ld_weight; (void)bias; (void)targets; (void)lse; (void)grad_loss; (void)grad_scale; (void)N; (void)H;
+    (void)V_local; (void)vocab_start; (void)V; (void)dtype; (void)wgrad_dtype; (void)index_dtype; (void)ce_opts;
+    (void)lce_opts; (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_vp_linear_ce_backward_cuda");
+}
+
+fl_status fl_vp_linear_cross_entropy_nccl(fl_lce_context* ctx, float* loss, float* lse, void* dhidden, void* dweight,
+                                          void* dbias, const void* hidden, int64_t ld_hidden, const void* weight,
+                                          int64_t ld_weight, const void* bias, const void* targets,
+                                          const float* grad_loss, float grad_scale, int64_t N, int64_t H,
+                                          int64_t V_local, int64_t vocab_start, int64_t V, fl_dtype dtype,
+                                          fl_dtype wgrad_dtype, fl_index_dtype index_dtype,
+                                          const fl_ce_options* ce_opts, const fl_lce_options* lce_opts,
+                                          void* nccl_comm, void* workspace, size_t workspace_bytes, fl_stream stream) {
+    (void)ctx; (void)loss; (void)lse; (void)dhidden; (void)dweight; (void)dbias; (void)hidden; (void)ld_hidden;
+    (void)weight; (void)ld_weight; (void)bias; (void)targets; (void)grad_loss; (void)grad_scale; (void)N; (void)H;
+    (void)V_local; (void)vocab_start; (void)V; (void)dtype; (void)wgrad_dtype; (void)index_dtype; (void)ce_opts;
+    (void)lce_opts; (void)nccl_comm; (void)workspace; (void)workspace_bytes; (void)stream;
+    return FL_NOT_BUILT("fl_vp_linear_cross_entropy_nccl");
+}
+
 /* ---- section 9: elementwise losses (sigmoid focal, BCE with logits) --------------------------- */
 
 fl_status fl_sigmoid_focal_forward_cuda(float* loss, const void* logits, const void* targets, int64_t n,

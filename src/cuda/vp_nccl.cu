@@ -24,11 +24,13 @@
 #include "../internal.h"
 
 typedef ncclResult_t (*ag_fn)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+typedef ncclResult_t (*ar_fn)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
 typedef ncclResult_t (*count_fn)(const ncclComm_t, int*);
 typedef const char* (*err_fn)(ncclResult_t);
 
 static struct {
     ag_fn all_gather;
+    ar_fn all_reduce;
     count_fn count;
     err_fn error_string;
     char where[256];
@@ -46,11 +48,12 @@ static void nccl_load(void) {
         return;
     }
     g_nccl.all_gather = (ag_fn)dlsym(h, "ncclAllGather");
+    g_nccl.all_reduce = (ar_fn)dlsym(h, "ncclAllReduce");
     g_nccl.count = (count_fn)dlsym(h, "ncclCommCount");
     g_nccl.error_string = (err_fn)dlsym(h, "ncclGetErrorString");
-    if (!g_nccl.all_gather || !g_nccl.count || !g_nccl.error_string) {
+    if (!g_nccl.all_gather || !g_nccl.all_reduce || !g_nccl.count || !g_nccl.error_string) {
         g_nccl.all_gather = NULL;
-        snprintf(g_nccl.where, sizeof g_nccl.where, "libnccl lacks ncclAllGather / ncclCommCount");
+        snprintf(g_nccl.where, sizeof g_nccl.where, "libnccl lacks ncclAllGather / ncclAllReduce / ncclCommCount");
     }
 }
 
@@ -127,6 +130,49 @@ fl_status fl_vp_cross_entropy_nccl(float* loss, float* lse, void* dlogits, const
         FL_CHECK(fl_vp_ce_backward_cuda(dlogits, logits, targets, lse_out, grad_loss, grad_scale, N, V_local, ld,
                                         vocab_start, V, dtype, index_dtype, opts, workspace, ce, stream));
     return FL_OK;
+}
+
+// ---- the linear variant: the chunk loop of linear_cross_entropy.cu with NCCL's collectives ----
+
+static fl_status nccl_all_gather(const fl__vp_coll* c, const float* send, float* recv, size_t count, fl_stream s) {
+    ncclResult_t r = g_nccl.all_gather(send, recv, count, ncclFloat32, (ncclComm_t)c->comm, (cudaStream_t)s);
+    if (r != ncclSuccess)
+        return fl__fail(FL_ERR_CUDA, "fl_vp_linear_cross_entropy_nccl: ncclAllGather failed: %s", g_nccl.error_string(r));
+    return FL_OK;
+}
+
+static fl_status nccl_all_reduce_sum(const fl__vp_coll* c, float* buf, size_t count, fl_stream s) {
+    ncclResult_t r = g_nccl.all_reduce(buf, buf, count, ncclFloat32, ncclSum, (ncclComm_t)c->comm, (cudaStream_t)s);
+    if (r != ncclSuccess)
+        return fl__fail(FL_ERR_CUDA, "fl_vp_linear_cross_entropy_nccl: ncclAllReduce failed: %s", g_nccl.error_string(r));
+    return FL_OK;
+}
+
+fl_status fl_vp_linear_cross_entropy_nccl(fl_lce_context* ctx, float* loss, float* lse, void* dhidden, void* dweight,
+                                          void* dbias, const void* hidden, int64_t ld_hidden, const void* weight,
+                                          int64_t ld_weight, const void* bias, const void* targets,
+                                          const float* grad_loss, float grad_scale, int64_t N, int64_t H,
+                                          int64_t V_local, int64_t vocab_start, int64_t V, fl_dtype dtype,
+                                          fl_dtype wgrad_dtype, fl_index_dtype index_dtype,
+                                          const fl_ce_options* ce_opts, const fl_lce_options* lce_opts,
+                                          void* nccl_comm, void* workspace, size_t workspace_bytes, fl_stream stream) {
+    static const char* fn = "fl_vp_linear_cross_entropy_nccl";
+    fl__clear_error();
+    if (!nccl_comm) return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: nccl_comm is NULL", fn);
+    pthread_once(&g_nccl_once, nccl_load);
+    if (!g_nccl.all_gather) return fl__fail(FL_ERR_UNSUPPORTED, "%s: NCCL unavailable: %s", fn, g_nccl.where);
+    fl__vp_coll c;
+    c.k = 0;
+    ncclResult_t r = g_nccl.count((ncclComm_t)nccl_comm, &c.k);
+    if (r != ncclSuccess)
+        return fl__fail(FL_ERR_INVALID_ARGUMENT, "%s: ncclCommCount failed: %s", fn, g_nccl.error_string(r));
+    c.comm = nccl_comm;
+    c.all_gather = nccl_all_gather;
+    c.all_reduce_sum = nccl_all_reduce_sum;
+    // every argument is validated before the first collective (the same checks on every rank)
+    return fl__vp_lce_cuda(fn, 2, ctx, &c, NULL, loss, lse, dhidden, dweight, dbias, hidden, ld_hidden, weight,
+                           ld_weight, bias, targets, grad_loss, grad_scale, N, H, V_local, vocab_start, V, dtype,
+                           wgrad_dtype, index_dtype, ce_opts, lce_opts, workspace, workspace_bytes, stream);
 }
 
 }  // extern "C"
