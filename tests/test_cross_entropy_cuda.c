@@ -415,6 +415,17 @@ static int build_cases(ce_case* cs, int cap) {
         c.red = FL_REDUCTION_SUM; c.ldpad = 3; ADD(c);
         c = base_case(128, 1000, dt); c.offset = 1; c.ignore_frac = 0.3; ADD(c);
         c = base_case(7, 50257, dt); c.offset = 1; c.softcap = 20.0f; ADD(c);
+        /* many short rows (>= 512 rows of <= 64 vectors): row groups of 8 / 16 / 32 lanes, several
+         * rows per warp (segmentation's 19 classes, V = 1, 3, 100, 250), every pass, in place,
+         * ignored rows in the same warps as live ones, odd row strides, the options */
+        c = base_case(g_small ? 1030 : 5000, 19, dt); c.ldpad = 1; ADD(c);
+        c = base_case(g_small ? 600 : 4097, 19, dt); c.eps = 0.1f; c.weights = 1; c.ignore_frac = 0.3;
+        c.red = FL_REDUCTION_NONE; c.gl = 1; c.offset = 1; ADD(c);
+        c = base_case(g_small ? 700 : 3000, 3, dt); c.zloss = 1e-4f; c.softcap = 4.0f; c.red = FL_REDUCTION_SUM;
+        c.ops = OP_FWD | OP_FUSED_IP | OP_BWD; ADD(c);
+        c = base_case(g_small ? 520 : 2500, 100, dt); c.ldpad = 3; c.scale = 1.5f; c.it = FL_INDEX_I32; ADD(c);
+        c = base_case(g_small ? 512 : 1500, 250, dt); c.eps = 0.05f; c.ignore_frac = 0.5; c.gl = 1; ADD(c);
+        c = base_case(g_small ? 513 : 4099, 1, dt); c.red = FL_REDUCTION_NONE; ADD(c);
     }
 #undef ADD
     return n;

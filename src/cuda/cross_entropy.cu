@@ -142,6 +142,29 @@ __device__ __forceinline__ RowStats warp_reduce_stats(RowStats r) {
     return r;
 }
 
+// Row groups (ce_row_kernel with blockDim.y > 1): a row is held by a group of L = blockDim.x
+// lanes (a power of two, 2 VEC <= L <= 32) of one warp, blockDim.y rows per CTA. The mask names
+// the group's own lanes, so a group whose row is ignored (or past N) may leave early while the
+// other groups of its warp shuffle. With L = 32 this is warp_reduce_stats: the same bits as the
+// one-warp CTA of the block path.
+__device__ __forceinline__ unsigned group_mask() {
+    const unsigned L = blockDim.x;
+    if (L >= 32u) return 0xffffffffu;
+    const unsigned lane = (threadIdx.y * L + threadIdx.x) & 31u;
+    return ((1u << L) - 1u) << (lane & ~(L - 1u));
+}
+
+__device__ __forceinline__ RowStats group_reduce_stats(RowStats r) {
+    const unsigned mask = group_mask();
+    for (unsigned o = 16; o > 0; o >>= 1) {
+        if (o >= blockDim.x) continue;  // uniform: the same o for every lane of the CTA
+        float m2 = __shfl_xor_sync(mask, r.m, (int)o), s2 = __shfl_xor_sync(mask, r.s, (int)o);
+        ms_merge(r.m, r.s, m2, s2);
+        r.wz += __shfl_xor_sync(mask, r.wz, (int)o);
+    }
+    return r;
+}
+
 // Reduce per-thread stats to the whole CTA; result valid in every thread. `sh` has >= 33 slots.
 // With more than 4 warps the warp partials are combined by warp 0 with the same shuffle tree
 // (fixed order: deterministic), not by a serial loop in every thread, whose chain of dependent
@@ -535,15 +558,20 @@ __device__ __forceinline__ RowStats chunk_stats(const CeArgs& a, const Pack<T> (
         if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
     }
     RowStats r = {m, s, wz};
-    return block_reduce_stats(r, sh);  // contains the barrier that orders reads before writes
+    // the block reduction's barrier orders reads before writes; a row group's shuffles do for the
+    // group's own lanes (the target logit is broadcast from lane 0 before this, see ce_row_kernel)
+    return (K == 2 && blockDim.y > 1) ? group_reduce_stats(r) : block_reduce_stats(r, sh);
 }
 
 template <typename T, int K, int PASS, int F>
 __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a) {
     __shared__ RowStats sh[33];
+    // blockDim.y > 1: row groups (see group_reduce_stats), C == 1, row blockIdx.x * blockDim.y + y
+    const bool grp = K == 2 && blockDim.y > 1;  // (K == 8 rows never run as groups: no code for it)
     const int C = a.C;
-    const int64_t i = (int64_t)blockIdx.x / C;
-    const int rank = (int)(blockIdx.x % C);
+    const int64_t i = grp ? (int64_t)blockIdx.x * blockDim.y + threadIdx.y : (int64_t)blockIdx.x / C;
+    if (grp && i >= a.N) return;
+    const int rank = grp ? 0 : (int)(blockIdx.x % C);
     const int V = (int)a.V, T_ = (int)blockDim.x, tid = (int)threadIdx.x;
     const T* row = (const T*)a.logits + i * a.ld;  // 64-bit: i*ld exceeds 2^31 for big N*V
     T* drow = (T*)a.dlogits + i * a.ld;
@@ -594,8 +622,11 @@ __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a) {
         // CTA overwrites the row; only where it is used (PASS_STATS, C == 1): with C > 1 the
         // fused pass takes it from the stats, and other CTAs of the row may already have
         // overwritten row[t]
-        const float zt = (rank == 0 && tid == 0 && tin && (PASS == PASS_STATS || C == 1))
-                             ? zval<F>(a, to_float(row[t]), t) : 0.0f;
+        float zt = (rank == 0 && tid == 0 && tin && (PASS == PASS_STATS || C == 1))
+                       ? zval<F>(a, to_float(row[t]), t) : 0.0f;
+        // a row group has no barrier: every lane waits here for lane 0's load of row[t] (the
+        // shuffle reads its register) before any lane of the group can store its gradient
+        if (grp) zt = __shfl_sync(group_mask(), zt, 0, (int)blockDim.x);
         float wz;
         if (PASS == PASS_STATS || C == 1) {
             RowStats r = chunk_stats<T, K, F>(a, x, g, q0, has_x, xs, ex, sh);
@@ -1425,8 +1456,10 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  1.35x vs 1.37x at 1, 1.39x at 4, 1.44x at 8)
 //   FUSEDLOSS_CE_TMA_THREADS = 128|256, _GRID      CTA size (<= 80 registers at 256: 3 CTAs per SM
 //                                                  fit); cap on resident clusters / CTAs
+//   FUSEDLOSS_CE_GROUP_ROWS                        rows from which one-warp rows run as row groups
+//                                                  (several rows per warp; 0 = never; default 512)
 //   FUSEDLOSS_DEBUG=1                              print each new staged launch plan to stderr
-struct Knobs { int chunk_threads, small_rows, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug; };
+struct Knobs { int chunk_threads, small_rows, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -1450,6 +1483,7 @@ static const Knobs* knobs(void) {
         n.threads = env_int("FUSEDLOSS_CE_TMA_THREADS", 256);
         n.grid = env_int("FUSEDLOSS_CE_TMA_GRID", 0);
         n.debug = env_int("FUSEDLOSS_DEBUG", 0);
+        n.group_rows = env_int("FUSEDLOSS_CE_GROUP_ROWS", 512);
         const int ct = n.chunk_threads;
         if (ct != 64 && ct != 128 && ct != 256 && ct != 512) n.chunk_threads = 0;
         if (n.small_rows < 0) n.small_rows = 0;
@@ -1620,8 +1654,30 @@ static cudaError_t launch_tma(const CeArgs& a, const TmaPlan& p, int sms, cudaSt
     return e;
 }
 
+// Lanes per row of the row-group launch for one-warp rows (C == 1, T == 32, K == 2): the fewest
+// lanes that hold the row (2 vectors each) and its head/tail extras (< 2 VEC, one per lane), a
+// power of two; 0 = use one CTA per row (few rows, or FUSEDLOSS_CE_GROUP_ROWS=0). Why: a short row
+// (e.g. segmentation's 19 classes over 2M positions) as one 32-thread CTA per row is bound by CTA
+// launch and the idle lanes (HRNet's OHEM shape ran at 54x its floor, H200 run 35).
+static int group_lanes(const Config& c, int64_t N, int64_t V, int esize) {
+    if (c.C != 1 || c.K != 2 || c.T != 32 || N < knobs()->group_rows || knobs()->group_rows <= 0) return 0;
+    const int vec = 16 / esize;
+    const int64_t nv = V / vec + 1;  // aligned vectors, upper bound (as choose_config)
+    int L = 2 * vec;                 // the extras: one per lane
+    while (L < 32 && (int64_t)L * 2 < nv) L *= 2;
+    return L;
+}
+
 template <typename T, int PASS, int F>
 static cudaError_t launch_row(const CeArgs& a, const Config& c, cudaStream_t s) {
+    const int L = group_lanes(c, a.N, a.V, (int)sizeof(T));
+    if (L > 0) {
+        const int R = 256 / L;  // rows per CTA
+        const dim3 block((unsigned)L, (unsigned)R, 1);
+        const unsigned grid = (unsigned)((a.N + R - 1) / R);
+        ce_row_kernel<T, 2, PASS, F><<<grid, block, 0, s>>>(a);
+        return cudaGetLastError();
+    }
     const unsigned grid = (unsigned)(a.N * c.C);
     if (c.K == 2) ce_row_kernel<T, 2, PASS, F><<<grid, c.T, 0, s>>>(a);
     else ce_row_kernel<T, 8, PASS, F><<<grid, c.T, 0, s>>>(a);
