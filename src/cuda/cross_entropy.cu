@@ -1358,6 +1358,127 @@ __global__ void __launch_bounds__(1024) ce_reduce_kernel(CeArgs a, int denoms) {
     }
 }
 
+// Two stages for big batches (N >= CE_TWO_STAGE_ROWS): the one-CTA setup and reduce kernels above
+// read 8-16 bytes per row from one SM (H200 run 36: with 2M rows of 19 classes they, not the row
+// kernel, made the fused call 27x its floor). Stage 1: CTA b of nb sums fixed ranges (rows [b R,
+// (b+1) R), classes [b Q, (b+1) Q)) with the block's fixed-order tree into scratch (doubles, the
+// workspace's stats region: free before the main kernels and after them); stage 2: one thread adds
+// the nb partials in order. Deterministic; not bitwise the one-CTA sums, so a call takes one path
+// for both its setup and its reduce (the reduce never sums denominators itself here).
+#define CE_TWO_STAGE_ROWS 4096
+#define CE_STAGE_CTAS 128
+
+// Fixed-order CTA sum of two doubles (per-thread values): shuffle tree, warps in order. Thread 0.
+__device__ __forceinline__ void block_sum2(double& x, double& y, double (*sh)[32]) {
+    for (int o = 16; o > 0; o >>= 1) {
+        x += __shfl_xor_sync(0xffffffffu, x, o);
+        y += __shfl_xor_sync(0xffffffffu, y, o);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // why: sh may be in use by a previous call
+    if (lane == 0) { sh[0][warp] = x; sh[1][warp] = y; }
+    __syncthreads();  // why: warp partials visible to thread 0
+    if (threadIdx.x == 0) {
+        double s0 = 0, s1 = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) { s0 += sh[0][w]; s1 += sh[1][w]; }
+        x = s0;
+        y = s1;
+    }
+}
+
+__global__ void __launch_bounds__(1024) ce_setup_part_kernel(CeArgs a, double* scratch, int64_t R, int64_t Q) {
+    __shared__ double sh[2][32];
+    const float* wg = a.weight ? a.weight - a.col0 : NULL;  // the global class weights
+    const int64_t r0 = (int64_t)blockIdx.x * R, r1 = r0 + R < a.N ? r0 + R : a.N;
+    double dw = 0.0, dn = 0.0;
+    for (int64_t i = r0 + threadIdx.x; i < r1; i += blockDim.x) {
+        const int64_t t = load_target(a, i);
+        if (t == a.ignore_index) continue;
+        dn += 1.0;
+        dw += (wg && t >= 0 && t < a.Vg) ? (double)wg[t] : 1.0;  // bad targets weigh 1
+    }
+    block_sum2(dw, dn, sh);
+    double W = 0.0, unused = 0.0;
+    if (wg) {
+        const int64_t j0 = (int64_t)blockIdx.x * Q, j1 = j0 + Q < a.Vg ? j0 + Q : a.Vg;
+        for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) W += (double)wg[j];
+    }
+    block_sum2(W, unused, sh);
+    if (threadIdx.x == 0) {
+        scratch[3 * blockIdx.x] = dw;
+        scratch[3 * blockIdx.x + 1] = dn;
+        scratch[3 * blockIdx.x + 2] = W;
+    }
+}
+
+__global__ void __launch_bounds__(32) ce_setup_final_kernel(CeArgs a, const double* scratch, int nb) {
+    if (threadIdx.x != 0) return;
+    double dw = 0.0, dn = 0.0, W = 0.0;
+    for (int b = 0; b < nb; b++) { dw += scratch[3 * b]; dn += scratch[3 * b + 1]; W += scratch[3 * b + 2]; }
+    a.hdr[0] = dw; a.hdr[1] = dn; a.hdr[2] = W;
+}
+
+__global__ void __launch_bounds__(1024) ce_reduce_part_kernel(CeArgs a, double* scratch, int64_t R) {
+    __shared__ double sh[2][32];
+    const int64_t r0 = (int64_t)blockIdx.x * R, r1 = r0 + R < a.N ? r0 + R : a.N;
+    double sa = 0.0, sb = 0.0;
+    for (int64_t i = r0 + threadIdx.x; i < r1; i += blockDim.x) {
+        sa += (double)a.part[2 * i];
+        sb += (double)a.part[2 * i + 1];
+    }
+    block_sum2(sa, sb, sh);
+    if (threadIdx.x == 0) { scratch[2 * blockIdx.x] = sa; scratch[2 * blockIdx.x + 1] = sb; }
+}
+
+__global__ void __launch_bounds__(32) ce_reduce_final_kernel(CeArgs a, const double* scratch, int nb) {
+    if (threadIdx.x != 0) return;
+    double A = 0.0, B = 0.0;
+    for (int b = 0; b < nb; b++) { A += scratch[2 * b]; B += scratch[2 * b + 1]; }
+    double total;
+    if (a.reduction == FL_REDUCTION_MEAN)
+        total = A / a.hdr[0] + (a.zeta > 0.0f ? B / a.hdr[1] : 0.0);
+    else
+        total = A + B;
+    a.loss[0] = (float)total;
+}
+
+static int stage_ctas(int64_t N) {
+    const int64_t nb = (N + 4095) / 4096;
+    return (int)(nb < 1 ? 1 : nb > CE_STAGE_CTAS ? CE_STAGE_CTAS : nb);
+}
+
+// The setup (MEAN denominators, W) of a.N rows: one CTA, or two stages for big batches.
+static cudaError_t launch_setup(const CeArgs& a, cudaStream_t s) {
+    if (a.N < CE_TWO_STAGE_ROWS) {
+        ce_setup_kernel<<<1, 1024, 0, s>>>(a);
+        return cudaGetLastError();
+    }
+    const int nb = stage_ctas(a.N);
+    const int64_t R = (a.N + nb - 1) / nb, Q = (a.Vg + nb - 1) / nb;
+    double* scratch = (double*)a.stats;
+    ce_setup_part_kernel<<<nb, 1024, 0, s>>>(a, scratch, R, Q);
+    ce_setup_final_kernel<<<1, 32, 0, s>>>(a, scratch, nb);
+    return cudaGetLastError();
+}
+
+// Does a reduced call of N rows need the setup for its reduce alone (MEAN, big batch)?
+static int setup_for_reduce(int64_t N, int mean) { return mean && N >= CE_TWO_STAGE_ROWS; }
+
+// loss[0] from a.N rows' partials. denoms: the one-CTA kernel sums the MEAN denominators itself
+// (only below CE_TWO_STAGE_ROWS; above, the caller ran launch_setup: setup_for_reduce).
+static cudaError_t launch_reduce(const CeArgs& a, int denoms, cudaStream_t s) {
+    if (a.N < CE_TWO_STAGE_ROWS) {
+        ce_reduce_kernel<<<1, 1024, 0, s>>>(a, denoms);
+        return cudaGetLastError();
+    }
+    const int nb = stage_ctas(a.N);
+    const int64_t R = (a.N + nb - 1) / nb;
+    double* scratch = (double*)a.stats;
+    ce_reduce_part_kernel<<<nb, 1024, 0, s>>>(a, scratch, R);
+    ce_reduce_final_kernel<<<1, 32, 0, s>>>(a, scratch, nb);
+    return cudaGetLastError();
+}
+
 // ---- vocab-parallel steps (header section 8) -------------------------------------------------
 
 // Step 1, after launch_vp_stats: one thread per row merges the row's a.C chunk partials in chunk
@@ -1908,7 +2029,8 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
     const int mean = p.reduction == FL_REDUCTION_MEAN;
     // the forward's row kernels need only W (weighted smoothing); its MEAN denominators are summed
     // by the reduce kernel itself
-    const int needs_setup = !chunk && ((mean && pass != PASS_FORWARD) || (p.weight && p.label_smoothing > 0.0f));
+    const int needs_setup = !chunk && ((mean && pass != PASS_FORWARD) || (p.weight && p.label_smoothing > 0.0f) ||
+                                       (reduced && pass != PASS_BACKWARD && setup_for_reduce(N, mean)));
 
     if (N == 0) {  // nothing to read; SUM = 0, MEAN = NaN (0/0) still come from the reduce kernel
         if (chunk || !reduced || pass == PASS_BACKWARD) return FL_OK;
@@ -1932,10 +2054,7 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
         FL_CUDA_TRY(launch_pass(pass, dt, flags, 1, a, none_cfg, (int)C, stream));
         return FL_OK;
     }
-    if (needs_setup) {
-        ce_setup_kernel<<<1, 1024, 0, stream>>>(a);
-        FL_CUDA_TRY(cudaGetLastError());
-    }
+    if (needs_setup) FL_CUDA_TRY(launch_setup(a, stream));
     if (N > 0) {
         Config c = choose_config(V, (int)fl__dtype_size(dt), pass);
         const int64_t nvr = V / vec + 1;
@@ -1963,10 +2082,7 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
             return fl__fail(FL_ERR_UNSUPPORTED, "%s: N * chunks (%lld * %d) exceeds one launch", fn, (long long)N, c.C);
         FL_CUDA_TRY(launch_pass(pass, dt, flags, 0, a, c, 0, stream));
     }
-    if (!chunk && reduced && pass != PASS_BACKWARD) {
-        ce_reduce_kernel<<<1, 1024, 0, stream>>>(a, mean && !needs_setup);
-        FL_CUDA_TRY(cudaGetLastError());
-    }
+    if (!chunk && reduced && pass != PASS_BACKWARD) FL_CUDA_TRY(launch_reduce(a, mean && !needs_setup, stream));
     return FL_OK;
 }
 
@@ -2061,8 +2177,7 @@ fl_status fl__ce_cuda_chunk_begin(const fl__ce_params* p, const void* targets, i
     const int needs_setup = p->reduction == FL_REDUCTION_MEAN || (p->weight && p->label_smoothing > 0.0f);
     if (!needs_setup) return FL_OK;
     CeArgs a = make_args(*p, NULL, NULL, NULL, NULL, targets, NULL, NULL, 1.0f, N, V, V, it, ce_ws, N);
-    ce_setup_kernel<<<1, 1024, 0, (cudaStream_t)stream>>>(a);
-    FL_CUDA_TRY(cudaGetLastError());
+    FL_CUDA_TRY(launch_setup(a, (cudaStream_t)stream));
     return FL_OK;
 }
 
@@ -2085,8 +2200,7 @@ fl_status fl__ce_cuda_chunk_end(const fl__ce_params* p, float* loss, const void*
     static const char* fn = "fl_linear_cross_entropy_cuda";
     if (p->reduction == FL_REDUCTION_NONE) return FL_OK;
     CeArgs a = make_args(*p, loss, NULL, NULL, NULL, targets, NULL, NULL, 1.0f, N, V, V, it, ce_ws, N);
-    ce_reduce_kernel<<<1, 1024, 0, (cudaStream_t)stream>>>(a, 0);
-    FL_CUDA_TRY(cudaGetLastError());
+    FL_CUDA_TRY(launch_reduce(a, 0, (cudaStream_t)stream));  // the denominators: chunk_begin's setup
     return FL_OK;
 }
 
@@ -2162,19 +2276,14 @@ fl_status fl_vp_ce_combine_cuda(float* loss, float* lse, const float* gathered, 
     if (N == 0 && !reduced) return FL_OK;
     cudaStream_t s = (cudaStream_t)stream;
     CeArgs a = make_args(p, loss, lse, NULL, NULL, targets, NULL, NULL, 1.0f, N, V, V, index_dtype, workspace, N);
-    const int needs_setup = p.weight && p.label_smoothing > 0.0f;  // W; MEAN's denominators: the reduce kernel
-    if (needs_setup) {
-        ce_setup_kernel<<<1, 1024, 0, s>>>(a);
-        FL_CUDA_TRY(cudaGetLastError());
-    }
+    // W; MEAN's denominators: the reduce kernel, or the setup for a big batch (two stages)
+    const int needs_setup = (p.weight && p.label_smoothing > 0.0f) || (reduced && setup_for_reduce(N, mean));
+    if (needs_setup) FL_CUDA_TRY(launch_setup(a, s));
     if (N > 0) {
         vp_combine_kernel<<<(unsigned)((N + 255) / 256), 256, 0, s>>>(a, gathered, k);
         FL_CUDA_TRY(cudaGetLastError());
     }
-    if (reduced) {
-        ce_reduce_kernel<<<1, 1024, 0, s>>>(a, mean && !needs_setup);
-        FL_CUDA_TRY(cudaGetLastError());
-    }
+    if (reduced) FL_CUDA_TRY(launch_reduce(a, mean && !needs_setup, s));
     return FL_OK;
 }
 
@@ -2194,8 +2303,7 @@ fl_status fl_vp_ce_backward_cuda(void* dlogits, const void* logits, const void* 
     CeArgs a = vp_args(p, dlogits, logits, targets, lse, grad_loss, grad_scale, N, V_local, ld, vocab_start, V,
                        index_dtype, workspace);
     if (p.reduction == FL_REDUCTION_MEAN || (p.weight && p.label_smoothing > 0.0f)) {
-        ce_setup_kernel<<<1, 1024, 0, s>>>(a);  // over all N targets and the global weights
-        FL_CUDA_TRY(cudaGetLastError());
+        FL_CUDA_TRY(launch_setup(a, s));  // over all N targets and the global weights
     }
     Config c = choose_config(V_local, (int)fl__dtype_size(dtype), PASS_BACKWARD);
     a.C = c.C;
@@ -2215,8 +2323,7 @@ fl_status fl__vp_cuda_chunk_begin(const fl__ce_params* p, const void* targets, i
     // N == 0 too (MEAN's 0 / 0 = NaN, as the single-GPU calls give)
     if (!(p->reduction == FL_REDUCTION_MEAN || (p->weight && p->label_smoothing > 0.0f))) return FL_OK;
     CeArgs a = vp_args(*p, NULL, NULL, targets, NULL, NULL, 1.0f, N, V_local, V_local, vocab_start, V, it, ce_ws);
-    ce_setup_kernel<<<1, 1024, 0, (cudaStream_t)stream>>>(a);  // over all N targets and the global weights
-    FL_CUDA_TRY(cudaGetLastError());
+    FL_CUDA_TRY(launch_setup(a, (cudaStream_t)stream));  // over all N targets and the global weights
     return FL_OK;
 }
 
