@@ -427,6 +427,12 @@ static int build_cases(ce_case* cs, int cap) {
         c = base_case(g_small ? 520 : 2500, 100, dt); c.ldpad = 3; c.scale = 1.5f; c.it = FL_INDEX_I32; ADD(c);
         c = base_case(g_small ? 512 : 1500, 250, dt); c.eps = 0.05f; c.ignore_frac = 0.5; c.gl = 1; ADD(c);
         c = base_case(g_small ? 513 : 4099, 1, dt); c.red = FL_REDUCTION_NONE; ADD(c);
+        /* V <= 16: one thread per row (ce_tiny_kernel), every option, in place */
+        c = base_case(g_small ? 600 : 6000, 10, dt); c.eps = 0.1f; c.weights = 1; c.offset = 1; c.softcap = 5.0f;
+        c.red = FL_REDUCTION_NONE; c.gl = 1; c.ignore_frac = 0.25; ADD(c);
+        c = base_case(g_small ? 530 : 2000, 16, dt); c.ldpad = 2; c.zloss = 1e-4f; c.scale = 0.7f;
+        c.ops = OP_FWD | OP_FUSED_IP | OP_BWD; ADD(c);
+        c = base_case(g_small ? 512 : 1024, 2, dt); c.ignore_index = 1; c.nan_ignored = 0; ADD(c);
         /* N >= 4096: the two-stage setup / reduce (also in the sanitizer's --small grid) */
         c = base_case(4200, 5, dt); c.eps = 0.1f; c.weights = 1; c.zloss = 1e-4f; ADD(c);
         c = base_case(g_small ? 4100 : 9000, 7, dt); c.red = FL_REDUCTION_SUM; c.ignore_frac = 0.6; c.gl = 1; ADD(c);

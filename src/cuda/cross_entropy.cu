@@ -662,6 +662,67 @@ __global__ void __launch_bounds__(512) ce_row_kernel(CeArgs a) {
     if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, xs, ex), ex));
 }
 
+// Tiny rows (V <= TINY_V, C == 1, big batches): one THREAD per row, the row's logits in its
+// registers (scalar loads: any alignment), no shuffles and no barriers; the same per-row math as
+// ce_row_kernel (stats, finish_row, make_coef / grad_elem), with the row's sums in column order.
+// Why: at V = 10 a 16-lane row group did one row's shuffles and bookkeeping for 10 elements (H200
+// run 37: 1M x 10 bf16 fused at 49x its floor).
+#define TINY_V 16
+template <typename T, int PASS, int F>
+__global__ void __launch_bounds__(256) ce_tiny_kernel(CeArgs a) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= a.N) return;
+    const int V = (int)a.V;
+    const T* row = (const T*)a.logits + i * a.ld;
+    T* drow = (T*)a.dlogits + i * a.ld;
+    const int64_t t64 = load_target(a, i);
+    const bool ignored = t64 == a.ignore_index;
+    if (ignored) {
+        if (PASS == PASS_STATS) return;
+        if (PASS != PASS_BACKWARD) ignored_row_outputs(a, i, PASS);
+        if (PASS == PASS_BACKWARD || PASS == PASS_FUSED)
+            for (int j = 0; j < V; j++) drow[j] = from_float<T>(0.0f);
+        return;
+    }
+    const bool bad = t64 < 0 || t64 >= a.Vg;
+    const int t = bad ? -1 : (int)(t64 - a.col0);
+    const bool tin = !bad && (unsigned)t < (unsigned)V;
+    if (PASS != PASS_STATS && bad && a.error_flag) *a.error_flag = 1;
+    float z[TINY_V];
+#pragma unroll
+    for (int j = 0; j < TINY_V; j++) z[j] = j < V ? zval<F>(a, to_float(row[j]), j) : -INFINITY;
+    float lse;
+    if (PASS == PASS_BACKWARD) {
+        lse = a.lse_in[i];
+    } else {
+        float m = -INFINITY, zt = 0.0f;
+#pragma unroll
+        for (int j = 0; j < TINY_V; j++) {
+            if (j < V) m = fmaxf(m, z[j]);
+            if (tin && j == t) zt = z[j];
+        }
+        const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
+        float sm = 0.0f, wz = 0.0f;
+#pragma unroll
+        for (int j = 0; j < TINY_V; j++) {
+            if (j >= V) continue;
+            sm += fexp2(fmaf(z[j], FL_LOG2E, -mL));  // NaN z poisons the sum, as everywhere
+            if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + j) : 1.0f) * z[j];
+        }
+        if (PASS == PASS_STATS) {  // C == 1
+            a.stats[i] = make_float4(m, sm, wz, zt);
+            return;
+        }
+        lse = (m == -INFINITY) ? -INFINITY : m + logf(sm);
+        finish_row(a, load_denoms(a), i, t, bad, lse, zt, wz, NULL, NULL);
+        if (PASS == PASS_FORWARD) return;
+    }
+    const GradCoef c = make_coef(a, load_denoms(a), i, t, bad, lse);
+#pragma unroll
+    for (int j = 0; j < TINY_V; j++)
+        if (j < V) drow[j] = from_float<T>(grad_elem<F>(a, c, z[j], j));
+}
+
 // Forward only, after PASS_STATS: one thread per row merges the row's partials and finishes it.
 template <int F>
 __global__ void __launch_bounds__(256) ce_finish_kernel(CeArgs a) {
@@ -1793,7 +1854,13 @@ static int group_lanes(const Config& c, int64_t N, int64_t V, int esize) {
 
 template <typename T, int PASS, int F>
 static cudaError_t launch_row(const CeArgs& a, const Config& c, cudaStream_t s) {
-    const int L = group_lanes(c, a.N, a.V, (int)sizeof(T));
+    // (PASS_STATS, the vocab-parallel step 1 of short shards, stays on the CTA-per-row path: the
+    // GPU tests have no batch of >= 512 rows with such shards)
+    if (PASS != PASS_STATS && c.C == 1 && a.V <= TINY_V && knobs()->group_rows > 0 && a.N >= knobs()->group_rows) {
+        ce_tiny_kernel<T, PASS, F><<<(unsigned)((a.N + 255) / 256), 256, 0, s>>>(a);
+        return cudaGetLastError();
+    }
+    const int L = PASS == PASS_STATS ? 0 : group_lanes(c, a.N, a.V, (int)sizeof(T));
     if (L > 0) {
         const int R = 256 / L;  // rows per CTA
         const dim3 block((unsigned)L, (unsigned)R, 1);
