@@ -93,44 +93,9 @@ static void gemm_free(gemm_t* g) {
 }
 
 /* random 16-bit / fp32 fill, U(-s, s), never zero */
-static void* dev_random(size_t n, fl_dtype dt, float s, uint64_t seed) {
-    const size_t es = dt_size(dt);
-    void* h = malloc(n * es);
-    if (!h) { fprintf(stderr, "host OOM\n"); exit(1); }
-    for (size_t i = 0; i < n; i++) {
-        uint64_t z = mix64(seed * 0x9e3779b97f4a7c15ULL + i);
-        float u = ((float)(z >> 40) + 0.5f) * (1.0f / 16777216.0f);  /* (0, 1) */
-        float x = s * (2.0f * u - 1.0f);
-        if (x == 0.0f) x = s * 1e-3f;
-        if (dt == FL_DTYPE_F32) ((float*)h)[i] = x;
-        else ((uint16_t*)h)[i] = dt == FL_DTYPE_BF16 ? f32_to_bf16(x) : f32_to_f16(x);
-    }
-    void* d = NULL;
-    CK(cudaMalloc(&d, n * es));
-    CK(cudaMemcpy(d, h, n * es, cudaMemcpyHostToDevice));
-    free(h);
-    return d;
-}
-
 typedef void (*run_fn)(void* ctx);
 
-static float time_it(run_fn f, void* arg) {
-    for (int k = 0; k < g_warmup; k++) f(arg);
-    float* ms = (float*)malloc(sizeof(float) * (size_t)g_reps);
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    for (int k = 0; k < g_reps; k++) {
-        CK(cudaEventRecord(e0, g_stream));
-        f(arg);
-        CK(cudaEventRecord(e1, g_stream));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&ms[k], e0, e1));
-    }
-    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
-    float m = median(ms, g_reps);
-    free(ms);
-    return m;
-}
+static float time_it(run_fn f, void* arg) { return bench_time_median(f, arg, g_stream, g_warmup, g_reps); }
 
 typedef struct {
     fl_lce_context* ctx;
@@ -220,8 +185,8 @@ int main(int argc, char** argv) {
         j.ctx = ctx; j.c = c;
         const size_t es = dt_size(c->dt);
         const int64_t Vp = (c->V + 63) / 64 * 64;
-        j.hidden = dev_random((size_t)(c->N * c->H), c->dt, 1.0f, 11 + ci);
-        j.weight = dev_random((size_t)(Vp * c->H), c->dt, 0.05f, 23 + ci);  /* Vp rows: the floor uses them */
+        j.hidden = bench_dev_random((size_t)(c->N * c->H), c->dt, 1.0f, 11 + ci);
+        j.weight = bench_dev_random((size_t)(Vp * c->H), c->dt, 0.05f, 23 + ci);  /* Vp rows: the floor uses them */
         int64_t* ht = (int64_t*)malloc(sizeof(int64_t) * (size_t)c->N);
         for (int64_t i = 0; i < c->N; i++) ht[i] = (int64_t)(mix64(1000 + (uint64_t)i) % (uint64_t)c->V);
         CK(cudaMalloc(&j.targets, sizeof(int64_t) * (size_t)c->N));

@@ -116,6 +116,48 @@ static double copy_bandwidth_gbps(cudaStream_t stream) {
     return 2.0 * (double)bytes / ((double)med * 1e6);
 }
 
+/* n random elements of dt on the device, uniform in (-s, s) from a counter hash of (seed, i), never 0
+ * (an exact 0 becomes s * 1e-3); exits on failure. */
+static inline void* bench_dev_random(size_t n, fl_dtype dt, float s, uint64_t seed) {
+    const size_t es = dt_size(dt);
+    void* h = malloc(n * es);
+    if (!h) { fprintf(stderr, "host OOM\n"); exit(1); }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t z = mix64(seed * 0x9e3779b97f4a7c15ULL + i);
+        float u = ((float)(z >> 40) + 0.5f) * (1.0f / 16777216.0f);  /* (0, 1) */
+        float x = s * (2.0f * u - 1.0f);
+        if (x == 0.0f) x = s * 1e-3f;
+        if (dt == FL_DTYPE_F32) ((float*)h)[i] = x;
+        else ((uint16_t*)h)[i] = dt == FL_DTYPE_BF16 ? f32_to_bf16(x) : f32_to_f16(x);
+    }
+    void* d = NULL;
+    CK(cudaMalloc(&d, n * es));
+    CK(cudaMemcpy(d, h, n * es, cudaMemcpyHostToDevice));
+    free(h);
+    return d;
+}
+
+/* Median ms of `reps` calls of f(arg) on `stream` (CUDA events around each call), after `warmup`
+ * untimed calls. */
+static inline float bench_time_median(void (*f)(void*), void* arg, cudaStream_t stream, int warmup, int reps) {
+    for (int k = 0; k < warmup; k++) f(arg);
+    float* ms = (float*)malloc(sizeof(float) * (size_t)reps);
+    if (!ms) { fprintf(stderr, "host OOM\n"); exit(1); }
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    for (int k = 0; k < reps; k++) {
+        CK(cudaEventRecord(e0, stream));
+        f(arg);
+        CK(cudaEventRecord(e1, stream));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms[k], e0, e1));
+    }
+    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+    float m = median(ms, reps);
+    free(ms);
+    return m;
+}
+
 /* The start every benchmark makes: a CUDA device and backend (else "SKIP" and return 0, or
  * return 1 without a CUDA backend), a non-blocking stream, the commit (FL_COMMIT) and UTC date,
  * the device's properties, the copy bandwidth, and the header lines with them. Returns -1 when the benchmark should run. */

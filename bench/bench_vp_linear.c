@@ -37,25 +37,6 @@ typedef struct { int64_t N, H, V; fl_dtype dt; int k; } vcase;
 static int g_reps = 20, g_warmup = 3;
 static cudaStream_t g_stream;
 
-static void* dev_random(size_t n, fl_dtype dt, float s, uint64_t seed) {
-    const size_t es = dt_size(dt);
-    void* h = malloc(n * es);
-    if (!h) { fprintf(stderr, "host OOM\n"); exit(1); }
-    for (size_t i = 0; i < n; i++) {
-        uint64_t z = mix64(seed * 0x9e3779b97f4a7c15ULL + i);
-        float u = ((float)(z >> 40) + 0.5f) * (1.0f / 16777216.0f);
-        float x = s * (2.0f * u - 1.0f);
-        if (x == 0.0f) x = s * 1e-3f;
-        if (dt == FL_DTYPE_F32) ((float*)h)[i] = x;
-        else ((uint16_t*)h)[i] = dt == FL_DTYPE_BF16 ? f32_to_bf16(x) : f32_to_f16(x);
-    }
-    void* d = NULL;
-    CK(cudaMalloc(&d, n * es));
-    CK(cudaMemcpy(d, h, n * es, cudaMemcpyHostToDevice));
-    free(h);
-    return d;
-}
-
 typedef struct {
     fl_lce_context* ctx;
     const vcase* c;
@@ -67,39 +48,24 @@ typedef struct {
     fl_ce_options ce;
 } job;
 
-typedef void (*run_fn)(job*);
+static float time_it(void (*f)(void*), job* j) { return bench_time_median(f, j, g_stream, g_warmup, g_reps); }
 
-static float time_it(run_fn f, job* j) {
-    for (int k = 0; k < g_warmup; k++) f(j);
-    float* ms = (float*)malloc(sizeof(float) * (size_t)g_reps);
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    for (int k = 0; k < g_reps; k++) {
-        CK(cudaEventRecord(e0, g_stream));
-        f(j);
-        CK(cudaEventRecord(e1, g_stream));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&ms[k], e0, e1));
-    }
-    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
-    float m = median(ms, g_reps);
-    free(ms);
-    return m;
-}
-
-static void run_single(job* j) {
+static void run_single(void* p) {
+    job* j = (job*)p;
     const vcase* c = j->c;
     FLK(fl_linear_cross_entropy_forward_cuda(j->ctx, j->loss, j->lse, j->dh, j->dw, NULL, j->hidden, c->H, j->weight,
                                              c->H, NULL, j->targets, NULL, 1.0f, c->N, c->H, j->Vl, c->dt, c->dt,
                                              FL_INDEX_I64, &j->ce, NULL, j->ws, j->ws_bytes, (fl_stream)g_stream));
 }
-static void run_nccl(job* j) {
+static void run_nccl(void* p) {
+    job* j = (job*)p;
     const vcase* c = j->c;
     FLK(fl_vp_linear_cross_entropy_nccl(j->ctx, j->loss, j->lse, j->dh, j->dw, NULL, j->hidden, c->H, j->weight, c->H,
                                         NULL, j->targets, NULL, 1.0f, c->N, c->H, j->Vl, 0, c->V, c->dt, c->dt,
                                         FL_INDEX_I64, &j->ce, NULL, j->comm, j->ws, j->ws_bytes, (fl_stream)g_stream));
 }
-static void run_steps(job* j) {
+static void run_steps(void* p) {
+    job* j = (job*)p;
     const vcase* c = j->c;
     FLK(fl_vp_linear_ce_local_stats_cuda(j->ctx, j->stats, j->hidden, c->H, j->weight, c->H, NULL, j->targets, c->N,
                                          c->H, j->Vl, 0, c->V, c->dt, FL_INDEX_I64, &j->ce, NULL, j->ws, j->ws_bytes,
@@ -165,8 +131,8 @@ int main(int argc, char** argv) {
         j.ctx = ctx; j.c = c; j.comm = comm;
         j.Vl = (c->V + c->k - 1) / c->k;
         const size_t es = dt_size(c->dt);
-        j.hidden = dev_random((size_t)(c->N * c->H), c->dt, 1.0f, 11 + ci);
-        j.weight = dev_random((size_t)(j.Vl * c->H), c->dt, 0.05f, 23 + ci);
+        j.hidden = bench_dev_random((size_t)(c->N * c->H), c->dt, 1.0f, 11 + ci);
+        j.weight = bench_dev_random((size_t)(j.Vl * c->H), c->dt, 0.05f, 23 + ci);
         int64_t* ht = (int64_t*)malloc(sizeof(int64_t) * (size_t)c->N);
         for (int64_t i = 0; i < c->N; i++) ht[i] = (int64_t)(mix64(1000 + (uint64_t)i) % (uint64_t)c->V);
         CK(cudaMalloc(&j.targets, sizeof(int64_t) * (size_t)c->N));

@@ -29,6 +29,7 @@ import torch.nn.functional as F  # noqa: E402
 import fusedloss  # noqa: E402
 from fusedloss import NotBuiltError, TargetOutOfRangeError  # noqa: E402
 from fusedloss import ops as flops  # noqa: E402
+from _zoo_util import assert_close  # noqa: E402
 
 vp_ce = fusedloss.vocab_parallel_cross_entropy
 
@@ -53,22 +54,6 @@ GRAD_TOL_CUDA = {torch.float32: (1e-7, 3e-5), torch.bfloat16: (1e-7, 2 ** -7 + 1
 HAS_CUDA = torch.cuda.is_available() and fusedloss.cuda_built()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CUDA build of libfusedloss")
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
-
-
-def assert_close(got, ref, tol, what):
-    atol, rtol = tol
-    got = got.detach().double().cpu()
-    ref = ref.detach().double().cpu()
-    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-    nan_got, nan_ref = torch.isnan(got), torch.isnan(ref)
-    assert torch.equal(nan_got, nan_ref), f"{what}: NaN pattern differs ({got} vs {ref})"
-    g, r = got[~nan_got], ref[~nan_ref]
-    err = (g - r).abs()
-    bad = err > atol + rtol * r.abs()
-    if bad.any():
-        idx = bad.nonzero()[:5].flatten().tolist()
-        raise AssertionError(f"{what}: {int(bad.sum())} mismatches, maxdiff {err.max().item():.3g}; "
-                             f"first: {[(g[i].item(), r[i].item()) for i in idx]}")
 
 
 def reference(x, t, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
