@@ -17,10 +17,11 @@
 #   bench      build/bench_cross_entropy --csv bench/results/<date>-h200.csv (copied to $OUT)
 #   bench-ab   the benchmark on the headline shapes once per BENCH_AB variant (knob settings)
 #   peers      python3 bench/bench_peers.py --out $OUT/peers-<date>.json
-#   gelu       GeLU (issue 6): build/test_gelu_cuda (fast and exact 16-bit paths), compute-sanitizer
+#   gelu       GeLU (issue 6): build/test_gelu_cuda (exact 16-bit default; --small: fast 16-bit, and the
+#              slab path for contiguous inputs, FUSEDLOSS_GELU_STREAM=0), compute-sanitizer
 #              memcheck on its small grid, build/bench_gelu (defaults, then each GELU_AB variant),
 #              python3 bench/bench_gelu_torch.py (eager, torch.compile, MLP level), the Python
-#              GeLU tests on the GPU; all output in $OUT/gelu.log
+#              GeLU tests on the GPU; all output in $OUT/gelu.log (time cap GELU_CAP, default 420 s)
 #   lce        linear cross-entropy (issue 5): build/test_linear_cross_entropy_cuda, compute-sanitizer
 #              memcheck on its --small grid, build/bench_linear_ce, python3 bench/bench_lce_torch.py
 #              (eager, torch.compile, Liger, fusedloss through Python); all output in $OUT/lce.log
@@ -295,11 +296,13 @@ fi
 # ---- GeLU (issue 6) ------------------------------------------------------------------------------
 if want gelu && have build/test_gelu_cuda gelu; then
     export GELU_AB="${GELU_AB:-}"
-    run_step gelu 420 '
+    run_step gelu "${GELU_CAP:-420}" '
         rc=0
         echo "### test_gelu_cuda"; build/test_gelu_cuda ${GELU_TEST_ARGS:-} | tail -25 || rc=1
-        echo "### test_gelu_cuda --exact16 --small (the exact 16-bit path)"
-        build/test_gelu_cuda --exact16 --small | tail -3 || rc=1
+        echo "### test_gelu_cuda --fast16 --small (the opt-in fast 16-bit path)"
+        build/test_gelu_cuda --fast16 --small | tail -3 || rc=1
+        echo "### FUSEDLOSS_GELU_STREAM=0 test_gelu_cuda --small (the slab path for contiguous inputs too)"
+        FUSEDLOSS_GELU_STREAM=0 build/test_gelu_cuda --small | tail -3 || rc=1
         if [ -n "$SANITIZER" ]; then
             echo "### memcheck test_gelu_cuda --small --stride 5"
             timeout 75 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 build/test_gelu_cuda --small --stride 5 | tail -4 || rc=1

@@ -22,6 +22,9 @@
  *          the vector width, starting aligned), so odd F is streamed with full vectors as
  *          well; the column of position p is p mod F.
  *   SCALAR anything else (misaligned views, mixed strides): one element per access.
+ * Without dbias, contiguous inputs (ROWS or FLAT with ld == F; with a bias also F a multiple of
+ * the vector width) take the STREAM path instead (gelu_stream_kernel): one flat array, a tile of
+ * 256 x 4 consecutive vectors per CTA, no row structure at all (FUSEDLOSS_GELU_STREAM=0: off).
  * Each thread has FL__GELU_UNROLL rows' vectors of every input in flight (all loads issued
  * before any use; streaming cache hints, as everything is touched once).
  *
@@ -488,6 +491,123 @@ __global__ void __launch_bounds__(256) gelu_dbias_finish_kernel(const float* par
     }
 }
 
+// STREAM path (no dbias; x, dy and out contiguous and 16-byte aligned; with a bias also F a
+// multiple of the vector width and the bias 16-byte aligned): the matrices are one flat array of
+// n = N * F elements, cut into tiles of 256 x U consecutive 16-byte vectors, one tile per CTA
+// (the grid strides on beyond 2^30 tiles). A warp's access is 512 contiguous bytes and a CTA's
+// U accesses one contiguous 4 U KB run of each input, where the slab path above touches one
+// 16 x tx byte piece of each of ty x U rows. The bias vector of a vector's columns is read from
+// L1 / L2 (the bias is F elements, reused by every row): its column index moves by 256 vectors
+// (mod F / V) from one of the thread's vectors to the next. The n mod V elements after the last
+// full vector are done by the last CTA, one per thread.
+struct GeluStream {
+    void* out;
+    const void* x;
+    const void* dy;
+    const void* bias;
+    int bias_f32;
+    int64_t n;      // elements
+    int64_t nvec;   // full vectors: n / V
+    int64_t tiles;  // ceil(nvec / (256 U))
+    unsigned fv;    // F / V (bias only)
+};
+
+template <typename T, int V>
+__device__ __forceinline__ void load_bias_vec(const GeluStream& s, unsigned cv, float (&b)[V]) {
+    if (s.bias_f32) {
+        const float4* p = reinterpret_cast<const float4*>((const float*)s.bias + (size_t)cv * V);
+#pragma unroll
+        for (int k = 0; k < V / 4; k++) {
+            const float4 w = __ldg(p + k);
+            b[4 * k] = w.x; b[4 * k + 1] = w.y; b[4 * k + 2] = w.z; b[4 * k + 3] = w.w;
+        }
+    } else {
+        const Vec<T, V> w = *reinterpret_cast<const Vec<T, V>*>((const T*)s.bias + (size_t)cv * V);
+#pragma unroll
+        for (int v = 0; v < V; v++) b[v] = to_float(w.v[v]);
+    }
+}
+
+// PLAIN: default-cached loads and stores instead of the streaming (evict-first) hints of
+// load_full / store_full; built for the plain forward only, for the A/B of FUSEDLOSS_GELU_STREAM=2
+template <typename T, int V, bool PLAIN>
+__device__ __forceinline__ Vec<T, V> stream_load(const T* p) {
+    if constexpr (PLAIN) {
+        const uint4 u = *reinterpret_cast<const uint4*>(p);
+        return *reinterpret_cast<const Vec<T, V>*>(&u);
+    } else {
+        return load_full<T, V>(p, 0);
+    }
+}
+template <typename T, int V, bool PLAIN>
+__device__ __forceinline__ void stream_store(T* p, const Vec<T, V>& r) {
+    if constexpr (PLAIN) *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&r);
+    else store_full<T, V>(p, r);
+}
+
+template <typename T, int V, int MODE, int A, bool FAST, int U, bool PLAIN>
+__global__ void __launch_bounds__(256) gelu_stream_kernel(const GeluStream s) {
+    constexpr bool BWD = MODE >= M_BWD, BIAS = MODE == M_FWD_BIAS || MODE == M_BWD_BIAS;
+    static_assert(MODE != M_BWD_DBIAS && V > 1, "the stream path has no dbias and no scalar width");
+    constexpr int TILE = 256 * U;
+    const int tid = (int)threadIdx.x;
+    const T* xb = (const T*)s.x;
+    const T* gb = (const T*)s.dy;
+    T* ob = (T*)s.out;
+    float acc[V];  // unused (no dbias); compute_vec's signature
+    const unsigned stepm = BIAS ? (unsigned)(256u % s.fv) : 0u;
+    for (int64_t tile = blockIdx.x; tile < s.tiles; tile += gridDim.x) {
+        const int64_t v0 = tile * TILE + tid;  // this thread's first vector; then + 256 k
+        unsigned cv = 0u;
+        if (BIAS) cv = v0 <= 0xffffffffLL ? (unsigned)v0 % s.fv : (unsigned)((uint64_t)v0 % s.fv);
+        if ((tile + 1) * TILE <= s.nvec) {
+            Vec<T, V> xv[U], gv[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                xv[u] = stream_load<T, V, PLAIN>(xb + (v0 + 256 * u) * V);
+                if (BWD) gv[u] = stream_load<T, V, PLAIN>(gb + (v0 + 256 * u) * V);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                float b[V];
+                if (BIAS) {
+                    load_bias_vec<T, V>(s, cv, b);
+                    cv += stepm;
+                    if (cv >= s.fv) cv -= s.fv;
+                }
+                // in place (out == x or dy): this thread read these elements above
+                stream_store<T, V, PLAIN>(ob + (v0 + 256 * u) * V,
+                                          compute_vec<T, V, BWD, BIAS, false, A, FAST, true>(xv[u], gv[u], b, acc, V));
+            }
+        } else {
+            for (int u = 0; u < U; u++) {
+                const int64_t v = v0 + 256 * u;
+                if (v >= s.nvec) break;
+                float b[V];
+                if (BIAS) {
+                    load_bias_vec<T, V>(s, cv, b);
+                    cv += stepm;
+                    if (cv >= s.fv) cv -= s.fv;
+                }
+                Vec<T, V> xv = stream_load<T, V, PLAIN>(xb + v * V), gv;
+                if (BWD) gv = stream_load<T, V, PLAIN>(gb + v * V);
+                stream_store<T, V, PLAIN>(ob + v * V, compute_vec<T, V, BWD, BIAS, false, A, FAST, true>(xv, gv, b, acc, V));
+            }
+        }
+    }
+    // the last n mod V elements (no bias here: with a bias F is a multiple of V, so is n)
+    if (blockIdx.x == gridDim.x - 1) {
+        const int64_t e = s.nvec * V + tid;
+        if (tid < V && e < s.n) {
+            Vec<T, 1> xv, gv;
+            xv.v[0] = xb[e];
+            if (BWD) gv.v[0] = gb[e];
+            float b1[1] = {0.0f}, a1[1];
+            ob[e] = compute_vec<T, 1, BWD, false, false, A, FAST, true>(xv, gv, b1, a1, 1).v[0];
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // launchers
 
@@ -516,10 +636,13 @@ static fl__gelu_path choose_path(int64_t N, int64_t F, size_t es, const void* co
 //                                 flight per SM is still ~2x what Little's law asks at 4.8 TB/s; fp32: 4)
 //   FUSEDLOSS_GELU_TX=32|64|128|256  threads along a row in a CTA of 256 (default 32 with dbias, 64 without)
 //   FUSEDLOSS_GELU_GRID_WAVES=W   no dbias: CTAs = W x (resident CTAs per SM x SMs), W in (0, 64] (default 2)
+//   FUSEDLOSS_GELU_STREAM=0|1|2   contiguous inputs without dbias: 1 = the STREAM path (default),
+//                                 0 = the slab path as for everything else, 2 = STREAM with
+//                                 default-cached loads and stores for the plain forward (A/B)
 //   FUSEDLOSS_GELU_DBIAS_CTAS=C   with dbias: target CTAs (device-independent: fixes dbias's summation
 //                                 order), 1..2048 (default 528 = 4 x 132 SMs: one full wave on an H200)
 struct GeluKnobs {
-    int exact16, unroll, dbias_rows, tx_dbias, tx_plain, dbias_ctas, ldhint;
+    int exact16, unroll, dbias_rows, tx_dbias, tx_plain, dbias_ctas, ldhint, stream;
     double waves;
 };
 static long env_long(const char* name, long dflt, long lo, long hi) {
@@ -542,6 +665,7 @@ static GeluKnobs read_knobs() {
     k.tx_plain = txok ? (int)tx : 64;
     k.dbias_ctas = (int)env_long("FUSEDLOSS_GELU_DBIAS_CTAS", 528, 1, FL__GELU_DBIAS_CTAS_MAX);
     k.ldhint = (int)env_long("FUSEDLOSS_GELU_LDHINT", 0, 0, 2);
+    k.stream = (int)env_long("FUSEDLOSS_GELU_STREAM", 1, 0, 2);
     k.waves = 2.0;
     const char* w = getenv("FUSEDLOSS_GELU_GRID_WAVES");
     if (w && *w) {
@@ -616,6 +740,38 @@ static KSel ksel_t(int vec, int mode, int approx, int fast, int unroll) {
     return ksel_v<T, 16 / sizeof(T)>(mode, approx, fast, unroll);
 }
 
+// STREAM kernels: U = 4 vectors per input in flight per thread (16 KB per input per CTA)
+#define GELU_STREAM_U 4
+template <typename T, int MODE, int A, int V = 16 / (int)sizeof(T)>
+static const void* stream_fn_a(int fast, int plain) {
+    if constexpr (MODE == M_FWD) {
+        if (plain) {
+            if constexpr (sizeof(T) == 2) {
+                if (fast) return (const void*)gelu_stream_kernel<T, V, MODE, A, true, GELU_STREAM_U, true>;
+            }
+            return (const void*)gelu_stream_kernel<T, V, MODE, A, false, GELU_STREAM_U, true>;
+        }
+    }
+    if constexpr (sizeof(T) == 2) {
+        if (fast) return (const void*)gelu_stream_kernel<T, V, MODE, A, true, GELU_STREAM_U, false>;
+    }
+    return (const void*)gelu_stream_kernel<T, V, MODE, A, false, GELU_STREAM_U, false>;
+}
+template <typename T, int MODE>
+static const void* stream_fn_m(int approx, int fast, int plain = 0) {
+    return approx == FL_GELU_TANH ? stream_fn_a<T, MODE, FL_GELU_TANH>(fast, plain)
+                                  : stream_fn_a<T, MODE, FL_GELU_NONE>(fast, plain);
+}
+template <typename T>
+static const void* stream_fn(int mode, int approx, int fast, int plain) {
+    switch (mode) {
+        case M_FWD: return stream_fn_m<T, M_FWD>(approx, fast, plain);
+        case M_FWD_BIAS: return stream_fn_m<T, M_FWD_BIAS>(approx, fast);
+        case M_BWD: return stream_fn_m<T, M_BWD>(approx, fast);
+        default: return stream_fn_m<T, M_BWD_BIAS>(approx, fast);
+    }
+}
+
 // Shared by forward (dy = dbias = NULL) and backward.
 static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, const void* dy, const void* x,
                            const void* bias, int64_t N, int64_t F, int64_t ld_out, int64_t ld_dy,
@@ -633,10 +789,43 @@ static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, cons
     const int with_dbias = bwd && dbias != NULL;
     const int mode = !bwd ? (bias ? M_FWD_BIAS : M_FWD) : !bias ? M_BWD : dbias ? M_BWD_DBIAS : M_BWD_BIAS;
     const int vec = path == FL__GELU_SCALAR ? 1 : (int)(16 / es);
+    const int fast = dt != FL_DTYPE_F32 && !kn.exact16;
+
+    // STREAM path: contiguous (FLAT, or ROWS with ld == F everywhere), no dbias; with a bias F a
+    // multiple of the vector width (a vector's columns are then one aligned bias vector)
+    int contiguous = path == FL__GELU_FLAT;
+    if (path == FL__GELU_ROWS) {
+        contiguous = 1;
+        for (int k = 0; k < (bwd ? 3 : 2); k++)
+            if (lds[k] != F && N > 1) contiguous = 0;
+    }
+    if (kn.stream && contiguous && !with_dbias &&
+        (!bias || (F % vec == 0 && F / vec <= 0x7fffffff && ((uintptr_t)bias & 15u) == 0))) {
+        GeluStream s;
+        s.out = out;
+        s.x = x;
+        s.dy = dy;
+        s.bias = bias;
+        s.bias_f32 = bias && bdt == FL_DTYPE_F32;
+        s.n = N * F;
+        s.nvec = s.n / vec;
+        s.tiles = (s.nvec + 256 * GELU_STREAM_U - 1) / (256 * GELU_STREAM_U);
+        s.fv = bias ? (unsigned)(F / vec) : 1u;
+        const void* fn_s;
+        switch (dt) {
+            case FL_DTYPE_F32: fn_s = stream_fn<float>(mode, approx, 0, kn.stream == 2); break;
+            case FL_DTYPE_F16: fn_s = stream_fn<__half>(mode, approx, fast, kn.stream == 2); break;
+            default: fn_s = stream_fn<__nv_bfloat16>(mode, approx, fast, kn.stream == 2); break;
+        }
+        const int64_t g = s.tiles < 1 ? 1 : s.tiles > (1 << 30) ? (1 << 30) : s.tiles;
+        void* sargs[1] = {(void*)&s};
+        FL_CUDA_TRY(cudaLaunchKernel(fn_s, dim3((unsigned)g), dim3(256), sargs, 0, stream));
+        return FL_OK;
+    }
+
     const int unroll = vec == 1 ? 4
                        : !with_dbias ? kn.unroll
                        : kn.dbias_rows ? kn.dbias_rows : (dt == FL_DTYPE_F32 ? 4 : 2);
-    const int fast = dt != FL_DTYPE_F32 && !kn.exact16;
     KSel k;
     switch (dt) {
         case FL_DTYPE_F32: k = ksel_t<float>(vec, mode, approx, 0, unroll); break;
