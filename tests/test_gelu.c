@@ -638,8 +638,8 @@ static float fx_dgelu(float u, int tanh_mode) {
     if (tanh_mode) {
         const float u2 = u * u, z2 = fmaf(0x1.a5a7d0p-4f, u2, 0x1.26aec2p+1f) * u;
         const float e64 = fx_ex2(64.0f - fabsf(z2)), r = fx_rcp(fmaf(e64, 0x1p-64f, 1.0f));
-        const float q = fmaf(0x1.b6676cp-3f, u2, 0x1.988454p+0f), er = e64 * r;
-        return u >= 0.0f ? fmaf(u, q * (er * 0x1p-64f), 1.0f) * r : fmaf(er * u, q * r, er) * 0x1p-64f;
+        const float q = fmaf(0x1.b6676cp-3f, u2, 0x1.988454p+0f), er = (e64 * 0x1p-64f) * r;
+        return fmaf(u, q * (er * r), u >= 0.0f ? r : er);
     }
     const float a = fabsf(u), t = fx_rcp(fmaf(a, 0x1.47ae14p-2f, 1.0f)), R = fx_mills_bwd(t);
     const float e0 = fx_ex2(fmaf(a * -0x1.715476p-1f, a, 0x1.f564dep+5f)), eD = e0 * (a - R);

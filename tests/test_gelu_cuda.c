@@ -22,7 +22,7 @@
  *   --stride K  every K-th case of the grid
  *   --exact16   set FUSEDLOSS_GELU_EXACT16=1 before the first call: the exact fp16/bf16 path
  *               (the default)
- *   --fast16    set FUSEDLOSS_GELU_EXACT16=0: the experimental fast fp16/bf16 path
+ *   --fast16    set FUSEDLOSS_GELU_EXACT16=0: the fast fp16/bf16 formulas (the library's default)
  * 16-bit outputs pass when within the tolerance below OR within 1 ulp of the dtype of the CPU's
  * (bit patterns): the fast path (default) is within 1 ulp of the exact GeLU, the CPU's fp32
  * PyTorch formulas are within the slack terms of it (their own cancellation in 1 + tanh / erf).
@@ -62,6 +62,11 @@ static const double RTOL[3] = {1e-6, 9.8e-4, 7.9e-3};
  * result is within 1 ulp of the CPU's, counted on the bit patterns (ordered: -0 == +0). */
 static int g_exact16;
 static int64_t ord16(uint16_t b) { return (b & 0x8000u) ? -(int64_t)(b & 0x7fffu) : (int64_t)b; }
+/* the library's 16-bit path for this process: fast unless FUSEDLOSS_GELU_EXACT16=1 */
+static int fast16_on(void) {
+    const char* e = getenv("FUSEDLOSS_GELU_EXACT16");
+    return !(e && !strcmp(e, "1"));
+}
 
 static int g_small, g_stride = 1, g_verbose, g_index;
 static const char* g_filter;
@@ -315,10 +320,21 @@ static void run_case(const gcase* c0, tu_rng* rng) {
         long bad = 0;
         double maxdiff = 0.0;
         const int bd = dti(bdt);
+        /* fast 16-bit formulas: dbias sums their fp32 du, which the header bounds by 1 ulp of the
+         * dtype relative, or 2^-21 |dy| absolute next to gelu's minimum (u ~ -0.75, where du
+         * crosses 0): with an fp32 dbias that bound shows (H200 2026-12-02 run 2: N = 1, F = 7,
+         * |diff| 3.7e-9 at du = 5.8e-5, within 2^-21 |dy|), so it is added per row here */
+        double* dysum = NULL;
+        if (fast16_on() && c->dt != FL_DTYPE_F32) {
+            dysum = (double*)calloc((size_t)F, sizeof(double));
+            for (int64_t i = 0; i < N; i++)
+                for (int64_t j = 0; j < F; j++) dysum[j] += fabs(tu_load(dy, c->dt, i * c->ld_dy + j));
+        }
         for (int64_t j = 0; j < F; j++) {
             const double g = tu_load(db_got, bdt, j), r = tu_load(db_ref, bdt, j);
             /* per-row slack summed: bounded by SLACK_DX * sum |dx| * (1 + 4.5 * 4.05) for |u| <= 4.5+ */
-            const double tol = ATOL[bd] + RTOL[bd] * fabs(r) + (DB_SUM_RTOL + 20.0 * SLACK_DX) * colsum[j];
+            const double tol = ATOL[bd] + RTOL[bd] * fabs(r) + (DB_SUM_RTOL + 20.0 * SLACK_DX) * colsum[j] +
+                               (dysum ? 0x1p-21 * dysum[j] : 0.0);
             const double e = fabs(g - r);
             if (!(e <= tol)) {
                 if (bad < 5) printf("    dbias[%lld]: gpu %.9g cpu %.9g (tol %.3g)\n", (long long)j, g, r, tol);
@@ -326,6 +342,7 @@ static void run_case(const gcase* c0, tu_rng* rng) {
             }
             if (e > maxdiff) maxdiff = e;
         }
+        free(dysum);
         CHECK(bad == 0, "dbias: %ld of %lld mismatches, maxdiff %.3g", bad, (long long)F, maxdiff);
         CHECK(guard_ok(&d_db), "dbias: guard bytes written");
         CHECK(counters_zero(), "workspace counters not zero after the call");
@@ -531,8 +548,7 @@ int main(int argc, char** argv) {
     if (g_stride < 1) g_stride = 1;
     /* the library reads FUSEDLOSS_GELU_EXACT16 once, at its first CUDA GeLU call: set it first */
     if (g_exact16) setenv("FUSEDLOSS_GELU_EXACT16", g_exact16 > 0 ? "1" : "0", 1);
-    printf("16-bit path: %s\n", getenv("FUSEDLOSS_GELU_EXACT16") && !strcmp(getenv("FUSEDLOSS_GELU_EXACT16"), "0")
-                                     ? "fast (FUSEDLOSS_GELU_EXACT16=0, experimental)" : "exact (default)");
+    printf("16-bit path: %s\n", fast16_on() ? "fast formulas (default)" : "exact fp32 operations (FUSEDLOSS_GELU_EXACT16=1)");
     if (!fl_cuda_built()) {
         printf("SKIP: this build of fusedloss has no CUDA backend\n");
         return 0;

@@ -371,7 +371,10 @@ def gelu(input, bias=None, approximate="tanh"):
     - ``bias``: None or (F,), of input's dtype or float32 (e.g. an fp32 parameter under
       autocast; fp16/bf16 biases of the other 16-bit dtype are upcast to float32 first).
     - ``approximate``: ``'tanh'`` (the default here, GPT-2's "gelu_new") or ``'none'`` (exact
-      erf, torch's default) -- PyTorch's formulas operation for operation in float32.
+      erf, torch's default) -- PyTorch's formulas operation for operation in float32 (bitwise
+      eager on the same CUDA toolkit); on CUDA, float16 / bfloat16 use faster fp32 formulas
+      within 1 ulp of the dtype of the exactly rounded GeLU (more accurate than PyTorch's where
+      its 1 + tanh cancels; environment FUSEDLOSS_GELU_EXACT16=1 selects PyTorch's operations).
 
     Returns a new contiguous tensor of input's shape and dtype. input + bias is formed in
     float32 and not rounded before the activation (as torch.compile's fused kernel; eager
