@@ -304,6 +304,8 @@ if want gelu && have build/test_gelu_cuda gelu; then
         build/test_gelu_cuda --exact16 --small | tail -3 || rc=1
         echo "### FUSEDLOSS_GELU_STREAM=0 test_gelu_cuda --small (the slab path for contiguous inputs too)"
         FUSEDLOSS_GELU_STREAM=0 build/test_gelu_cuda --small | tail -3 || rc=1
+        echo "### FUSEDLOSS_GELU_STREAM_WAVES=0.001 test_gelu_cuda --small (a one-CTA stream grid: many iterations)"
+        FUSEDLOSS_GELU_STREAM_WAVES=0.001 build/test_gelu_cuda --small | grep -v "^OK " | tail -6 || rc=1
         if [ -n "$SANITIZER" ]; then
             echo "### memcheck test_gelu_cuda --small --stride 5"
             timeout 75 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 build/test_gelu_cuda --small --stride 5 | tail -4 || rc=1

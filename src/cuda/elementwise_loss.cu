@@ -36,6 +36,9 @@
 // device helpers
 
 #define EW_THREADS 256
+// vectors per input in flight per thread in the body's unrolled loop: 4 fp32 / 2 fp16-bf16 (16
+// elements either way; 4 16-bit vectors took 80 registers and spilled 8 bytes: ptxas, sm_90)
+template <typename T> struct EwUnroll { static constexpr int U = sizeof(T) == 4 ? 4 : 2; };
 
 struct EwArgs {
     float* loss;            // NONE: [n]; else unused (partials go to part)
@@ -123,10 +126,56 @@ __device__ __forceinline__ void elems(const EwArgs& a, const float (&xv)[V], con
 // ---------------------------------------------------------------------------------------------
 // kernels
 
-// PASS: FL__PASS_FORWARD / BACKWARD / FUSED. One thread: its grid-stride vectors, then at most
-// one head and one tail element.
+// One vector of V elements at element k (loaded by the caller): loss (NONE: stored; else added
+// to acc, the V values in fp32 first) and the gradient (stored; in place: the caller read x[k..]).
 template <typename T, int V, int OP, int PASS>
-__global__ void __launch_bounds__(EW_THREADS) ew_kernel(const EwArgs a) {
+__device__ __forceinline__ void ew_vec(const EwArgs& a, int64_t k, const Vec<T, V>& xr, const Vec<T, V>& yr,
+                                       float g0, double& acc, T* dx) {
+    constexpr bool LOSS = PASS != FL__PASS_BACKWARD, GRAD = PASS != FL__PASS_FORWARD;
+    float xv[V], yv[V], l[V], d[V];
+#pragma unroll
+    for (int v = 0; v < V; v++) { xv[v] = to_float(xr.v[v]); yv[v] = to_float(yr.v[v]); }
+    elems<OP, V>(a, xv, yv, OP == FL__EW_BCE && a.C > 1 ? k % a.C : 0, l, d);
+    if constexpr (LOSS) {
+        if (a.none) {
+            fstore<V>(a.loss + k, l);
+        } else {
+            float s = 0.0f;   // fp32 over the V values, then double
+#pragma unroll
+            for (int v = 0; v < V; v++) s += l[v];
+            acc += (double)s;
+        }
+    }
+    if constexpr (GRAD) {
+        float g[V];
+        if (a.none) {
+            if (a.gl) {
+                fload<V>(g, a.gl + k);
+#pragma unroll
+                for (int v = 0; v < V; v++) g[v] *= a.gscale;
+            } else {
+#pragma unroll
+                for (int v = 0; v < V; v++) g[v] = a.gscale;
+            }
+        } else {
+#pragma unroll
+            for (int v = 0; v < V; v++) g[v] = g0;
+        }
+        Vec<T, V> o;
+#pragma unroll
+        for (int v = 0; v < V; v++) o.v[v] = from_float<T>(g[v] * d[v]);
+        vstore<T, V>(dx + k, o);
+    }
+}
+
+// PASS: FL__PASS_FORWARD / BACKWARD / FUSED. One thread: its grid-stride vectors, then at most
+// one head and one tail element. (256, 4): at most 64 registers, 4 CTAs per SM, so the grid of
+// fl__ew_blocks(n) <= 1024 CTAs runs in 2 nearly full waves on 132 SMs (528 + 496); unbounded,
+// fp32 took 34-40 registers (7 CTAs per SM: 924 resident, then a second wave of 100 CTAs, each
+// with as much work as the others) and the unrolled loop 59-73. ptxas spills 8 bytes in the
+// BCE forward / fused variants under this bound (sm_90).
+template <typename T, int V, int OP, int PASS>
+__global__ void __launch_bounds__(EW_THREADS, 4) ew_kernel(const EwArgs a) {
     constexpr bool LOSS = PASS != FL__PASS_BACKWARD, GRAD = PASS != FL__PASS_FORWARD;
     const T* x = static_cast<const T*>(a.x);
     const T* y = static_cast<const T*>(a.y);
@@ -140,45 +189,28 @@ __global__ void __launch_bounds__(EW_THREADS) ew_kernel(const EwArgs a) {
         if (a.mean) g0 = (float)((double)g0 / (double)a.n);
     }
     double acc = 0.0;
-    // body: vectors [head + i V, head + (i + 1) V)
-    for (int64_t i = tid; i < a.nvec; i += nthreads) {
+    // body: vectors [head + i V, head + (i + 1) V), this thread's i = tid + m nthreads in order of
+    // m; EwUnroll<T>::U of them loaded before the first is used (one vector per input in flight per
+    // thread measured 2.4x the floor: H200 2026-12-01 run 23). The loss is added in the same m
+    // order either way, so the MEAN / SUM bits do not depend on the unroll.
+    int64_t i = tid;
+    if constexpr (V > 1) {
+        constexpr int EW_UNROLL = EwUnroll<T>::U;
+        for (; i + (int64_t)(EW_UNROLL - 1) * nthreads < a.nvec; i += (int64_t)EW_UNROLL * nthreads) {
+            Vec<T, V> xr[EW_UNROLL], yr[EW_UNROLL];
+#pragma unroll
+            for (int u = 0; u < EW_UNROLL; u++) {
+                xr[u] = vload<T, V>(x + a.head + (i + u * nthreads) * V);
+                yr[u] = vload<T, V>(y + a.head + (i + u * nthreads) * V);
+            }
+#pragma unroll
+            for (int u = 0; u < EW_UNROLL; u++)
+                ew_vec<T, V, OP, PASS>(a, a.head + (i + u * nthreads) * V, xr[u], yr[u], g0, acc, dx);
+        }
+    }
+    for (; i < a.nvec; i += nthreads) {
         const int64_t k = a.head + i * V;
-        const Vec<T, V> xr = vload<T, V>(x + k);
-        const Vec<T, V> yr = vload<T, V>(y + k);
-        float xv[V], yv[V], l[V], d[V];
-#pragma unroll
-        for (int v = 0; v < V; v++) { xv[v] = to_float(xr.v[v]); yv[v] = to_float(yr.v[v]); }
-        elems<OP, V>(a, xv, yv, OP == FL__EW_BCE && a.C > 1 ? k % a.C : 0, l, d);
-        if constexpr (LOSS) {
-            if (a.none) {
-                fstore<V>(a.loss + k, l);
-            } else {
-                float s = 0.0f;   // fp32 over the V values, then double
-#pragma unroll
-                for (int v = 0; v < V; v++) s += l[v];
-                acc += (double)s;
-            }
-        }
-        if constexpr (GRAD) {
-            float g[V];
-            if (a.none) {
-                if (a.gl) {
-                    fload<V>(g, a.gl + k);
-#pragma unroll
-                    for (int v = 0; v < V; v++) g[v] *= a.gscale;
-                } else {
-#pragma unroll
-                    for (int v = 0; v < V; v++) g[v] = a.gscale;
-                }
-            } else {
-#pragma unroll
-                for (int v = 0; v < V; v++) g[v] = g0;
-            }
-            Vec<T, V> o;
-#pragma unroll
-            for (int v = 0; v < V; v++) o.v[v] = from_float<T>(g[v] * d[v]);
-            vstore<T, V>(dx + k, o);   // in place (dx == x): this thread read x[k..] above
-        }
+        ew_vec<T, V, OP, PASS>(a, k, vload<T, V>(x + k), vload<T, V>(y + k), g0, acc, dx);
     }
     // head [0, head) and tail [head + nvec V, n): fewer than V elements each, one per thread
     const int64_t tail0 = a.head + a.nvec * V;

@@ -492,23 +492,26 @@ __global__ void __launch_bounds__(256) gelu_dbias_finish_kernel(const float* par
 
 // STREAM path (no dbias; x, dy and out contiguous and 16-byte aligned; with a bias also F a
 // multiple of the vector width and the bias 16-byte aligned): the matrices are one flat array of
-// n = N * F elements, cut into tiles of 256 x U consecutive 16-byte vectors, one tile per CTA
-// (the grid strides on beyond 2^30 tiles). A warp's access is 512 contiguous bytes and a CTA's
-// U accesses one contiguous 4 U KB run of each input, where the slab path above touches one
-// 16 x tx byte piece of each of ty x U rows. The bias vector of a vector's columns is read from
-// L1 / L2 (the bias is F elements, reused by every row): its column index moves by 256 vectors
-// (mod F / V) from one of the thread's vectors to the next. The n mod V elements after the last
-// full vector are done by the last CTA, one per thread.
+// n = N * F elements in 16-byte vectors. A grid of G CTAs strides over it: in iteration it,
+// thread t of CTA b takes the U vectors it * U * S + k * S + b * 256 + t (k < U, S = 256 G): a
+// warp's access is 512 contiguous bytes, a CTA's 4 KB. By default G = ceil(nvec / (256 U)): one
+// iteration per CTA, the hardware scheduler keeping every SM full (a persistent grid of one or
+// two waves of resident CTAs measured 5-7% slower, run 4); the interleaved slots make the last
+// CTAs' share a few vectors per thread instead of whole idle CTAs. The bias vector of a vector's columns is read from L1 / L2 (the bias is F elements,
+// reused by every row); its column-vector index cv moves by S mod (F / V) from one of the
+// thread's vectors to the next (s.stepk) and by U S mod (F / V) per iteration (s.stepi). The
+// n mod V elements after the last full vector are done by the last CTA, one per thread.
 struct GeluStream {
     void* out;
     const void* x;
     const void* dy;
     const void* bias;
     int bias_f32;
-    int64_t n;      // elements
-    int64_t nvec;   // full vectors: n / V
-    int64_t tiles;  // ceil(nvec / (256 U))
-    unsigned fv;    // F / V (bias only)
+    int64_t n;       // elements
+    int64_t nvec;    // full vectors: n / V
+    unsigned fv;     // F / V (bias only)
+    unsigned stepk;  // (256 G) mod fv
+    unsigned stepi;  // (U 256 G) mod fv
 };
 
 template <typename T, int V>
@@ -527,70 +530,57 @@ __device__ __forceinline__ void load_bias_vec(const GeluStream& s, unsigned cv, 
     }
 }
 
-// PLAIN: default-cached loads and stores instead of the streaming (evict-first) hints of
-// load_full / store_full; built for the plain forward only, for the A/B of FUSEDLOSS_GELU_STREAM=2
-template <typename T, int V, bool PLAIN>
-__device__ __forceinline__ Vec<T, V> stream_load(const T* p) {
-    if constexpr (PLAIN) {
-        const uint4 u = *reinterpret_cast<const uint4*>(p);
-        return *reinterpret_cast<const Vec<T, V>*>(&u);
-    } else {
-        return load_full<T, V>(p, 0);
-    }
-}
-template <typename T, int V, bool PLAIN>
-__device__ __forceinline__ void stream_store(T* p, const Vec<T, V>& r) {
-    if constexpr (PLAIN) *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&r);
-    else store_full<T, V>(p, r);
+__device__ __forceinline__ unsigned add_mod(unsigned c, unsigned step, unsigned m) {
+    c += step;  // c, step < m <= 2^31: no overflow
+    return c >= m ? c - m : c;
 }
 
-template <typename T, int V, int MODE, int A, bool FAST, int U, bool PLAIN>
+template <typename T, int V, int MODE, int A, bool FAST, int U>
 __global__ void __launch_bounds__(256) gelu_stream_kernel(const GeluStream s) {
     constexpr bool BWD = MODE >= M_BWD, BIAS = MODE == M_FWD_BIAS || MODE == M_BWD_BIAS;
     static_assert(MODE != M_BWD_DBIAS && V > 1, "the stream path has no dbias and no scalar width");
-    constexpr int TILE = 256 * U;
     const int tid = (int)threadIdx.x;
     const T* xb = (const T*)s.x;
     const T* gb = (const T*)s.dy;
     T* ob = (T*)s.out;
     float acc[V];  // unused (no dbias); compute_vec's signature
-    const unsigned stepm = BIAS ? (unsigned)(256u % s.fv) : 0u;
-    for (int64_t tile = blockIdx.x; tile < s.tiles; tile += gridDim.x) {
-        const int64_t v0 = tile * TILE + tid;  // this thread's first vector; then + 256 k
-        unsigned cv = 0u;
-        if (BIAS) cv = v0 <= 0xffffffffLL ? (unsigned)v0 % s.fv : (unsigned)((uint64_t)v0 % s.fv);
-        if ((tile + 1) * TILE <= s.nvec) {
+    const int64_t S = (int64_t)gridDim.x * 256;
+    const int64_t v_first = (int64_t)blockIdx.x * 256 + tid;
+    unsigned cv0 = 0u;  // column vector of this thread's first vector of the iteration
+    if (BIAS) cv0 = (unsigned)((uint64_t)v_first % s.fv);
+    for (int64_t v0 = v_first; v0 < s.nvec; v0 += S * U) {
+        unsigned cv = cv0;
+        if (BIAS) cv0 = add_mod(cv0, s.stepi, s.fv);
+        if (v0 + (int64_t)(U - 1) * S < s.nvec) {
             Vec<T, V> xv[U], gv[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                xv[u] = stream_load<T, V, PLAIN>(xb + (v0 + 256 * u) * V);
-                if (BWD) gv[u] = stream_load<T, V, PLAIN>(gb + (v0 + 256 * u) * V);
+                xv[u] = load_full<T, V>(xb + (v0 + S * u) * V, 0);
+                if (BWD) gv[u] = load_full<T, V>(gb + (v0 + S * u) * V, 0);
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 float b[V];
                 if (BIAS) {
                     load_bias_vec<T, V>(s, cv, b);
-                    cv += stepm;
-                    if (cv >= s.fv) cv -= s.fv;
+                    cv = add_mod(cv, s.stepk, s.fv);
                 }
                 // in place (out == x or dy): this thread read these elements above
-                stream_store<T, V, PLAIN>(ob + (v0 + 256 * u) * V,
-                                          compute_vec<T, V, BWD, BIAS, false, A, FAST, true>(xv[u], gv[u], b, acc, V));
+                store_full<T, V>(ob + (v0 + S * u) * V,
+                                 compute_vec<T, V, BWD, BIAS, false, A, FAST, true>(xv[u], gv[u], b, acc, V));
             }
-        } else {
+        } else {  // the last iteration: 0..U-1 of this thread's slots are in range
             for (int u = 0; u < U; u++) {
-                const int64_t v = v0 + 256 * u;
+                const int64_t v = v0 + S * u;
                 if (v >= s.nvec) break;
                 float b[V];
                 if (BIAS) {
                     load_bias_vec<T, V>(s, cv, b);
-                    cv += stepm;
-                    if (cv >= s.fv) cv -= s.fv;
+                    cv = add_mod(cv, s.stepk, s.fv);
                 }
-                Vec<T, V> xv = stream_load<T, V, PLAIN>(xb + v * V), gv;
-                if (BWD) gv = stream_load<T, V, PLAIN>(gb + v * V);
-                stream_store<T, V, PLAIN>(ob + v * V, compute_vec<T, V, BWD, BIAS, false, A, FAST, true>(xv, gv, b, acc, V));
+                Vec<T, V> xv = load_full<T, V>(xb + v * V, 0), gv;
+                if (BWD) gv = load_full<T, V>(gb + v * V, 0);
+                store_full<T, V>(ob + v * V, compute_vec<T, V, BWD, BIAS, false, A, FAST, true>(xv, gv, b, acc, V));
             }
         }
     }
@@ -635,14 +625,19 @@ static fl__gelu_path choose_path(int64_t N, int64_t F, size_t es, const void* co
 //                                 flight per SM is still ~2x what Little's law asks at 4.8 TB/s; fp32: 4)
 //   FUSEDLOSS_GELU_TX=32|64|128|256  threads along a row in a CTA of 256 (default 32 with dbias, 64 without)
 //   FUSEDLOSS_GELU_GRID_WAVES=W   no dbias: CTAs = W x (resident CTAs per SM x SMs), W in (0, 64] (default 2)
-//   FUSEDLOSS_GELU_STREAM=0|1|2   contiguous inputs without dbias: 1 = the STREAM path (default),
-//                                 0 = the slab path as for everything else, 2 = STREAM with
-//                                 default-cached loads and stores for the plain forward (A/B)
+//   FUSEDLOSS_GELU_STREAM=0|1     contiguous inputs without dbias: 1 = the STREAM path (default),
+//                                 0 = the slab path as for everything else (default-cached loads
+//                                 and stores instead of the streaming hints measured the same:
+//                                 H200 2026-12-02 run 1, not kept)
+//   FUSEDLOSS_GELU_STREAM_WAVES=W STREAM grid: W x the resident CTAs, each CTA striding on; 0 =
+//                                 one iteration per CTA, ceil(nvec / 1024) CTAs (default: H200
+//                                 2026-12-02 run 4, W = 0 / 1 / 2: 8192x3072 f32 forward 1.127 /
+//                                 1.199 / 1.200x, 8192x16384 f32 1.064 / 1.116 / 1.113x)
 //   FUSEDLOSS_GELU_DBIAS_CTAS=C   with dbias: target CTAs (device-independent: fixes dbias's summation
 //                                 order), 1..2048 (default 528 = 4 x 132 SMs: one full wave on an H200)
 struct GeluKnobs {
     int exact16, unroll, dbias_rows, tx_dbias, tx_plain, dbias_ctas, ldhint, stream;
-    double waves;
+    double waves, stream_waves;
 };
 static long env_long(const char* name, long dflt, long lo, long hi) {
     const char* s = getenv(name);
@@ -664,7 +659,14 @@ static GeluKnobs read_knobs() {
     k.tx_plain = txok ? (int)tx : 64;
     k.dbias_ctas = (int)env_long("FUSEDLOSS_GELU_DBIAS_CTAS", 528, 1, FL__GELU_DBIAS_CTAS_MAX);
     k.ldhint = (int)env_long("FUSEDLOSS_GELU_LDHINT", 0, 0, 2);
-    k.stream = (int)env_long("FUSEDLOSS_GELU_STREAM", 1, 0, 2);
+    k.stream = (int)env_long("FUSEDLOSS_GELU_STREAM", 1, 0, 1);
+    k.stream_waves = 0.0;
+    const char* sw = getenv("FUSEDLOSS_GELU_STREAM_WAVES");
+    if (sw && *sw) {
+        char* end;
+        const double v = strtod(sw, &end);
+        if (!*end && v >= 0.0 && v <= 64.0) k.stream_waves = v;
+    }
     k.waves = 2.0;
     const char* w = getenv("FUSEDLOSS_GELU_GRID_WAVES");
     if (w && *w) {
@@ -742,33 +744,41 @@ static KSel ksel_t(int vec, int mode, int approx, int fast, int unroll) {
 // STREAM kernels: U = 4 vectors per input in flight per thread (16 KB per input per CTA)
 #define GELU_STREAM_U 4
 template <typename T, int MODE, int A, int V = 16 / (int)sizeof(T)>
-static const void* stream_fn_a(int fast, int plain) {
-    if constexpr (MODE == M_FWD) {
-        if (plain) {
-            if constexpr (sizeof(T) == 2) {
-                if (fast) return (const void*)gelu_stream_kernel<T, V, MODE, A, true, GELU_STREAM_U, true>;
-            }
-            return (const void*)gelu_stream_kernel<T, V, MODE, A, false, GELU_STREAM_U, true>;
-        }
-    }
+static KSel stream_fn_a(int fast) {
+    static int occ_fast = 0, occ_exact = 0;  // benign race: every writer stores the same value
     if constexpr (sizeof(T) == 2) {
-        if (fast) return (const void*)gelu_stream_kernel<T, V, MODE, A, true, GELU_STREAM_U, false>;
+        if (fast) return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, true, GELU_STREAM_U>, &occ_fast};
     }
-    return (const void*)gelu_stream_kernel<T, V, MODE, A, false, GELU_STREAM_U, false>;
+    return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, false, GELU_STREAM_U>, &occ_exact};
 }
 template <typename T, int MODE>
-static const void* stream_fn_m(int approx, int fast, int plain = 0) {
-    return approx == FL_GELU_TANH ? stream_fn_a<T, MODE, FL_GELU_TANH>(fast, plain)
-                                  : stream_fn_a<T, MODE, FL_GELU_NONE>(fast, plain);
+static KSel stream_fn_m(int approx, int fast) {
+    return approx == FL_GELU_TANH ? stream_fn_a<T, MODE, FL_GELU_TANH>(fast) : stream_fn_a<T, MODE, FL_GELU_NONE>(fast);
 }
 template <typename T>
-static const void* stream_fn(int mode, int approx, int fast, int plain) {
+static KSel stream_fn(int mode, int approx, int fast) {
     switch (mode) {
-        case M_FWD: return stream_fn_m<T, M_FWD>(approx, fast, plain);
+        case M_FWD: return stream_fn_m<T, M_FWD>(approx, fast);
         case M_FWD_BIAS: return stream_fn_m<T, M_FWD_BIAS>(approx, fast);
         case M_BWD: return stream_fn_m<T, M_BWD>(approx, fast);
         default: return stream_fn_m<T, M_BWD_BIAS>(approx, fast);
     }
+}
+
+// resident CTAs of 256 threads per SM of k.fn (cached in *k.occ) and this device's SM count
+static cudaError_t occupancy(const KSel& k, int* occ, int* sms) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+    if (*k.occ == 0) {
+        int o = 0;
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, k.fn, 256, 0);
+        if (e != cudaSuccess) return e;
+        *k.occ = o > 0 ? o : 1;
+    }
+    *occ = *k.occ;
+    return cudaSuccess;
 }
 
 // Shared by forward (dy = dbias = NULL) and backward.
@@ -808,17 +818,34 @@ static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, cons
         s.bias_f32 = bias && bdt == FL_DTYPE_F32;
         s.n = N * F;
         s.nvec = s.n / vec;
-        s.tiles = (s.nvec + 256 * GELU_STREAM_U - 1) / (256 * GELU_STREAM_U);
         s.fv = bias ? (unsigned)(F / vec) : 1u;
-        const void* fn_s;
+        KSel ks;
         switch (dt) {
-            case FL_DTYPE_F32: fn_s = stream_fn<float>(mode, approx, 0, kn.stream == 2); break;
-            case FL_DTYPE_F16: fn_s = stream_fn<__half>(mode, approx, fast, kn.stream == 2); break;
-            default: fn_s = stream_fn<__nv_bfloat16>(mode, approx, fast, kn.stream == 2); break;
+            case FL_DTYPE_F32: ks = stream_fn<float>(mode, approx, 0); break;
+            case FL_DTYPE_F16: ks = stream_fn<__half>(mode, approx, fast); break;
+            default: ks = stream_fn<__nv_bfloat16>(mode, approx, fast); break;
         }
-        const int64_t g = s.tiles < 1 ? 1 : s.tiles > (1 << 30) ? (1 << 30) : s.tiles;
+        // G: ceil(nvec / (256 U)) CTAs, one iteration each (default, stream_waves = 0); else
+        // stream_waves x the resident CTAs, at most ceil(nvec / 256)
+        const int64_t tiles = (s.nvec + 256 * GELU_STREAM_U - 1) / (256 * GELU_STREAM_U);
+        int64_t g = tiles;
+        if (kn.stream_waves > 0.0) {
+            int occ = 1, sms = 1;
+            FL_CUDA_TRY(occupancy(ks, &occ, &sms));
+            const int64_t want = (int64_t)(kn.stream_waves * (double)occ * (double)sms + 0.5);
+            const int64_t rows = (s.nvec + 255) / 256;
+            g = want < rows ? want : rows;
+        }
+        g = g < 1 ? 1 : g > (1 << 30) ? (1 << 30) : g;
+        if (bias) {
+            const uint64_t S = (uint64_t)g * 256u;
+            s.stepk = (unsigned)(S % s.fv);
+            s.stepi = (unsigned)((S * GELU_STREAM_U) % s.fv);
+        } else {
+            s.stepk = s.stepi = 0u;
+        }
         void* sargs[1] = {(void*)&s};
-        FL_CUDA_TRY(cudaLaunchKernel(fn_s, dim3((unsigned)g), dim3(256), sargs, 0, stream));
+        FL_CUDA_TRY(cudaLaunchKernel(ks.fn, dim3((unsigned)g), dim3(256), sargs, 0, stream));
         return FL_OK;
     }
 
