@@ -298,6 +298,7 @@ if want gelu && have build/test_gelu_cuda gelu; then
     export GELU_AB="${GELU_AB:-}"
     run_step gelu "${GELU_CAP:-420}" '
         rc=0
+        set -o pipefail   # a failing test under | grep | tail must fail the step (run 2 showed OK with 2 failed)
         echo "### test_gelu_cuda ${GELU_TEST_ARGS:-} (failures and the summary; passing cases not shown)"
         build/test_gelu_cuda ${GELU_TEST_ARGS:-} | grep -v "^OK " | tail -40 || rc=1
         echo "### test_gelu_cuda --exact16 --small (the exact 16-bit operations)"
