@@ -339,6 +339,7 @@ fi
 # ---- linear cross-entropy ------------------------------------------------------------------------
 if want lce && have build/test_linear_cross_entropy_cuda lce; then
     run_step lce "${LCE_CAP:-360}" '
+        set -o pipefail   # a failure under | tail must fail the step
         rc=0
         echo "### test_linear_cross_entropy_cuda"
         timeout 150 build/test_linear_cross_entropy_cuda || rc=1
@@ -433,6 +434,7 @@ fi
 # ---- loss zoo (issue 8) ---------------------------------------------------------------------------
 if want zoo && have build/test_elementwise_loss_cuda zoo; then
     run_step zoo "${ZOO_CAP:-360}" '
+        set -o pipefail   # a failure under | tail must fail the step
         rc=0
         for t in ${ZOO_TESTS:-test_elementwise_loss_cuda test_distill_cuda test_margin_ce_cuda test_softmax_focal_cuda test_lovasz_cuda test_taylor_ce_cuda test_large_margin_ce_cuda}; do
             [ -x build/$t ] || { echo "### build/$t missing"; continue; }
