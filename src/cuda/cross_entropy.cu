@@ -1085,6 +1085,34 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
+// DSMEM exchange without a cluster barrier (the default; FUSEDLOSS_CE_TMA_XCH=0: the barrier): st.async writes 16 bytes
+// into CTA `rank`'s shared memory and counts them on ITS mbarrier (complete_tx, release at
+// cluster scope); the receiver waits on its own mbarrier with acquire at cluster scope. The
+// cluster barrier it replaces compiles to MEMBAR.ALL.GPU + UCGABAR + CCTL.IVALL per row (SASS,
+// sm_90): the membar waits for this thread's outstanding gradient stores of the previous row.
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t local, int rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(local), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void st_async_f4(uint32_t raddr, float4 v, uint32_t rbar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+                 ::"r"(raddr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(rbar)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n\t.reg .pred p;\n\t"
+            "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+            "selp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(smem_addr(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
 // CTA `rank`'s share of a row: aligned vectors [lo, lo + n) of the row's nfull.
 struct TmaChunk { int lo, n; };
 __device__ __forceinline__ TmaChunk tma_chunk(int nfull, int cs, int rank) {
@@ -1180,10 +1208,11 @@ __device__ __forceinline__ TmaRow tma_row_at(const CeArgs& a, int64_t it, int cs
 }
 
 template <typename T, int PASS, int F>
-__global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int per, int ns) {
+__global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int per, int ns, int xasync) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) uint4 tma_buf[];  // [per] 16-byte vectors, ns sub-chunks
     __shared__ __align__(8) uint64_t bar[TMA_MAX_SUB];
+    __shared__ __align__(8) uint64_t xbar[2];  // xasync: slot x's arrival barrier (cs x 16 bytes a phase)
     __shared__ float4 slot[2][TMA_MAX_CLUSTER];  // partials of the cluster's CTAs, by rank
     __shared__ float sh[96];
     const int tid = (int)threadIdx.x, T_ = (int)blockDim.x;
@@ -1194,6 +1223,8 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
 
     if (tid == 0) {
         for (int k = 0; k < ns; k++) mbar_init(&bar[k], 1u);
+        mbar_init(&xbar[0], 1u);
+        mbar_init(&xbar[1], 1u);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     // row-independent scalars, once (the setup kernel ran before this one on the stream)
@@ -1292,7 +1323,23 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
                 RowStats r = {m, s, wz};
                 r = block_reduce_ms<F>(r, sh);
                 const int x = xch & 1;
+                const uint32_t xpar = (uint32_t)((xch >> 1) & 1);  // phase of slot x's barrier
                 xch++;
+                if (xasync) {
+                    if (tid == 0) {
+                        const float zt = (rank == 0 && !bad) ? zval<F>(a, cur.zt, t) : 0.0f;
+                        const float4 mine = make_float4(r.m, r.s, r.wz, zt);
+                        // arm this CTA's barrier for the cs partials (a remote st.async may land
+                        // first: its tx count then goes negative until this expect_tx)
+                        mbar_arrive_tx(&xbar[x], (uint32_t)cs * 16u);
+                        const uint32_t ls = smem_addr(&slot[x][rank]), lb = smem_addr(&xbar[x]);
+                        for (int c = 0; c < cs; c++) st_async_f4(mapa_shared(ls, c), mine, mapa_shared(lb, c));
+                    }
+                    // why: the phase completes once all cs partials have landed here; slot[x] is
+                    // next written two exchanges later, which no CTA starts before it has this
+                    // CTA's partial of the exchange in between, sent after the reads below
+                    mbar_wait_cluster(&xbar[x], xpar);
+                } else {
                 if (tid == 0) {
                     const float zt = (rank == 0 && !bad) ? zval<F>(a, cur.zt, t) : 0.0f;
                     const float4 mine = make_float4(r.m, r.s, r.wz, zt);
@@ -1303,6 +1350,7 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
                 // written two exchanges later, after the next barrier, which this CTA reaches
                 // only once it has read slot[x] below
                 cg::this_cluster().sync();
+                }
                 float4 p0 = slot[x][0];
                 float M = p0.x, S = p0.y, WZ = p0.z;
                 for (int c = 1; c < cs; c++) {  // rank order: the same bits in every CTA
@@ -1333,6 +1381,9 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
         cur = nx;
         nx = nx2;
     }
+    // xasync: every partial sent to this CTA has landed (waited above), but its own st.async to
+    // the others may still be in flight: no CTA exits before all have passed their last exchange
+    if (PASS != PASS_BACKWARD && xasync) cg::this_cluster().sync();
 #else
     __trap();  // chosen only on sm_90+
 #endif
@@ -1640,8 +1691,12 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  fit); cap on resident clusters / CTAs
 //   FUSEDLOSS_CE_GROUP_ROWS                        rows from which one-warp rows run as row groups
 //                                                  (several rows per warp; 0 = never; default 512)
+//   FUSEDLOSS_CE_TMA_XCH=0|1                       staged kernel's per-row partial exchange: 1 = st.async
+//                                                  + mbarrier (default; no MEMBAR.ALL.GPU per row: H200
+//                                                  2026-12-02 run 7, fused 8192x128256 bf16 1.32x -> 1.23x),
+//                                                  0 = DSMEM stores + a cluster barrier per row
 //   FUSEDLOSS_DEBUG=1                              print each new staged launch plan to stderr
-struct Knobs { int chunk_threads, small_rows, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows; };
+struct Knobs { int chunk_threads, small_rows, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -1658,6 +1713,7 @@ static const Knobs* knobs(void) {
         n.stream = env_int("FUSEDLOSS_CE_STREAM", 1);
         n.stream_kb = env_int("FUSEDLOSS_CE_STREAM_KB", 256);
         n.on = env_int("FUSEDLOSS_CE_TMA", 1);
+        n.xasync = env_int("FUSEDLOSS_CE_TMA_XCH", 1) != 0;
         n.fwd = env_int("FUSEDLOSS_CE_TMA_FWD", 0);
         n.bwd = env_int("FUSEDLOSS_CE_TMA_BWD", 0);
         n.kb = env_int("FUSEDLOSS_CE_TMA_KB", 100);
@@ -1831,7 +1887,7 @@ static cudaError_t launch_tma(const CeArgs& a, const TmaPlan& p, int sms, cudaSt
     cfg.blockDim = dim3((unsigned)p.T, 1, 1);
     cfg.dynamicSmemBytes = p.smem;
     cfg.stream = s;
-    e = cudaLaunchKernelEx(&cfg, ce_tma_kernel<T, PASS, F>, a, p.cs, p.per, p.ns);
+    e = cudaLaunchKernelEx(&cfg, ce_tma_kernel<T, PASS, F>, a, p.cs, p.per, p.ns, knobs()->xasync);
     if (e == cudaSuccess) *done = 1;
     return e;
 }
