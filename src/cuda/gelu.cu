@@ -861,15 +861,9 @@ static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, cons
     int64_t target = kn.dbias_ctas;  // dbias: device-independent (the summation order follows the plan)
     if (!with_dbias) {
         // no reduction: size the grid to whole waves of this device
-        int dev = 0, sms = 0;
-        FL_CUDA_TRY(cudaGetDevice(&dev));
-        FL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        if (*k.occ == 0) {
-            int occ = 0;
-            FL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k.fn, 256, 0));
-            *k.occ = occ > 0 ? occ : 1;
-        }
-        target = (int64_t)(kn.waves * (double)sms * (double)*k.occ + 0.5);
+        int occ = 1, sms = 1;
+        FL_CUDA_TRY(occupancy(k, &occ, &sms));
+        target = (int64_t)(kn.waves * (double)sms * (double)occ + 0.5);
         if (target < 1) target = 1;
     }
     fl__gelu_plan p;
