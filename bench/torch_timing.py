@@ -33,6 +33,34 @@ def copy_bw(device="cuda", nbytes=1 << 30):
     return 2 * x.numel() / (median_ms(lambda: y.copy_(x), 20) * 1e-3)
 
 
+def graph_ms(step, nsets, reps, warmup=3):
+    """GPU time of step(i) (i = input set) with the host out of the way: one CUDA graph captured
+    per input set (after warm-up on a side stream, as torch.cuda.graph documents), replayed in
+    turn; (median ms, None) or (NaN, the reason) when capture fails."""
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(warmup):
+                for i in range(nsets):
+                    step(i)
+        torch.cuda.current_stream().wait_stream(s)
+        graphs = []
+        for i in range(nsets):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                step(i)
+            graphs.append(g)
+        it = [0]
+
+        def replay():
+            graphs[it[0] % nsets].replay()
+            it[0] += 1
+        return median_ms(replay, reps), None
+    except Exception as e:  # noqa: BLE001 - reported by the caller, not hidden
+        return float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
+
+
 # ---- the forward + backward loop of bench_distill.py / bench_softmax_losses.py ---------------------
 def rotating_step(f, xs, ts):
     """A step() that runs f(xs[i], ts[i]).backward() on the input sets in turn (xs require grad)."""

@@ -25,7 +25,7 @@
 
 /* ------------------------------------------------------------------------------------------
  * Tolerances |lib - ref| <= atol + rtol*|ref| + slack. The reference is exact (long double) on
- * the dtype-rounded inputs; the library works in fp32. rtol: a few fp32 ulps (expf, log1pf,
+ * the dtype-rounded inputs; the library works in fp32. rtol: a few fp32 ulps (expf, the log1p series,
  * powf are within 1-2 ulp, the formulas take ~10 roundings), or 1 ulp of the output dtype for
  * dlogits. The loss has no slack: its BCE is a sum of non-negative terms. dlogits' slack: the
  * one cancellation of the gradient, d = p (1 - y) - (1 - p) y for soft y with p ~ y (absolute
@@ -314,6 +314,48 @@ static void test_values(void) {
     free(ws);
 }
 
+/* ---- the shared first steps over their whole range ------------------------------------------
+ * e = exp(-|x|) in (0, 1], log1p(e) (the atanh series of elementwise_math.h) and 1 / (1 + e), over
+ * a dense grid of x in [0, 87] (every normal fp32 e = exp(-x): beyond, e is subnormal and holds few
+ * bits, so a relative bound has no meaning there; the other tests cover x up to 1e4 and inf): BCE with y = 1, x >= 0 is exactly
+ * sp = log1p(e) (its other term is 0) and its gradient -(1 - p) = -e r; y = 0, x >= 0 is x + sp
+ * with gradient p = r. Relative to long double, no slack (no cancellation): GRID_RTOL, 2.7 fp32
+ * ulps (measured 2.6e-7; dropping the series' last term gives 3.7e-7 and fails). */
+#define GRID_RTOL 3.2e-7
+static void test_log1p_grid(void) {
+    const int64_t n = 400001;
+    float* x = tu_xmalloc((size_t)n * 4);
+    float* y1 = tu_xmalloc((size_t)n * 4);
+    float* y0 = tu_xmalloc((size_t)n * 4);
+    float* L = tu_xmalloc((size_t)n * 4);
+    float* D = tu_xmalloc((size_t)n * 4);
+    for (int64_t k = 0; k < n; k++) {
+        /* denser near 0 (e ~ 1, where s is largest), then up to 87 (e ~ 1.6e-38) */
+        const double t = (double)k / (double)(n - 1);
+        x[k] = (float)(87.0 * t * t);
+        y1[k] = 1.0f;
+        y0[k] = 0.0f;
+    }
+    double worst_l = 0, worst_d = 0;
+    for (int side = 0; side < 2; side++) {
+        const float* y = side ? y0 : y1;
+        CHECK_STATUS(fl_bce_with_logits_fused_cpu(L, D, x, y, NULL, NULL, NULL, 1.0f, n, 1, FL_DTYPE_F32,
+                                                  FL_REDUCTION_NONE, NULL, 0), FL_OK, "log1p grid");
+        for (int64_t k = 0; k < n; k++) {
+            const LD e = expl(-(LD)x[k]);
+            const LD sp = log1pl(e), r = 1.0L / (1.0L + e);
+            const LD wl = side ? (LD)x[k] + sp : sp, wd = side ? r : -e * r;
+            const double el = (double)fabsl(((LD)L[k] - wl) / wl), ed = (double)fabsl(((LD)D[k] - wd) / wd);
+            if (el > worst_l) worst_l = el;
+            if (ed > worst_d) worst_d = ed;
+        }
+    }
+    CHECK(worst_l <= GRID_RTOL, "log1p(exp(-x)) over [0, 87]: worst relative error %.3g (want <= %.3g)", worst_l, GRID_RTOL);
+    CHECK(worst_d <= GRID_RTOL, "sigmoid over [0, 87]: worst relative error %.3g (want <= %.3g)", worst_d, GRID_RTOL);
+    printf("log1p / sigmoid grid: worst relative errors %.3g (loss), %.3g (dx)\n", worst_l, worst_d);
+    free(x); free(y1); free(y0); free(L); free(D);
+}
+
 /* ---- the reduction does not depend on the thread count ------------------------------------- */
 static void test_threads(void) {
 #ifdef _OPENMP
@@ -411,6 +453,7 @@ static void test_errors(void) {
 int main(void) {
     test_fd();
     test_values();
+    test_log1p_grid();
     const fl_dtype dts[3] = {FL_DTYPE_F32, FL_DTYPE_F16, FL_DTYPE_BF16};
     const fl_reduction reds[3] = {FL_REDUCTION_NONE, FL_REDUCTION_MEAN, FL_REDUCTION_SUM};
     const float fa[6][2] = {{0.25f, 2.0f}, {-1.0f, 2.0f}, {0.25f, 0.0f}, {0.25f, 0.5f}, {0.7f, 1.0f}, {0.25f, 1.5f}};

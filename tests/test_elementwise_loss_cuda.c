@@ -27,8 +27,9 @@
 #include "fusedloss.h"
 #include "test_util.h"
 
-/* |gpu - cpu| <= atol + rtol*|cpu|: the same fp32 formulas; libdevice vs C library expf / log1pf
- * / powf (<= 2 ulp each) and nvcc's fma contraction move results by a few fp32 ulps; 16-bit dx
+/* |gpu - cpu| <= atol + rtol*|cpu|: the same fp32 formulas; libdevice vs C library expf / powf
+ * (<= 2 ulp each), MUFU.RCP + Newton vs IEEE division (<= 1 ulp) and nvcc's fma contraction
+ * move results by a few fp32 ulps; 16-bit dx
  * may land on the neighbouring value (1 ulp of the dtype). Sums: both in double, different
  * order, rounded once to fp32: a few ulps. */
 static const double ATOL[3] = {1e-30, 6e-8, 1e-30};

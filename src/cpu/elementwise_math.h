@@ -2,8 +2,8 @@
  * resolved parameters, the shared validator and work plan (src/common/elementwise_validate.c),
  * and the per-element fp32 math, compiled into both backends from this one source (C for
  * src/cpu/elementwise_loss.c, __host__ __device__ for src/cuda/elementwise_loss.cu), so the two
- * differ only in the last bits of expf / log1pf / powf (C library vs libdevice) and in nvcc's
- * fma contraction. Internal, not installed.
+ * differ only in the last bits of expf / powf (C library vs libdevice), the reciprocals (IEEE
+ * division vs MUFU.RCP + a Newton step) and in nvcc's fma contraction. Internal, not installed.
  * SPDX-License-Identifier: MIT
  */
 #ifndef FL_CPU_ELEMENTWISE_MATH_H
@@ -58,19 +58,55 @@ fl_status fl__ew_validate(const char* fn, fl__ew_op op, fl__pass pass, int is_cu
 #endif
 
 /* ---- per-element math (fp32) ----------------------------------------------------------------- */
+/* powf of the generic focal (gamma not 0 / 1 / 2): the CUDA file makes it an out-of-line call
+ * (inlined into its 16-element unrolled loops it took ptxas ~20 s per kernel, 4 minutes for the
+ * file, for a rare gamma) */
+#ifndef FL_EW_POWF
+#  define FL_EW_POWF powf
+#endif
 #ifdef __CUDACC__
 #  define FL_EW_HD static __host__ __device__ __forceinline__
 #else
 #  define FL_EW_HD static inline
 #endif
 
+/* 1 / d for a normal, finite d (here d in [1, 3]). CUDA: MUFU.RCP (rcp.approx.ftz, ~1 ulp) and one
+ * Newton step (within 1 ulp, no branch: the IEEE division is ~10 instructions and a slow-path
+ * branch); C: the IEEE division. NaN in, NaN out. */
+FL_EW_HD float fl__ew_rcp(float d) {
+#ifdef __CUDA_ARCH__
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+    return fmaf(r, fmaf(-d, r, 1.0f), r);
+#else
+    return 1.0f / d;
+#endif
+}
+
+/* log1p(e) for e in [0, 1] (NaN in, NaN out), without log1pf's general range reduction (~25
+ * instructions and a branch in libdevice): log1p(e) = 2 atanh(s), s = e / (2 + e) in [0, 1/3],
+ * = s (2 + w Q(w)), w = s^2 <= 1/9, Q the atanh series 2/3 + 2w/5 + ... + 2w^5/13 (truncation
+ * w^7 / 15 <= 1.4e-8 relative at e = 1); relative error a few fp32 ulps (s's, the series', the
+ * two roundings), checked against float64 by tests/test_elementwise_loss.c over all of [0, 1]. */
+FL_EW_HD float fl__ew_log1p01(float e) {
+    const float s = e * fl__ew_rcp(2.0f + e);
+    const float w = s * s;
+    float q = 2.0f / 13.0f;
+    q = q * w + 2.0f / 11.0f;
+    q = q * w + 2.0f / 9.0f;
+    q = q * w + 2.0f / 7.0f;
+    q = q * w + 2.0f / 5.0f;
+    q = q * w + 2.0f / 3.0f;
+    return s * (w * q + 2.0f);
+}
+
 /* Shared first steps: e = exp(-|x|), sp = log1p(e), p = sigmoid(x), pm = 1 - p = sigmoid(-x)
  * (both without cancellation: r = 1 / (1 + e) is the larger, e r the smaller). */
 FL_EW_HD void fl__ew_sigmoid(float x, float* sp, float* p, float* pm) {
     const float e = expf(-fabsf(x));
-    const float r = 1.0f / (1.0f + e);
+    const float r = fl__ew_rcp(1.0f + e);
     const float er = e * r;
-    *sp = log1pf(e);
+    *sp = fl__ew_log1p01(e);
     *p = x >= 0.0f ? r : er;
     *pm = x >= 0.0f ? er : r;
 }
@@ -84,7 +120,7 @@ FL_EW_HD void fl__ew_focal(float x, float y, float alpha, int use_alpha, float g
     /* bce = max(x, 0) - x y + sp as a sum of non-negative terms (no cancellation for y in [0, 1]) */
     const float bce = (x >= 0.0f ? x * omy : -x * y) + sp;
     const float q = p * omy + pm * y;                      /* 1 - p_t */
-    const float qg = gk == 0 ? 1.0f : gk == 1 ? q : gk == 2 ? q * q : powf(q, gamma);
+    const float qg = gk == 0 ? 1.0f : gk == 1 ? q : gk == 2 ? q * q : FL_EW_POWF(q, gamma);
     const float a = use_alpha ? alpha * y + (1.0f - alpha) * omy : 1.0f;
     *l = a * (bce * qg);
     const float dce = p * omy - pm * y;                    /* p - y without cancellation */
@@ -94,7 +130,11 @@ FL_EW_HD void fl__ew_focal(float x, float y, float alpha, int use_alpha, float g
     }
     const float c = gamma * bce * (1.0f - 2.0f * y);
     float t2;
-    if (q > 0.0f) {
+    if (gk == 1 || gk == 2) {
+        /* q^(gamma - 1) = 1 or q: no division. At q == 0 this is the branch below's value too
+         * (p pm == 0 there: t2 = c * 0 * {1, 0}). */
+        t2 = gk == 1 ? c * (p * pm) : (c * (p * pm)) * q;
+    } else if (q > 0.0f) {
         t2 = c * ((p * pm) / q) * qg;                      /* p pm / q <= 1: no overflow */
     } else {
         /* q == 0 (or NaN): q^(gamma-1) = inf / 1 / 0 as torch's pow; p pm == 0 here, so

@@ -4,8 +4,13 @@
  * Semantics: include/fusedloss.h section 9; the CPU backend src/cpu/elementwise_loss.c is the
  * specification and tests/test_elementwise_loss_cuda.c checks this file against it. The element
  * math is the same source (src/cpu/elementwise_math.h, __host__ __device__ here): fp32, CUDA's
- * own expf / log1pf / powf (no fast-math; nvcc may contract a*b+c into fma, the CPU does not,
- * so the two differ by a few fp32 ulps at most).
+ * own expf / powf, log1p(exp(-|x|)) by an atanh series and the reciprocals by MUFU.RCP plus a
+ * Newton step (no fast-math; nvcc may contract a*b+c into fma, the CPU does not, so the two
+ * differ by a few fp32 ulps at most). Per element that is ~58 instructions for focal with
+ * gamma = 2 (it was ~100 and 4 branches with log1pf, two IEEE divisions and the runtime gamma
+ * kind: the 16-bit kernels were compute-bound at 4x their floor, H200 2026-12-02 run 4).
+ * Kernel variants: focal with gamma == 2 compiled apart from the generic gamma (whose powf is
+ * an out-of-line call), BCE without weight / pos_weight apart from the weighted one.
  * Dtypes built: logits / targets / dlogits fp32, fp16, bf16; loss and grad_loss fp32.
  *
  * Work decomposition: a grid of fl__ew_blocks(n) CTAs of 256 threads (a function of n only:
@@ -29,6 +34,9 @@
 #include <stdint.h>
 
 #include "../internal.h"
+// the generic focal's powf, out of line (see elementwise_math.h): libdevice's powf, same bits
+static __host__ __device__ __noinline__ float ew_powf(float q, float g) { return powf(q, g); }
+#define FL_EW_POWF ew_powf
 #include "../cpu/elementwise_math.h"
 #include "common.cuh"
 
@@ -107,14 +115,25 @@ __device__ __forceinline__ void fstore(float* p, const float (&d)[V]) {
     }
 }
 
-// V consecutive elements starting at k (column j of the first, bce): losses l[], gradients d[]
+// Kernel variants (OP): the generic focal (gamma a runtime value: q^gamma by kind, powf for
+// "other"), focal with gamma == 2 known at compile time (torchvision's default: no powf, no
+// division in the gradient, no per-element branches on the kind), BCE with a weight and / or
+// pos_weight [C] (per-column loads, the column tracked per element), and plain BCE (neither:
+// no column at all; the k % C per vector was a 64-bit division even when nothing used it).
+enum { EW_FOCAL = FL__EW_FOCAL, EW_BCE_W = FL__EW_BCE, EW_FOCAL2, EW_BCE };
+
+// V consecutive elements starting at k (column j of the first, weighted bce): losses l[], gradients d[]
 template <int OP, int V>
 __device__ __forceinline__ void elems(const EwArgs& a, const float (&xv)[V], const float (&yv)[V], int64_t j,
                                       float (&l)[V], float (&d)[V]) {
 #pragma unroll
     for (int v = 0; v < V; v++) {
-        if constexpr (OP == FL__EW_FOCAL) {
+        if constexpr (OP == EW_FOCAL) {
             fl__ew_focal(xv[v], yv[v], a.alpha, a.use_alpha, a.gamma, a.gk, &l[v], &d[v]);
+        } else if constexpr (OP == EW_FOCAL2) {
+            fl__ew_focal(xv[v], yv[v], a.alpha, a.use_alpha, 2.0f, 2, &l[v], &d[v]);
+        } else if constexpr (OP == EW_BCE) {
+            fl__ew_bce(xv[v], yv[v], 1.0f, 0, 1.0f, 0, &l[v], &d[v]);
         } else {
             fl__ew_bce(xv[v], yv[v], a.w ? a.w[j] : 1.0f, a.w != nullptr, a.pw ? a.pw[j] : 1.0f, a.pw != nullptr,
                        &l[v], &d[v]);
@@ -135,7 +154,7 @@ __device__ __forceinline__ void ew_vec(const EwArgs& a, int64_t k, const Vec<T, 
     float xv[V], yv[V], l[V], d[V];
 #pragma unroll
     for (int v = 0; v < V; v++) { xv[v] = to_float(xr.v[v]); yv[v] = to_float(yr.v[v]); }
-    elems<OP, V>(a, xv, yv, OP == FL__EW_BCE && a.C > 1 ? k % a.C : 0, l, d);
+    elems<OP, V>(a, xv, yv, OP == EW_BCE_W && a.C > 1 ? k % a.C : 0, l, d);
     if constexpr (LOSS) {
         if (a.none) {
             fstore<V>(a.loss + k, l);
@@ -218,7 +237,7 @@ __global__ void __launch_bounds__(EW_THREADS, 4) ew_kernel(const EwArgs a) {
         const int64_t k = side == 0 ? tid : tail0 + tid;
         if (side == 0 ? tid >= a.head : k >= a.n) continue;
         float xv[1] = {to_float(x[k])}, yv[1] = {to_float(y[k])}, l[1], d[1];
-        elems<OP, 1>(a, xv, yv, OP == FL__EW_BCE && a.C > 1 ? k % a.C : 0, l, d);
+        elems<OP, 1>(a, xv, yv, OP == EW_BCE_W && a.C > 1 ? k % a.C : 0, l, d);
         if constexpr (LOSS) {
             if (a.none) a.loss[k] = l[0];
             else acc += (double)l[0];
@@ -274,11 +293,18 @@ static const void* pick_pass(int pass) {
         default: return (const void*)ew_kernel<T, V, OP, FL__PASS_FUSED>;
     }
 }
+template <typename T, int V>
+static const void* pick_op(int op, int pass) {
+    switch (op) {
+        case EW_FOCAL: return pick_pass<T, V, EW_FOCAL>(pass);
+        case EW_FOCAL2: return pick_pass<T, V, EW_FOCAL2>(pass);
+        case EW_BCE_W: return pick_pass<T, V, EW_BCE_W>(pass);
+        default: return pick_pass<T, V, EW_BCE>(pass);
+    }
+}
 template <typename T>
 static const void* pick(int vec, int op, int pass) {
-    constexpr int VV = 16 / sizeof(T);
-    if (vec == 1) return op == FL__EW_FOCAL ? pick_pass<T, 1, FL__EW_FOCAL>(pass) : pick_pass<T, 1, FL__EW_BCE>(pass);
-    return op == FL__EW_FOCAL ? pick_pass<T, VV, FL__EW_FOCAL>(pass) : pick_pass<T, VV, FL__EW_BCE>(pass);
+    return vec == 1 ? pick_op<T, 1>(op, pass) : pick_op<T, 16 / sizeof(T)>(op, pass);
 }
 
 static int aligned16(const void* p, int64_t off_bytes) { return p == NULL || (((uintptr_t)p + (uintptr_t)off_bytes) & 15u) == 0; }
@@ -321,11 +347,13 @@ static fl_status ew_cuda(const char* fn, const fl__ew_params* p, fl__pass pass, 
         a.none = none;
         a.mean = p->reduction == FL_REDUCTION_MEAN;
         const int v = vec ? VV : 1;
+        const int op = p->op == FL__EW_FOCAL ? (p->gamma_kind == 2 ? EW_FOCAL2 : EW_FOCAL)
+                                             : (p->weight || p->pos_weight ? EW_BCE_W : EW_BCE);
         const void* k;
         switch (dt) {
-            case FL_DTYPE_F32: k = pick<float>(v, p->op, pass); break;
-            case FL_DTYPE_F16: k = pick<__half>(v, p->op, pass); break;
-            default: k = pick<__nv_bfloat16>(v, p->op, pass); break;
+            case FL_DTYPE_F32: k = pick<float>(v, op, pass); break;
+            case FL_DTYPE_F16: k = pick<__half>(v, op, pass); break;
+            default: k = pick<__nv_bfloat16>(v, op, pass); break;
         }
         void* args[1] = {(void*)&a};
         FL_CUDA_TRY(cudaLaunchKernel(k, dim3((unsigned)nb), dim3(EW_THREADS), args, 0, stream));
