@@ -43,10 +43,10 @@ static void ew_cpu(const fl__ew_params* p, fl__pass pass, float* loss, void* dx,
             const float xv = fl__load_f32(x, dt, k), yv = fl__load_f32(y, dt, k);
             float l, d;
             if (p->op == FL__EW_FOCAL) {
-                fl__ew_focal(xv, yv, p->alpha, p->use_alpha, p->gamma, p->gamma_kind, &l, &d);
+                fl__ew_focal(xv, yv, p->alpha, p->use_alpha, p->gamma, p->gamma_kind, 0, &l, &d);
             } else {
                 fl__ew_bce(xv, yv, p->weight ? p->weight[j] : 1.0f, p->weight != NULL,
-                           p->pos_weight ? p->pos_weight[j] : 1.0f, p->pos_weight != NULL, &l, &d);
+                           p->pos_weight ? p->pos_weight[j] : 1.0f, p->pos_weight != NULL, 0, &l, &d);
                 if (++j == C) j = 0;
             }
             if (want_loss) {

@@ -32,6 +32,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "../internal.h"
 // the generic focal's powf, out of line (see elementwise_math.h): libdevice's powf, same bits
@@ -120,23 +121,26 @@ __device__ __forceinline__ void fstore(float* p, const float (&d)[V]) {
 // division in the gradient, no per-element branches on the kind), BCE with a weight and / or
 // pos_weight [C] (per-column loads, the column tracked per element), and plain BCE (neither:
 // no column at all; the k % C per vector was a 64-bit division even when nothing used it).
-enum { EW_FOCAL = FL__EW_FOCAL, EW_BCE_W = FL__EW_BCE, EW_FOCAL2, EW_BCE };
+// EW_FAST (or-ed in, 16-bit logits only): the fast forms of elementwise_math.h (the default for
+// fp16 / bf16; FUSEDLOSS_EW_EXACT16=1: the fp32 kernels' exact forms).
+enum { EW_FOCAL = FL__EW_FOCAL, EW_BCE_W = FL__EW_BCE, EW_FOCAL2, EW_BCE, EW_FAST = 4 };
 
 // V consecutive elements starting at k (column j of the first, weighted bce): losses l[], gradients d[]
 template <int OP, int V>
 __device__ __forceinline__ void elems(const EwArgs& a, const float (&xv)[V], const float (&yv)[V], int64_t j,
                                       float (&l)[V], float (&d)[V]) {
+    constexpr int op = OP & 3, fast = (OP & EW_FAST) ? 1 : 0;
 #pragma unroll
     for (int v = 0; v < V; v++) {
-        if constexpr (OP == EW_FOCAL) {
-            fl__ew_focal(xv[v], yv[v], a.alpha, a.use_alpha, a.gamma, a.gk, &l[v], &d[v]);
-        } else if constexpr (OP == EW_FOCAL2) {
-            fl__ew_focal(xv[v], yv[v], a.alpha, a.use_alpha, 2.0f, 2, &l[v], &d[v]);
-        } else if constexpr (OP == EW_BCE) {
-            fl__ew_bce(xv[v], yv[v], 1.0f, 0, 1.0f, 0, &l[v], &d[v]);
+        if constexpr (op == EW_FOCAL) {
+            fl__ew_focal(xv[v], yv[v], a.alpha, a.use_alpha, a.gamma, a.gk, fast, &l[v], &d[v]);
+        } else if constexpr (op == EW_FOCAL2) {
+            fl__ew_focal(xv[v], yv[v], a.alpha, a.use_alpha, 2.0f, 2, fast, &l[v], &d[v]);
+        } else if constexpr (op == EW_BCE) {
+            fl__ew_bce(xv[v], yv[v], 1.0f, 0, 1.0f, 0, fast, &l[v], &d[v]);
         } else {
             fl__ew_bce(xv[v], yv[v], a.w ? a.w[j] : 1.0f, a.w != nullptr, a.pw ? a.pw[j] : 1.0f, a.pw != nullptr,
-                       &l[v], &d[v]);
+                       fast, &l[v], &d[v]);
             if (++j == a.C) j = 0;
         }
     }
@@ -154,7 +158,7 @@ __device__ __forceinline__ void ew_vec(const EwArgs& a, int64_t k, const Vec<T, 
     float xv[V], yv[V], l[V], d[V];
 #pragma unroll
     for (int v = 0; v < V; v++) { xv[v] = to_float(xr.v[v]); yv[v] = to_float(yr.v[v]); }
-    elems<OP, V>(a, xv, yv, OP == EW_BCE_W && a.C > 1 ? k % a.C : 0, l, d);
+    elems<OP, V>(a, xv, yv, (OP & 3) == EW_BCE_W && a.C > 1 ? k % a.C : 0, l, d);
     if constexpr (LOSS) {
         if (a.none) {
             fstore<V>(a.loss + k, l);
@@ -237,7 +241,7 @@ __global__ void __launch_bounds__(EW_THREADS, 4) ew_kernel(const EwArgs a) {
         const int64_t k = side == 0 ? tid : tail0 + tid;
         if (side == 0 ? tid >= a.head : k >= a.n) continue;
         float xv[1] = {to_float(x[k])}, yv[1] = {to_float(y[k])}, l[1], d[1];
-        elems<OP, 1>(a, xv, yv, OP == EW_BCE_W && a.C > 1 ? k % a.C : 0, l, d);
+        elems<OP, 1>(a, xv, yv, (OP & 3) == EW_BCE_W && a.C > 1 ? k % a.C : 0, l, d);
         if constexpr (LOSS) {
             if (a.none) a.loss[k] = l[0];
             else acc += (double)l[0];
@@ -295,7 +299,16 @@ static const void* pick_pass(int pass) {
 }
 template <typename T, int V>
 static const void* pick_op(int op, int pass) {
-    switch (op) {
+    if constexpr (sizeof(T) == 2) {
+        switch (op) {
+            case EW_FOCAL | EW_FAST: return pick_pass<T, V, EW_FOCAL | EW_FAST>(pass);
+            case EW_FOCAL2 | EW_FAST: return pick_pass<T, V, EW_FOCAL2 | EW_FAST>(pass);
+            case EW_BCE_W | EW_FAST: return pick_pass<T, V, EW_BCE_W | EW_FAST>(pass);
+            case EW_BCE | EW_FAST: return pick_pass<T, V, EW_BCE | EW_FAST>(pass);
+            default: break;
+        }
+    }
+    switch (op & 3) {
         case EW_FOCAL: return pick_pass<T, V, EW_FOCAL>(pass);
         case EW_FOCAL2: return pick_pass<T, V, EW_FOCAL2>(pass);
         case EW_BCE_W: return pick_pass<T, V, EW_BCE_W>(pass);
@@ -305,6 +318,17 @@ static const void* pick_op(int op, int pass) {
 template <typename T>
 static const void* pick(int vec, int op, int pass) {
     return vec == 1 ? pick_op<T, 1>(op, pass) : pick_op<T, 16 / sizeof(T)>(op, pass);
+}
+
+//   FUSEDLOSS_EW_EXACT16=0|1   fp16 / bf16 logits: 0 = the fast forms (default), 1 = the exact forms
+//                              of the fp32 kernels (read once, at the first call)
+static int exact16() {
+    static int v = -1;
+    if (v < 0) {
+        const char* s = getenv("FUSEDLOSS_EW_EXACT16");
+        v = s && s[0] == '1' && s[1] == 0;
+    }
+    return v;
 }
 
 static int aligned16(const void* p, int64_t off_bytes) { return p == NULL || (((uintptr_t)p + (uintptr_t)off_bytes) & 15u) == 0; }
@@ -347,8 +371,9 @@ static fl_status ew_cuda(const char* fn, const fl__ew_params* p, fl__pass pass, 
         a.none = none;
         a.mean = p->reduction == FL_REDUCTION_MEAN;
         const int v = vec ? VV : 1;
-        const int op = p->op == FL__EW_FOCAL ? (p->gamma_kind == 2 ? EW_FOCAL2 : EW_FOCAL)
-                                             : (p->weight || p->pos_weight ? EW_BCE_W : EW_BCE);
+        const int op = (p->op == FL__EW_FOCAL ? (p->gamma_kind == 2 ? EW_FOCAL2 : EW_FOCAL)
+                                              : (p->weight || p->pos_weight ? EW_BCE_W : EW_BCE)) |
+                       (dt != FL_DTYPE_F32 && !exact16() ? EW_FAST : 0);
         const void* k;
         switch (dt) {
             case FL_DTYPE_F32: k = pick<float>(v, op, pass); break;
