@@ -30,7 +30,8 @@
 #              --small) and bench_vp_linear; with >= 2 GPUs torchrun python/tests/dist_vp_nccl.py and
 #              bench/bench_vp.py (NCCL); all output in $OUT/vp.log
 #   zoo        loss zoo (issue 8): the GPU tests of the elementwise losses, distillation, margin CE and
-#              softmax focal, Lovasz, Taylor and large-margin CE (ZOO_TESTS; + memcheck / racecheck on their --small grids); unless
+#              softmax focal, Lovasz, Taylor and large-margin CE (ZOO_TESTS; + memcheck / racecheck on their --small grids;
+#              the elementwise one also --small with FUSEDLOSS_EW_EXACT16=1); unless
 #              ZOO_PY=0, the benches (ZOO_BENCHES: bench_zoo, bench_distill, bench_softmax_losses, bench_lovasz,
 #              bench_taylor) and
 #              the CUDA cases of the zoo's Python tests (ZOO_PYTESTS); all output in $OUT/zoo.log
@@ -439,6 +440,10 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
         for t in ${ZOO_TESTS:-test_elementwise_loss_cuda test_distill_cuda test_margin_ce_cuda test_softmax_focal_cuda test_lovasz_cuda test_taylor_ce_cuda test_large_margin_ce_cuda}; do
             [ -x build/$t ] || { echo "### build/$t missing"; continue; }
             echo "### $t"; timeout 150 build/$t > "$OUT/$t.out" 2>&1 || rc=1; grep -m60 -E "FAIL|input of" "$OUT/$t.out"; tail -5 "$OUT/$t.out"
+            if [ "$t" = test_elementwise_loss_cuda ]; then   # the exact 16-bit forms (the fast ones are the default)
+                echo "### FUSEDLOSS_EW_EXACT16=1 $t --small"
+                FUSEDLOSS_EW_EXACT16=1 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
+            fi
             if [ -n "$SANITIZER" ]; then
                 for tool in memcheck racecheck; do
                     echo "### $tool $t --small"

@@ -8,7 +8,9 @@ mirrors torch.nn.functional.binary_cross_entropy_with_logits (same signature, sa
 fp32 rounding; see the notes on each). All layers of this op family live in this one module:
 custom ops (torch.library, CPU and CUDA kernels calling fl_*_cpu / fl_*_cuda on the current
 stream, fake kernels for torch.compile / meta tensors), their autograd (register_autograd), and
-the functional drop-ins. Ops (namespace "fusedloss"):
+the functional drop-ins, which in eager mode with plain tensors skip the ops' dispatch (eager twins
+of the ops: torch.autograd.Functions making the same C calls; see "the eager fast path" below).
+Ops (namespace "fusedloss"):
 
   sigmoid_focal_forward(x, y, alpha, gamma, reduction) -> loss         (fl_sigmoid_focal_forward_*)
   sigmoid_focal_backward(grad, x, y, alpha, gamma, reduction) -> dx    (fl_sigmoid_focal_backward_*)
@@ -53,6 +55,8 @@ grad, weight or pos_weight not of a [C]-broadcast layout) so the functions stay 
 Double backward is not supported: differentiating the gradient raises RuntimeError
 (backward(create_graph=True) itself is allowed, on every path).
 """
+import ctypes
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -66,26 +70,70 @@ from .autograd import eager_ok
 __all__ = ["sigmoid_focal_loss", "binary_cross_entropy_with_logits"]
 
 _fl = _lib.lib
+_F32 = torch.float32
+_CF = torch.contiguous_format
 _DTYPES = {torch.float32: _lib.FL_DTYPE_F32, torch.float16: _lib.FL_DTYPE_F16,
            torch.bfloat16: _lib.FL_DTYPE_BF16}
 _NONE = _lib.FL_REDUCTION_NONE
+_INF = math.inf
+
+# Tests set this to run the eager calls through the custom ops too (the path torch.compile takes).
+_FORCE_OPS = False
+
+# ---- the eager fast path ------------------------------------------------------------------------
+# A step is host-bound at small sizes (and still at 8192 x 1000 on an H200), and most of that host
+# time was the custom ops' Python dispatch: the op, its generated autograd Function, the registered
+# backward, then the backward op. So in eager mode with plain tensors -- no torch.compile tracing,
+# no dispatch mode (FakeTensorMode, ...), no functorch transform (vmap's batched tensors have no
+# storage), no tensor subclass -- the drop-ins below call _run_focal / _run_bce themselves: directly
+# when no gradient is needed; else through an eager twin of the op, a torch.autograd.Function with
+# the op's autograd state: _SigmoidFocalFused / _BceWithLogitsFused (scalar reductions: the fused
+# pass; their backward is _fused_bwd itself) or _SigmoidFocal / _BceWithLogits (reduction none:
+# one C call forward, one backward). The same C calls on the same buffers as through the ops, so
+# the same bits. Anything else (and _FORCE_OPS) takes the ops, which torch.compile traces.
+_is_compiling = torch.compiler.is_compiling
+_dispatch_depth = torch._C._len_torch_dispatch_stack
+_functorch_level = torch._C._functorch.peek_interpreter_stack
+_grad_enabled = torch.is_grad_enabled
+_PLAIN = (Tensor, torch.nn.Parameter)
 
 
-def _ptr(t):
-    return t.data_ptr() if t is not None else None
+def _eager(*ts):
+    """True when the C entry points may be called directly on these tensors (None entries
+    allowed); autograd.eager_ok's test, plus no functorch transform."""
+    if _FORCE_OPS or _is_compiling():   # first: Dynamo cannot trace the other two
+        return False
+    for t in ts:
+        if t is not None and type(t) not in _PLAIN:
+            return False
+    return not _dispatch_depth() and _functorch_level() is None
 
 
 def _loss_shape(x, reduction):
     return x.shape if reduction == _NONE else ()
 
 
-def _workspace(nbytes, device):
-    buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    return buf, buf.data_ptr(), nbytes
+def _new_loss(x, reduction):
+    """The fp32 loss buffer (x's shape, contiguous, or 0-d); empty_like is the cheaper call."""
+    if reduction == _NONE:
+        return torch.empty_like(x, dtype=_F32, memory_format=_CF)
+    return torch.empty((), dtype=_F32, device=x.device)
+
+
+def _workspace(nbytes, x, cuda):
+    """(buffer, address, bytes) of scratch for one call on x's device: ops' per-thread (CPU) and
+    per-stream (CUDA) buffers, which the cross-entropy calls share (the reduction partials are
+    written before they are read, so the contents do not matter)."""
+    if cuda:
+        idx = x.get_device()
+        ws = ops._cuda_workspace(idx, ops._raw_stream(idx), nbytes)
+    else:
+        ws = ops._cpu_workspace(nbytes)
+    return ws[0], ws[1], nbytes
 
 
 def _stream(x):
-    return torch.cuda.current_stream(x.device).cuda_stream
+    return ops._raw_stream(x.get_device())
 
 
 def _grad_ptr(grad, x, reduction):
@@ -116,6 +164,10 @@ def _nc(x):
 # ---- sigmoid focal ------------------------------------------------------------------------------
 
 _FWD, _BWD, _FUSED = 0, 1, 2   # pass_ of _run_focal / _run_bce
+# the C entry points' names by [cuda][pass_] (looked up on _fl at each call: tests may wrap it)
+_FOCAL_FNS, _BCE_FNS = (
+    tuple(tuple(f"fl_{op}_{p}_{d}" for p in ("forward", "backward", "fused")) for d in ("cpu", "cuda"))
+    for op in ("sigmoid_focal", "bce_with_logits"))
 
 
 def _run_focal(pass_, x, y, grad, alpha, gamma, reduction):
@@ -124,48 +176,59 @@ def _run_focal(pass_, x, y, grad, alpha, gamma, reduction):
     _check_xy("sigmoid_focal", x, y)
     dt = _DTYPES[x.dtype]
     n = x.numel()
-    loss = dx = None
-    if pass_ != _BWD:
-        loss = torch.empty(_loss_shape(x, reduction), dtype=torch.float32, device=x.device)
-    if pass_ != _FWD:
-        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    cuda = x.is_cuda
+    name = _FOCAL_FNS[cuda][pass_]
+    tail = (_stream(x),) if cuda else ()
     if pass_ == _BWD:
         grad = _grad_ptr(grad, x, reduction)
-    ws = (None, None, 0)
-    if pass_ != _BWD and reduction != _NONE:
-        ws = _workspace(_lib_ws_focal(n), x.device)
-    cuda = x.device.type == "cuda"
-    tail = [_stream(x)] if cuda else []
-    sfx = "cuda" if cuda else "cpu"
-    if pass_ == _FWD:
-        name = f"fl_sigmoid_focal_forward_{sfx}"
-        st = getattr(_fl, name)(loss.data_ptr(), x.data_ptr(), y.data_ptr(), n, dt, alpha, gamma, reduction,
-                                ws[1], ws[2], *tail)
-    elif pass_ == _BWD:
-        name = f"fl_sigmoid_focal_backward_{sfx}"
+        dx = torch.empty_like(x, memory_format=_CF)
         st = getattr(_fl, name)(dx.data_ptr(), x.data_ptr(), y.data_ptr(), grad.data_ptr(), 1.0, n, dt, alpha,
                                 gamma, reduction, *tail)
-    else:
-        name = f"fl_sigmoid_focal_fused_{sfx}"
-        st = getattr(_fl, name)(loss.data_ptr(), dx.data_ptr(), x.data_ptr(), y.data_ptr(), None, 1.0, n, dt,
-                                alpha, gamma, reduction, ws[1], ws[2], *tail)
-    _check(st, name)
-    return loss if pass_ == _FWD else dx if pass_ == _BWD else (loss, dx)
+        if st:
+            _check(st, name)
+        return dx
+    loss = _new_loss(x, reduction)
+    ws = (None, None, 0) if reduction == _NONE else _workspace(_lib_ws_focal(n), x, cuda)
+    if pass_ == _FWD:
+        st = getattr(_fl, name)(loss.data_ptr(), x.data_ptr(), y.data_ptr(), n, dt, alpha, gamma, reduction,
+                                ws[1], ws[2], *tail)
+        if st:
+            _check(st, name)
+        return loss
+    dx = torch.empty_like(x, memory_format=_CF)
+    st = getattr(_fl, name)(loss.data_ptr(), dx.data_ptr(), x.data_ptr(), y.data_ptr(), None, 1.0, n, dt,
+                            alpha, gamma, reduction, ws[1], ws[2], *tail)
+    if st:
+        _check(st, name)
+    return loss, dx
+
+
+# workspace bytes by n (focal) / (N, C) (bce): a function of the sizes only (include/fusedloss.h)
+_WS_FOCAL = {}
+_WS_BCE = {}
 
 
 def _lib_ws_focal(n):
-    import ctypes
-    out = ctypes.c_size_t(0)
-    _check(_fl.fl_sigmoid_focal_workspace_size(ctypes.byref(out), int(n)), "fl_sigmoid_focal_workspace_size")
-    return out.value
+    b = _WS_FOCAL.get(n)
+    if b is None:
+        out = ctypes.c_size_t(0)
+        _check(_fl.fl_sigmoid_focal_workspace_size(ctypes.byref(out), int(n)), "fl_sigmoid_focal_workspace_size")
+        if len(_WS_FOCAL) >= 256:
+            _WS_FOCAL.clear()
+        b = _WS_FOCAL[n] = out.value
+    return b
 
 
 def _lib_ws_bce(N, C):
-    import ctypes
-    out = ctypes.c_size_t(0)
-    _check(_fl.fl_bce_with_logits_workspace_size(ctypes.byref(out), int(N), int(C)),
-           "fl_bce_with_logits_workspace_size")
-    return out.value
+    b = _WS_BCE.get((N, C))
+    if b is None:
+        out = ctypes.c_size_t(0)
+        _check(_fl.fl_bce_with_logits_workspace_size(ctypes.byref(out), int(N), int(C)),
+               "fl_bce_with_logits_workspace_size")
+        if len(_WS_BCE) >= 256:
+            _WS_BCE.clear()
+        b = _WS_BCE[(N, C)] = out.value
+    return b
 
 
 @torch.library.custom_op("fusedloss::sigmoid_focal_forward", mutates_args=(), device_types=("cpu", "cuda"))
@@ -306,39 +369,38 @@ sigmoid_focal_fused.register_autograd(_fused_bwd, setup_context=_fused_setup)
 def _run_bce(pass_, x, y, w, pw, grad, reduction):
     _check_xy("bce_with_logits", x, y)
     N, C = _nc(x)
-    for name, t in (("weight", w), ("pos_weight", pw)):
-        if t is not None and (t.dtype != torch.float32 or t.shape != (C,) or t.device != x.device
-                              or not t.is_contiguous()):
-            raise ValueError(f"fusedloss::bce_with_logits: {name} must be a contiguous float32 ({C},) tensor on "
+    for what, t in (("weight", w), ("pos_weight", pw)):
+        if t is not None and (t.dtype != _F32 or t.shape != (C,) or t.device != x.device or not t.is_contiguous()):
+            raise ValueError(f"fusedloss::bce_with_logits: {what} must be a contiguous float32 ({C},) tensor on "
                              f"{x.device}, got {t.dtype} {tuple(t.shape)} on {t.device}")
     dt = _DTYPES[x.dtype]
-    loss = dx = None
-    if pass_ != _BWD:
-        loss = torch.empty(_loss_shape(x, reduction), dtype=torch.float32, device=x.device)
-    if pass_ != _FWD:
-        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    cuda = x.is_cuda
+    name = _BCE_FNS[cuda][pass_]
+    tail = (_stream(x),) if cuda else ()
+    wp = w.data_ptr() if w is not None else None
+    pwp = pw.data_ptr() if pw is not None else None
     if pass_ == _BWD:
         grad = _grad_ptr(grad, x, reduction)
-    ws = (None, None, 0)
-    if pass_ != _BWD and reduction != _NONE:
-        ws = _workspace(_lib_ws_bce(N, C), x.device)
-    cuda = x.device.type == "cuda"
-    tail = [_stream(x)] if cuda else []
-    sfx = "cuda" if cuda else "cpu"
-    if pass_ == _FWD:
-        name = f"fl_bce_with_logits_forward_{sfx}"
-        st = getattr(_fl, name)(loss.data_ptr(), x.data_ptr(), y.data_ptr(), _ptr(w), _ptr(pw), N, C, dt, reduction,
-                                ws[1], ws[2], *tail)
-    elif pass_ == _BWD:
-        name = f"fl_bce_with_logits_backward_{sfx}"
-        st = getattr(_fl, name)(dx.data_ptr(), x.data_ptr(), y.data_ptr(), _ptr(w), _ptr(pw), grad.data_ptr(), 1.0,
+        dx = torch.empty_like(x, memory_format=_CF)
+        st = getattr(_fl, name)(dx.data_ptr(), x.data_ptr(), y.data_ptr(), wp, pwp, grad.data_ptr(), 1.0,
                                 N, C, dt, reduction, *tail)
-    else:
-        name = f"fl_bce_with_logits_fused_{sfx}"
-        st = getattr(_fl, name)(loss.data_ptr(), dx.data_ptr(), x.data_ptr(), y.data_ptr(), _ptr(w), _ptr(pw), None,
-                                1.0, N, C, dt, reduction, ws[1], ws[2], *tail)
-    _check(st, name)
-    return loss if pass_ == _FWD else dx if pass_ == _BWD else (loss, dx)
+        if st:
+            _check(st, name)
+        return dx
+    loss = _new_loss(x, reduction)
+    ws = (None, None, 0) if reduction == _NONE else _workspace(_lib_ws_bce(N, C), x, cuda)
+    if pass_ == _FWD:
+        st = getattr(_fl, name)(loss.data_ptr(), x.data_ptr(), y.data_ptr(), wp, pwp, N, C, dt, reduction,
+                                ws[1], ws[2], *tail)
+        if st:
+            _check(st, name)
+        return loss
+    dx = torch.empty_like(x, memory_format=_CF)
+    st = getattr(_fl, name)(loss.data_ptr(), dx.data_ptr(), x.data_ptr(), y.data_ptr(), wp, pwp, None,
+                            1.0, N, C, dt, reduction, ws[1], ws[2], *tail)
+    if st:
+        _check(st, name)
+    return loss, dx
 
 
 @torch.library.custom_op("fusedloss::bce_with_logits_forward", mutates_args=(), device_types=("cpu", "cuda"))
@@ -399,10 +461,97 @@ def _(x, y, weight, pos_weight, reduction, inplace_backward=False):
 bce_with_logits_fused.register_autograd(_fused_bwd, setup_context=_fused_setup)
 
 
+# ---- the eager twins of the ops (see "the eager fast path" above) -------------------------------
+# Inputs as the ops get them (checked again by _run_focal / _run_bce); x requires grad.
+class _EagerFused(torch.autograd.Function):
+    """The fused ops' autograd with inplace_backward=True: the forward keeps dx only; backward is
+    _fused_bwd (in place on dx, once; create_graph / traced grads as there)."""
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _fused_bwd(ctx, grad, None)
+
+
+def _fused_ctx(ctx, dx, reduction, nargs):
+    """_fused_setup's state, for a node of nargs inputs."""
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(dx)
+    ctx.reduction = reduction
+    ctx.inplace = True
+    ctx.nargs = nargs
+    ctx.used = False
+
+
+class _SigmoidFocalFused(_EagerFused):
+    """apply(x, y, alpha, gamma, reduction) -> loss: fusedloss::sigmoid_focal_fused(..., True)[0]."""
+
+    @staticmethod
+    def forward(ctx, x, y, alpha, gamma, reduction):
+        loss, dx = _run_focal(_FUSED, x, y, None, alpha, gamma, reduction)
+        _fused_ctx(ctx, dx, reduction, 5)
+        return loss
+
+
+class _BceWithLogitsFused(_EagerFused):
+    """apply(x, y, weight, pos_weight, reduction) -> loss: fusedloss::bce_with_logits_fused(..., True)[0]."""
+
+    @staticmethod
+    def forward(ctx, x, y, w, pw, reduction):
+        loss, dx = _run_bce(_FUSED, x, y, w, pw, None, reduction)
+        _fused_ctx(ctx, dx, reduction, 5)
+        return loss
+
+
+class _SigmoidFocal(torch.autograd.Function):
+    """apply(x, y, alpha, gamma, reduction) -> loss: fusedloss::sigmoid_focal_forward and its autograd
+    (_focal_setup, _focal_bwd) with the backward's C call made directly."""
+
+    @staticmethod
+    def forward(ctx, x, y, alpha, gamma, reduction):
+        ctx.save_for_backward(x, y)
+        ctx.args = (alpha, gamma, reduction)
+        return _run_focal(_FWD, x, y, None, alpha, gamma, reduction)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        g = grad.float().contiguous()
+        if _grad_enabled() or not eager_ok(g):   # create_graph=True: the op, whose own backward raises
+            dx = torch.ops.fusedloss.sigmoid_focal_backward(g, x, y, *ctx.args)
+        else:
+            dx = _run_focal(_BWD, x, y, g, *ctx.args)
+        return dx, None, None, None, None
+
+
+class _BceWithLogits(torch.autograd.Function):
+    """apply(x, y, weight, pos_weight, reduction) -> loss: fusedloss::bce_with_logits_forward and its
+    autograd (_bce_setup, _bce_bwd) with the backward's C call made directly."""
+
+    @staticmethod
+    def forward(ctx, x, y, w, pw, reduction):
+        ctx.save_for_backward(x, y, w, pw)
+        ctx.reduction = reduction
+        return _run_bce(_FWD, x, y, w, pw, None, reduction)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y, w, pw = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        g = grad.float().contiguous()
+        if _grad_enabled() or not eager_ok(g):   # create_graph=True: the op, whose own backward raises
+            dx = torch.ops.fusedloss.bce_with_logits_backward(g, x, y, w, pw, ctx.reduction)
+        else:
+            dx = _run_bce(_BWD, x, y, w, pw, g, ctx.reduction)
+        return dx, None, None, None, None
+
+
 # ---- functional drop-ins ---------------------------------------------------------------------------
 
 def _served(x):
-    return isinstance(x, Tensor) and x.dtype in _DTYPES and x.device.type in ("cpu", "cuda")
+    return isinstance(x, Tensor) and x.dtype in _DTYPES and (x.is_cuda or x.is_cpu)
 
 
 def _fuse(x, reduction):
@@ -449,8 +598,8 @@ def sigmoid_focal_loss(inputs, targets, alpha: float = 0.25, gamma: float = 2.0,
     if not isinstance(inputs, Tensor) or not isinstance(targets, Tensor):
         raise TypeError("sigmoid_focal_loss: inputs and targets must be Tensors")
     alpha, gamma = float(alpha), float(gamma)
-    if not _served(inputs) or targets.requires_grad or not (gamma >= 0 and gamma < float("inf")) \
-            or not (-float("inf") < alpha < float("inf")):
+    if not _served(inputs) or targets.requires_grad or not (gamma >= 0 and gamma < _INF) \
+            or not (-_INF < alpha < _INF):
         return _reference_focal(inputs, targets, alpha, gamma, reduction)
     y = targets
     if y.dtype != inputs.dtype:
@@ -458,17 +607,27 @@ def sigmoid_focal_loss(inputs, targets, alpha: float = 0.25, gamma: float = 2.0,
     if y.shape != inputs.shape:
         y = y.expand(inputs.shape)
     red = REDUCTIONS[reduction]
-    if _fuse(inputs, red):   # loss and dx in one pass; backward scales dx
-        loss, _ = torch.ops.fusedloss.sigmoid_focal_fused(inputs.contiguous(), y.contiguous(), alpha, gamma, red,
-                                                          True)
+    x = inputs.contiguous()
+    y = y.contiguous()
+    if _eager(inputs, targets):
+        if not (inputs.requires_grad and _grad_enabled()):
+            loss = _run_focal(_FWD, x, y, None, alpha, gamma, red)
+        elif red != _NONE:   # as _fuse: loss and dx in one pass; backward scales dx
+            loss = _SigmoidFocalFused.apply(x, y, alpha, gamma, red)
+        else:
+            loss = _SigmoidFocal.apply(x, y, alpha, gamma, red)
+    elif _fuse(inputs, red):   # loss and dx in one pass; backward scales dx
+        loss, _ = torch.ops.fusedloss.sigmoid_focal_fused(x, y, alpha, gamma, red, True)
     else:
-        loss = torch.ops.fusedloss.sigmoid_focal_forward(inputs.contiguous(), y.contiguous(), alpha, gamma, red)
+        loss = torch.ops.fusedloss.sigmoid_focal_forward(x, y, alpha, gamma, red)
     return loss if loss.dtype == inputs.dtype else loss.to(inputs.dtype)
 
 
 def _as_c_vector(t, C, device):
     """t as a float32 (C,) vector if it broadcasts along the last dim only (shape (C,), (1,), (),
     or with leading 1s), else None."""
+    if t.dtype is _F32 and t.shape == (C,) and t.is_contiguous():   # the usual case: as it is
+        return t
     if t.dim() > 0 and any(s != 1 for s in t.shape[:-1]):
         return None
     last = t.shape[-1] if t.dim() > 0 else 1
@@ -527,11 +686,19 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     y = target if target.dtype == input.dtype else target.to(input.dtype)
     x = input.contiguous()
     y = y.contiguous()
-    if post_w is not None:
-        l = torch.ops.fusedloss.bce_with_logits_forward(x, y, None, pw, _NONE) * post_w
-        l = l.mean() if reduction == "mean" else l.sum() if reduction == "sum" else l
-    elif _fuse(input, REDUCTIONS[reduction]):   # loss and dx in one pass; backward scales dx
-        l, _ = torch.ops.fusedloss.bce_with_logits_fused(x, y, w, pw, REDUCTIONS[reduction], True)
+    red = REDUCTIONS[reduction] if post_w is None else _NONE
+    if _eager(input, target, weight, pos_weight):
+        if not (input.requires_grad and _grad_enabled()):
+            loss = _run_bce(_FWD, x, y, w, pw, None, red)
+        elif red != _NONE:   # as _fuse: loss and dx in one pass; backward scales dx
+            loss = _BceWithLogitsFused.apply(x, y, w, pw, red)
+        else:
+            loss = _BceWithLogits.apply(x, y, w, pw, red)
+    elif post_w is None and _fuse(input, red):   # loss and dx in one pass; backward scales dx
+        loss, _ = torch.ops.fusedloss.bce_with_logits_fused(x, y, w, pw, red, True)
     else:
-        l = torch.ops.fusedloss.bce_with_logits_forward(x, y, w, pw, REDUCTIONS[reduction])
-    return l if l.dtype == input.dtype else l.to(input.dtype)
+        loss = torch.ops.fusedloss.bce_with_logits_forward(x, y, w, pw, red)
+    if post_w is not None:
+        loss = loss * post_w
+        loss = loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
+    return loss if loss.dtype == input.dtype else loss.to(input.dtype)

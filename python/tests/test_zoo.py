@@ -8,7 +8,10 @@ torch.compile(fullgraph=True), the fallbacks, errors. The one-pass fused path (r
 sum with a gradient: fusedloss::*_fused, dx formed in the forward and scaled in the backward) is
 checked against the two-pass path (the forward op + its backward op) and the float64 reference
 for upstream gradients 1 and != 1, gradient accumulation, which path each call takes, the
-backward-only-once and double-backward errors. CUDA cases skip without a GPU.
+backward-only-once and double-backward errors. The eager fast path (zoo._eager: the ops' eager
+twins, no dispatcher) is checked bitwise against the custom ops (zoo._FORCE_OPS) for loss and
+gradient, and for the same errors, in-place scaling and fallbacks to the ops (fake tensors, vmap).
+CUDA cases skip without a GPU.
 
 Run (CPU, CI): make lib && PYTHONPATH=python python3 -m pytest -q python/tests/test_zoo.py
 """
@@ -143,7 +146,8 @@ def test_empty_and_shapes():
     close(fusedloss.binary_cross_entropy_with_logits(s, torch.tensor(1.0)),
           F.binary_cross_entropy_with_logits(s.double(), torch.tensor(1.0).double()), TOL[torch.float32], "0-d")
     xs = torch.randn(6, 8)   # non-contiguous input, broadcast targets
-    close(fusedloss.sigmoid_focal_loss(xs.t(), torch.ones(6)), tv_focal(xs.t().double(), torch.ones(6).double().expand(8, 6)),
+    close(fusedloss.sigmoid_focal_loss(xs.t(), torch.ones(6)),
+          tv_focal(xs.t().double(), torch.ones(6).double().expand(8, 6)),
           TOL[torch.float32], "t()")
 
 
@@ -244,8 +248,16 @@ def _grad_fn_names(t):
     return names
 
 
+# the autograd node of each op's eager twin (zoo's eager fast path: plain tensors, no tracing)
+EAGER_NODES = {"sigmoid_focal_fused": "_SigmoidFocalFusedBackward",
+               "sigmoid_focal_forward": "_SigmoidFocalBackward",
+               "bce_with_logits_fused": "_BceWithLogitsFusedBackward",
+               "bce_with_logits_forward": "_BceWithLogitsBackward"}
+
+
 def _uses(t, op):
-    return any(f"fusedloss_{op}_" in n for n in _grad_fn_names(t))
+    """t's graph holds the op, through the dispatcher or as its eager twin."""
+    return any(f"fusedloss_{op}_" in n or n == EAGER_NODES.get(op) for n in _grad_fn_names(t))
 
 
 def _upstream(loss, mode):
@@ -456,3 +468,179 @@ def test_compile_fullgraph_fused(device, dtype):
     f(xa, y).backward()
     torch.testing.assert_close(xa.grad, xb.grad)
 
+
+# ---- the eager fast path vs the custom ops ------------------------------------------------------
+
+EAGER_CASES = ["focal", "focal_noalpha", "focal_gamma05", "focal_bcast", "bce", "bce_w", "bce_pw", "bce_both",
+               "bce_scalar", "bce_rowwise"]
+
+
+def _eager_case(case, device, C):
+    """fn(a, b, reduction) for an EAGER_CASES entry (shape [..., C]; rowwise: [3, 5, C] only)."""
+    g = torch.Generator().manual_seed(21)
+    if case.startswith("focal"):
+        alpha = -1.0 if case == "focal_noalpha" else 0.25
+        gamma = 0.5 if case == "focal_gamma05" else 2.0
+        if case == "focal_bcast":   # fp32 (C,) targets: cast to the input's dtype and broadcast
+            return lambda a, b, red: fusedloss.sigmoid_focal_loss(a, b[(0,) * (b.dim() - 1)].float(), alpha, gamma,
+                                                                  reduction=red)
+        return lambda a, b, red: fusedloss.sigmoid_focal_loss(a, b, alpha, gamma, reduction=red)
+    w = pw = None
+    if case in ("bce_w", "bce_both"):
+        w = torch.rand(C, generator=g) + 0.2
+    if case in ("bce_pw", "bce_both"):
+        pw = 3 * torch.rand(C, generator=g) + 0.1
+    if case == "bce_scalar":
+        w, pw = torch.tensor(0.7), torch.tensor([2.0])
+    if case == "bce_rowwise":   # not a [C] layout: multiplied onto the unreduced loss
+        w = torch.rand(3, 5, 1, generator=g) + 0.2
+    w = w.to(device) if w is not None else None
+    pw = pw.to(device) if pw is not None else None
+    return lambda a, b, red: fusedloss.binary_cross_entropy_with_logits(a, b, weight=w, reduction=red, pos_weight=pw)
+
+
+def _step(fn, x, y, red, up, transposed):
+    """One forward + backward from a fresh leaf (transposed: a non-contiguous view of it); returns
+    (loss, leaf gradient, autograd node names)."""
+    leaf = (x.transpose(-1, -2).contiguous() if transposed else x.clone()).requires_grad_(True)
+    loss = fn(leaf.transpose(-1, -2) if transposed else leaf, y, red)
+    names = _grad_fn_names(loss)
+    if up == "one":
+        loss.backward()
+    elif up == "half":
+        loss.backward(torch.tensor(0.5, dtype=loss.dtype, device=loss.device))
+    elif up == "times3":
+        (loss * 3).backward()
+    elif up == "sum":   # expanded (stride 0) upstream gradient
+        loss.sum().backward()
+    else:
+        loss.backward(torch.randn(loss.shape, generator=torch.Generator().manual_seed(9)).to(loss.device, loss.dtype))
+    return loss.detach(), leaf.grad, names
+
+
+def _fast_and_ops(monkeypatch, f):
+    """(f() on the eager fast path, f() through the custom ops)."""
+    monkeypatch.setattr(zoo, "_FORCE_OPS", False)
+    fast = f()
+    monkeypatch.setattr(zoo, "_FORCE_OPS", True)
+    slow = f()
+    monkeypatch.setattr(zoo, "_FORCE_OPS", False)
+    return fast, slow
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", REDS)
+@pytest.mark.parametrize("case", EAGER_CASES)
+def test_eager_matches_ops_bitwise(monkeypatch, device, dtype, reduction, case):
+    x, y = make((3, 5, 17), dtype, device, soft=True, seed=12)
+    fn = _eager_case(case, device, 17)
+    for up in (["one", "half", "times3"] if reduction != "none" else ["sum", "rand"]):
+        for transposed in (False, True):
+            yy = y.transpose(-1, -2).contiguous() if transposed and case == "bce_rowwise" else y
+            if transposed and case == "bce_rowwise":
+                continue   # its weight is laid out for [3, 5, C]
+            (lf, gf, nf), (lo, go, no) = _fast_and_ops(monkeypatch, lambda: _step(fn, x, yy, reduction, up, transposed))
+            what = f"{case} {reduction} up={up} transposed={transposed}"
+            assert lf.dtype == lo.dtype == dtype and gf.dtype == go.dtype == dtype, what
+            assert torch.equal(lf, lo), f"{what}: loss"
+            assert torch.equal(gf, go), f"{what}: gradient"
+            assert not any("fusedloss_" in n for n in nf) and any(n in EAGER_NODES.values() for n in nf), nf
+            assert any("fusedloss_" in n for n in no) and not any(n in EAGER_NODES.values() for n in no), no
+            fused = reduction != "none" and case != "bce_rowwise"
+            op = ("sigmoid_focal" if case.startswith("focal") else "bce_with_logits") + \
+                ("_fused" if fused else "_forward")
+            assert EAGER_NODES[op] in nf and any(f"fusedloss_{op}_" in n for n in no), (op, nf, no)
+    # no gradient asked for: the forward kernel only, no graph, the same bits
+    for ctx in (torch.no_grad, torch.enable_grad):
+        with ctx():
+            lf, lo = _fast_and_ops(monkeypatch, lambda: fn(x, y, reduction))
+        assert lf.grad_fn is None and lo.grad_fn is None and torch.equal(lf, lo)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_backward_once_create_graph_in_place(monkeypatch, device):
+    """The fused path's backward as through the ops: in place on the forward's dx (fl_scale_rows,
+    once; x.grad adopts that storage), a second backward raises the same error, create_graph=True
+    gives the same gradient whose own backward raises; reduction none allows both."""
+    x, y = make((6, 5), torch.float32, device, soft=True, seed=5)
+    pw = torch.rand(5, device=device) + 0.5
+    w = torch.rand(5, device=device) + 0.5
+    calls = []
+    real = zoo.ops.run_scale_rows
+    monkeypatch.setattr(zoo.ops, "run_scale_rows", lambda *a: calls.append(a[1].item()) or real(*a))
+    fns = [lambda a, red: fusedloss.sigmoid_focal_loss(a, y, reduction=red),
+           lambda a, red: fusedloss.binary_cross_entropy_with_logits(a, y, w, reduction=red, pos_weight=pw)]
+    for f in fns:
+        for red in ("mean", "sum"):
+            def run():
+                calls.clear()
+                xg = x.clone().requires_grad_(True)
+                loss = f(xg, red)
+                dx_ptr = loss.grad_fn.saved_tensors[0].data_ptr()
+                loss.backward(retain_graph=True)
+                assert xg.grad.data_ptr() == dx_ptr and calls == [1.0]   # adopted, scaled in place
+                with pytest.raises(RuntimeError, match="only once") as err:
+                    loss.backward()
+                x2 = x.clone().requires_grad_(True)
+                f(x2, red).backward(torch.tensor(0.5, device=device))
+                assert calls == [1.0, 0.5]
+                x3 = x.clone().requires_grad_(True)
+                (g,) = torch.autograd.grad(f(x3, red) * 2, x3, create_graph=True)
+                assert g.requires_grad
+                with pytest.raises(RuntimeError, match="double backward") as err2:
+                    g.sum().backward()
+                return xg.grad, x2.grad, g.detach(), str(err.value), str(err2.value)
+            fast, slow = _fast_and_ops(monkeypatch, run)
+            for a, b in zip(fast, slow):
+                assert (a == b) if isinstance(a, str) else torch.equal(a, b)
+        for red in ("none",):   # two passes: backward twice is fine, create_graph as the ops
+            def run_none():
+                xg = x.clone().requires_grad_(True)
+                loss = f(xg, red).sum()
+                loss.backward(retain_graph=True)
+                loss.backward()
+                (g,) = torch.autograd.grad(f(xg, red).sum(), xg, create_graph=True)
+                assert g.requires_grad
+                with pytest.raises(RuntimeError, match="double backward") as err:
+                    g.sum().backward()
+                return xg.grad, g.detach(), str(err.value)
+            fast, slow = _fast_and_ops(monkeypatch, run_none)
+            for a, b in zip(fast, slow):
+                assert (a == b) if isinstance(a, str) else torch.equal(a, b)
+
+
+def test_eager_targets_on_another_device():
+    """Targets not on the input's device raise (the C-call helpers' check). Through the ops, meta
+    targets with CPU inputs would dispatch to the ops' fake kernels instead (uninitialised output)."""
+    x = torch.randn(3, 4, requires_grad=True)
+    for red in REDS:
+        with pytest.raises(ValueError, match="targets must match logits"):
+            fusedloss.sigmoid_focal_loss(x, torch.rand(3, 4, device="meta"), reduction=red)
+        with pytest.raises(ValueError, match="targets must match logits"):
+            fusedloss.binary_cross_entropy_with_logits(x, torch.rand(3, 4, device="meta"), reduction=red)
+
+
+def test_eager_not_taken_when_traced_or_transformed(monkeypatch):
+    """Fake tensors (a dispatch mode) take the ops' fake kernels (no C call), vmap (functorch: batched
+    tensors have no storage) the ops' batching fallback, one C call per sample."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    calls = []
+    for name in ("_run_focal", "_run_bce"):
+        real = getattr(zoo, name)
+        monkeypatch.setattr(zoo, name, lambda *a, _r=real: calls.append(a[0]) or _r(*a))
+    with FakeTensorMode():
+        x = torch.empty(4, 3, requires_grad=True)
+        y = torch.empty(4, 3)
+        for red in REDS:
+            for loss in (fusedloss.sigmoid_focal_loss(x, y, reduction=red),
+                         fusedloss.binary_cross_entropy_with_logits(x, y, reduction=red, pos_weight=torch.ones(3))):
+                assert loss.shape == ((4, 3) if red == "none" else ()) and loss.requires_grad
+    assert calls == []
+    x, y = make((4, 3), torch.float32, "cpu", soft=True)
+    for f in (lambda a, b: fusedloss.sigmoid_focal_loss(a, b, reduction="sum"),
+              lambda a, b: fusedloss.binary_cross_entropy_with_logits(a, b, pos_weight=torch.ones(3))):
+        calls.clear()
+        got = torch.vmap(f)(x, y)
+        assert calls == [zoo._FWD] * 4
+        assert torch.equal(got, torch.stack([f(a, b) for a, b in zip(x, y)]))
