@@ -1208,8 +1208,12 @@ __device__ __forceinline__ TmaRow tma_row_at(const CeArgs& a, int64_t it, int cs
 }
 
 template <typename T, int PASS, int F>
-__global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int per, int ns, int xasync) {
+__global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int per, int ns, int xasync_req) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // st.async needs a cluster of >= 2 CTAs (compute-sanitizer memcheck: "Invalid __shared__ write
+    // ... Cluster needs to have at least 2 blocks", H200 2026-12-02 run 8, a cs = 1 launch; the
+    // results were right): one CTA per row exchanges through the barrier path
+    const int xasync = xasync_req && cs > 1;
     extern __shared__ __align__(128) uint4 tma_buf[];  // [per] 16-byte vectors, ns sub-chunks
     __shared__ __align__(8) uint64_t bar[TMA_MAX_SUB];
     __shared__ __align__(8) uint64_t xbar[2];  // xasync: slot x's arrival barrier (cs x 16 bytes a phase)
