@@ -236,12 +236,15 @@ def test_cuda_matches_cpu_bitwise_shapes():
 # ---- the fused path (reduction mean / sum with a gradient: one pass) -----------------------------
 
 def _grad_fn_names(t):
-    """Names of the autograd nodes reachable from t's grad_fn."""
-    names, todo, seen = [], [t.grad_fn], set()
+    """Names of the autograd nodes reachable from t's grad_fn. The node wrappers are kept alive
+    while walking: next_functions hands out fresh Python objects, and the id of a freed one is
+    reused, which made the walk skip nodes (seen on CUDA: 16-bit BCE with a row-wise weight)."""
+    names, todo, seen, keep = [], [t.grad_fn], set(), []
     while todo:
         fn = todo.pop()
         if fn is None or id(fn) in seen:
             continue
+        keep.append(fn)
         seen.add(id(fn))
         names.append(type(fn).__name__)
         todo.extend(f for f, _ in fn.next_functions)

@@ -2187,17 +2187,14 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
     if (N > 0) {
         Config c = choose_config(V, (int)fl__dtype_size(dt), pass);
         const int64_t nvr = V / vec + 1;
-        // Fused, rows that fit one 512-thread CTA's registers (<= 4096 vectors: V <= 32K at 16
-        // bits) and too few rows to give each staged cluster many: one pass of the row kernel,
-        // a CTA per row (H200 2026-12-01 run 4: 2048x32000 f16 1.36x vs 1.56x staged, whose
-        // one-CTA clusters get 5.2 rows of work in 6 rounds). The bound N < 32 per SM is between
-        // that point and 16384x32000 bf16 (staged 1.28x), not measured in between.
-        const int one_cta = pass == PASS_FUSED && nvr > 512 && nvr <= 8 * 512 && N < 32 * (int64_t)d.sms &&
-                            !knobs()->chunk_threads;
+        // Fused rows that fit one 512-thread CTA's registers (<= 4096 vectors) with few rows took
+        // the row kernel, a CTA per row, from 2026-12-01 run 4 (2048x32000 f16 1.36x vs 1.56x
+        // staged) until 2026-12-02: by then that path measured 1.86x (it had regressed unnoticed
+        // between run 6 and run 31 of 2026-12-01; its K = 8 fused variant now spills 8 bytes)
+        // against the staged kernel's 1.58x (run 10: 2048x32000 f16 / bf16 1.58 / 1.59x vs 1.86
+        // / 1.88x, 4096x32000 bf16 1.42x vs 1.78x). The staged kernel takes them now.
         TmaPlan tp;
-        if (one_cta) {
-            c.T = 512; c.K = 8; c.C = 1;
-        } else if (tma_plan(pass, d.cc_major, N, V, (int)fl__dtype_size(dt), d.sms, &tp)) {
+        if (tma_plan(pass, d.cc_major, N, V, (int)fl__dtype_size(dt), d.sms, &tp)) {
             c.tma = 1; c.sms = d.sms; c.tcs = tp.cs; c.tper = tp.per; c.tns = tp.ns; c.tT = tp.T; c.tsmem = tp.smem;
         }
         c.sms = d.sms;
