@@ -174,6 +174,9 @@ def _run_focal(pass_, x, y, grad, alpha, gamma, reduction):
     """_FWD: loss; _BWD: dx for the upstream gradient grad; _FUSED: (loss, dx) for an upstream
     gradient of 1 (grad_loss NULL), one pass."""
     _check_xy("sigmoid_focal", x, y)
+    if x.is_cuda and ops._current_device() != x.get_device():   # launch on x's GPU (as ops.py does)
+        with torch.cuda.device(x.get_device()):
+            return _run_focal(pass_, x, y, grad, alpha, gamma, reduction)
     dt = _DTYPES[x.dtype]
     n = x.numel()
     cuda = x.is_cuda
@@ -368,6 +371,9 @@ sigmoid_focal_fused.register_autograd(_fused_bwd, setup_context=_fused_setup)
 
 def _run_bce(pass_, x, y, w, pw, grad, reduction):
     _check_xy("bce_with_logits", x, y)
+    if x.is_cuda and ops._current_device() != x.get_device():   # launch on x's GPU (as ops.py does)
+        with torch.cuda.device(x.get_device()):
+            return _run_bce(pass_, x, y, w, pw, grad, reduction)
     N, C = _nc(x)
     for what, t in (("weight", w), ("pos_weight", pw)):
         if t is not None and (t.dtype != _F32 or t.shape != (C,) or t.device != x.device or not t.is_contiguous()):
