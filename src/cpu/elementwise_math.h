@@ -70,15 +70,25 @@ fl_status fl__ew_validate(const char* fn, fl__ew_op op, fl__pass pass, int is_cu
 #  define FL_EW_HD static inline
 #endif
 
-/* 1 / d for a normal, finite d (here d in [1, 3]). CUDA: MUFU.RCP (rcp.approx.ftz, ~1 ulp) and one
- * Newton step (within 1 ulp, no branch: the IEEE division is ~10 instructions and a slow-path
- * branch); C: the IEEE division. NaN in, NaN out. */
-FL_EW_HD float fl__ew_rcp(float d) {
+/* The fast 16-bit forms (fast = 1: CUDA, fp16 / bf16 logits, the default there;
+ * FUSEDLOSS_EW_EXACT16=1 turns them off; the CPU never uses them): e = ex2.approx(-|x| log2 e)
+ * (relative error <= |x| 2^-24 + 2^-22: 3e-6 at |x| = 30), bare MUFU.RCP reciprocals (~1 ulp), the
+ * log1p series to 2w^3/9 (truncation w^5 / 11 <= 1.5e-6 relative): each loss element within
+ * ~2^-17 relative, far inside the 16-bit gradient's rounding (2^-9 / 2^-12) and PyTorch's 16-bit
+ * loss, ~12 instructions an element fewer (the 16-bit kernels were compute-bound: H200 2026-12-02
+ * run 8, sigmoid focal bf16 1.62x the floor in a CUDA graph, fp32 1.09x). `fast` is a
+ * compile-time constant in every caller. */
+
+/* 1 / d for a normal, finite d (here d in [1, 3]). CUDA: MUFU.RCP (rcp.approx.ftz, ~1 ulp), plus
+ * one Newton step unless fast (then within 1 ulp, no branch: the IEEE division is ~10
+ * instructions and a slow-path branch); C: the IEEE division. NaN in, NaN out. */
+FL_EW_HD float fl__ew_rcp(float d, int fast) {
 #ifdef __CUDA_ARCH__
     float r;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
-    return fmaf(r, fmaf(-d, r, 1.0f), r);
+    return fast ? r : fmaf(r, fmaf(-d, r, 1.0f), r);
 #else
+    (void)fast;
     return 1.0f / d;
 #endif
 }
@@ -86,68 +96,38 @@ FL_EW_HD float fl__ew_rcp(float d) {
 /* log1p(e) for e in [0, 1] (NaN in, NaN out), without log1pf's general range reduction (~25
  * instructions and a branch in libdevice): log1p(e) = 2 atanh(s), s = e / (2 + e) in [0, 1/3],
  * = s (2 + w Q(w)), w = s^2 <= 1/9, Q the atanh series 2/3 + 2w/5 + ... + 2w^5/13 (truncation
- * w^7 / 15 <= 1.4e-8 relative at e = 1); relative error a few fp32 ulps (s's, the series', the
- * two roundings), checked against float64 by tests/test_elementwise_loss.c over all of [0, 1]. */
-FL_EW_HD float fl__ew_log1p01(float e) {
-    const float s = e * fl__ew_rcp(2.0f + e);
+ * w^7 / 15 <= 1.4e-8 relative at e = 1; fast: to 2w^3/9); relative error a few fp32 ulps (s's,
+ * the series', the two roundings), checked against float64 by tests/test_elementwise_loss.c over
+ * all of [0, 1]. */
+FL_EW_HD float fl__ew_log1p01(float e, int fast) {
+    const float s = e * fl__ew_rcp(2.0f + e, fast);
     const float w = s * s;
-    float q = 2.0f / 13.0f;
-    q = q * w + 2.0f / 11.0f;
-    q = q * w + 2.0f / 9.0f;
+    float q;
+    if (fast) {
+        q = 2.0f / 9.0f;
+    } else {
+        q = 2.0f / 13.0f;
+        q = q * w + 2.0f / 11.0f;
+        q = q * w + 2.0f / 9.0f;
+    }
     q = q * w + 2.0f / 7.0f;
     q = q * w + 2.0f / 5.0f;
     q = q * w + 2.0f / 3.0f;
     return s * (w * q + 2.0f);
 }
-
-/* The fast 16-bit forms (CUDA, fp16 / bf16 logits, the default there; FUSEDLOSS_EW_EXACT16=1
- * turns them off; the CPU never uses them): e = ex2.approx(-|x| log2 e) (relative error
- * <= |x| 2^-24 + 2^-22: 3e-6 at |x| = 30), bare MUFU.RCP reciprocals (~1 ulp), the log1p series
- * to 2w^3/9 (truncation w^5 / 11 <= 1.5e-6 relative): each loss element within ~2^-17 relative,
- * far inside the 16-bit gradient's rounding (2^-9 / 2^-12) and PyTorch's 16-bit loss, ~12
- * instructions an element fewer (the 16-bit kernels were compute-bound: H200 2026-12-02 run 8,
- * sigmoid focal bf16 1.62x the floor in a CUDA graph, fp32 1.09x). */
-#ifdef __CUDA_ARCH__
-FL_EW_HD float fl__ew_fast_exp_neg(float a) {   /* exp(-a), a >= 0 */
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a * -1.4426950408889634f));
-    return r;
-}
-FL_EW_HD float fl__ew_fast_rcp(float d) {
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
-    return r;
-}
-FL_EW_HD float fl__ew_fast_log1p01(float e) {
-    const float s = e * fl__ew_fast_rcp(2.0f + e);
-    const float w = s * s;
-    float q = 2.0f / 9.0f;
-    q = q * w + 2.0f / 7.0f;
-    q = q * w + 2.0f / 5.0f;
-    q = q * w + 2.0f / 3.0f;
-    return s * (w * q + 2.0f);
-}
-#endif
 
 /* Shared first steps: e = exp(-|x|), sp = log1p(e), p = sigmoid(x), pm = 1 - p = sigmoid(-x)
- * (both without cancellation: r = 1 / (1 + e) is the larger, e r the smaller). fast: the forms
- * above (a compile-time constant in every caller; 0 on the CPU). */
+ * (both without cancellation: r = 1 / (1 + e) is the larger, e r the smaller). */
 FL_EW_HD void fl__ew_sigmoid(float x, int fast, float* sp, float* p, float* pm) {
-    float e, r;
+    float e;
 #ifdef __CUDA_ARCH__
-    if (fast) {
-        e = fl__ew_fast_exp_neg(fabsf(x));
-        r = fl__ew_fast_rcp(1.0f + e);
-        *sp = fl__ew_fast_log1p01(e);
-    } else
+    if (fast) asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fabsf(x) * -1.4426950408889634f));
+    else
 #endif
-    {
-        (void)fast;
         e = expf(-fabsf(x));
-        r = fl__ew_rcp(1.0f + e);
-        *sp = fl__ew_log1p01(e);
-    }
+    const float r = fl__ew_rcp(1.0f + e, fast);
     const float er = e * r;
+    *sp = fl__ew_log1p01(e, fast);
     *p = x >= 0.0f ? r : er;
     *pm = x >= 0.0f ? er : r;
 }
