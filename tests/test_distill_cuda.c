@@ -7,7 +7,9 @@
  * BATCHMEAN) x labels (none, int64 with ignored rows, int32 all ignored) x pass (forward, fused with
  * grad_loss NULL / a device value / per row, in place) x shapes (N = 1 .. 300, V = 1 .. 128256, rows
  * crossing the 8192-column chunks, ld > V, odd ld: unaligned rows, a student one element off its
- * 16-byte phase: the scalar path). Fresh random logits (normal, scale 3, some rows with a dominant
+ * 16-byte phase: the scalar path; on sm_90 aligned rows of >= 1024 vectors take the staged
+ * cluster kernel, scripts/gpu_check.sh also runs this with FUSEDLOSS_DISTILL_STAGED_GRID=3, several
+ * rows per cluster, and FUSEDLOSS_DISTILL_STAGED=0, the ticket kernel everywhere). Fresh random logits (normal, scale 3, some rows with a dominant
  * teacher class and logits of +-60), outputs poisoned before every call (NaN bytes); padding columns
  * of dstudent must stay poisoned, of an in-place student untouched. Plus: two runs bitwise equal
  * (determinism: the ticket order varies from run to run, the merge order does not), CUDA graph
@@ -312,7 +314,10 @@ int main(int argc, char** argv) {
     /* N, V, ld */
     const int64_t shapes[][3] = {{1, 1, 1},     {7, 3, 5},        {33, 8192, 8192}, {17, 8193, 8200},
                                  {5, 50257, 50257}, {64, 20000, 20011}, {300, 1000, 1000}, {129, 8003, 8003},
-                                 {3, 128256, 128256}, {40, 128256, 128256}};
+                                 {3, 128256, 128256}, {40, 128256, 128256},
+                                 /* the staged kernel (sm_90, aligned rows of >= 1024 vectors): clusters of
+                                  * 2-8 CTAs, a tail past the last vector; both within --small */
+                                 {2, 65541, 65544}, {4, 32768, 32768}};
     const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
     uint64_t seed = 7;
     long cases = 0, bad = 0;

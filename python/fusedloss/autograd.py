@@ -58,9 +58,11 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 def eager_ok(x):
     """True when the C entry points may be called directly (plain tensors, no tracing): not under
-    torch.compile/export, no dispatch mode (FakeTensorMode, ...), no tensor subclass."""
+    torch.compile/export, no dispatch mode (FakeTensorMode, ...), no tensor subclass, no functorch
+    transform (torch.vmap's batched tensors look like plain tensors but have no storage)."""
     return (not torch.compiler.is_compiling() and type(x) in _PLAIN
-            and _get_current_dispatch_mode() is None)
+            and _get_current_dispatch_mode() is None
+            and torch._C._functorch.peek_interpreter_stack() is None)
 
 _DOUBLE_BACKWARD_MSG = (
     "fusedloss.cross_entropy: double backward (differentiating the gradient of the loss) is not "

@@ -42,6 +42,7 @@ _INDEX_DTYPES = (torch.int64, torch.int32)
 # bad argument, and ends in _eager() too when it can.
 _is_compiling = torch.compiler.is_compiling
 _dispatch_depth = torch._C._len_torch_dispatch_stack
+_functorch_level = torch._C._functorch.peek_interpreter_stack
 _grad_enabled = torch.is_grad_enabled
 _Parameter = torch.nn.Parameter
 _F32 = torch.float32
@@ -83,7 +84,8 @@ def _eager(x, t, weight, cfg, inplace, return_lse, offset=None):
     ignore_index/option values (cfg holds validated ones) nor target values (the C library
     does)."""
     tx = type(x)
-    if (tx is not Tensor and tx is not _Parameter) or type(t) is not Tensor or _dispatch_depth():
+    if ((tx is not Tensor and tx is not _Parameter) or type(t) is not Tensor or _dispatch_depth()
+            or _functorch_level() is not None):   # vmap / grad transforms: the ops path
         return None
     dt = _FL_DTYPES.get(x.dtype)
     it = _FL_INDEX_DTYPES.get(t.dtype)

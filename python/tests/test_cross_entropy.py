@@ -1030,3 +1030,16 @@ def test_inplace_backward_reuses_logits_storage_cpu(reduction, leaf):
     if leaf:
         assert x.grad.data_ptr() == ptr, "the gradient must live in the logits' storage"
     assert_close(x.grad, ref_x.grad, (1e-6, 1e-6), "grad")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_vmap_takes_the_ops(device):
+    """torch.vmap's batched tensors look like plain tensors but have no storage: the C fast path
+    must not take them (on CUDA it crashed, a helper's review found); the ops' batching fallback
+    then runs one call per sample, the same bits as calling per sample."""
+    xs, ts = zip(*[make_inputs((6, 37), torch.float32, device, seed=s) for s in range(3)])
+    x, t = torch.stack(xs), torch.stack(ts)
+    for red in ("mean", "sum", "none"):
+        got = torch.vmap(lambda a, b: fusedloss.cross_entropy(a, b, reduction=red))(x, t)
+        want = torch.stack([fusedloss.cross_entropy(a, b, reduction=red) for a, b in zip(xs, ts)])
+        assert torch.equal(got, want), red

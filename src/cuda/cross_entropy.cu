@@ -43,6 +43,7 @@
 
 #include "../internal.h"
 #include "common.cuh"
+#include "cluster.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -1044,74 +1045,7 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
 #define TMA_MAX_SUB 8       // sub-chunks (mbarriers) per CTA buffer
 #define TMA_PIECE_VECS 256  // one bulk copy moves at most 4 KB; warp 0's lanes issue the pieces
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_tx(uint64_t* bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile(
-            "{\n\t.reg .pred p;\n\t"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-            "selp.u32 %0, 1, 0, p;\n\t}"
-            : "=r"(done)
-            : "r"(smem_addr(bar)), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-            smem_addr(dst)),
-        "l"(src), "r"(bytes), "r"(smem_addr(bar))
-        : "memory");
-}
-
-// Per-thread 16-byte asynchronous copies (sm_80+ LDGSTS, L1 bypassed), their completion tracked
-// by the same mbarrier: each thread's arrive fires once its own copies have landed (init count T).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-
-// DSMEM exchange without a cluster barrier (the default; FUSEDLOSS_CE_TMA_XCH=0: the barrier): st.async writes 16 bytes
-// into CTA `rank`'s shared memory and counts them on ITS mbarrier (complete_tx, release at
-// cluster scope); the receiver waits on its own mbarrier with acquire at cluster scope. The
-// cluster barrier it replaces compiles to MEMBAR.ALL.GPU + UCGABAR + CCTL.IVALL per row (SASS,
-// sm_90): the membar waits for this thread's outstanding gradient stores of the previous row.
-__device__ __forceinline__ uint32_t mapa_shared(uint32_t local, int rank) {
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(local), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ void st_async_f4(uint32_t raddr, float4 v, uint32_t rbar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
-                 ::"r"(raddr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(rbar)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile(
-            "{\n\t.reg .pred p;\n\t"
-            "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-            "selp.u32 %0, 1, 0, p;\n\t}"
-            : "=r"(done)
-            : "r"(smem_addr(bar)), "r"(parity)
-            : "memory");
-    } while (!done);
-}
+// (the mbarrier, bulk-copy, cp.async and st.async primitives: cluster.cuh)
 
 // CTA `rank`'s share of a row: aligned vectors [lo, lo + n) of the row's nfull.
 struct TmaChunk { int lo, n; };
@@ -1655,26 +1589,6 @@ __global__ void __launch_bounds__(256) vp_combine_kernel(CeArgs a, const float* 
 // ---------------------------------------------------------------------------------------------
 // launchers
 
-struct DevInfo { int cc_major; int sms; };
-
-static cudaError_t dev_info(DevInfo* out) {
-    // Cached per device: attribute queries do not synchronise, but skip them on the hot path.
-    static DevInfo cache[64];
-    static int have[64];
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess) return e;
-    if (dev >= 0 && dev < 64 && have[dev]) { *out = cache[dev]; return cudaSuccess; }
-    DevInfo d;
-    e = cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, dev);
-    if (e != cudaSuccess) return e;
-    e = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) return e;
-    if (dev >= 0 && dev < 64) { cache[dev] = d; have[dev] = 1; }
-    *out = d;
-    return cudaSuccess;
-}
-
 struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t tsmem; int stream, sC, scv; };
 
 // Knobs for A/B runs on the GPU, read from the environment once (all experimental):
@@ -1740,16 +1654,6 @@ static const Knobs* knobs(void) {
     return &k;
 }
 
-// One launch attribute: a 1-D thread-block cluster of cs CTAs.
-static void set_cluster(cudaLaunchConfig_t* cfg, cudaLaunchAttribute* attr, unsigned cs) {
-    attr->id = cudaLaunchAttributeClusterDimension;
-    attr->val.clusterDim.x = cs;
-    attr->val.clusterDim.y = 1;
-    attr->val.clusterDim.z = 1;
-    cfg->attrs = attr;
-    cfg->numAttrs = 1;
-}
-
 // Rows of up to 512 16-byte vectors: one CTA, as few threads as cover the row with 2 vectors
 // each. Longer rows: chunks of 256 threads x 8 vectors (32 KB in flight per CTA, ~107 registers:
 // two CTAs per SM), C = fl__ce_chunks() of them per row.
@@ -1782,62 +1686,8 @@ static Config choose_config(int64_t V, int esize, int pass) {
     return c;
 }
 
-// Occupancy of a (kernel, cluster size, shared memory) triple, cached: clusters (or CTAs when
-// cs == 0) that are resident at once on this device. 0 = does not fit.
-struct OccEntry { const void* fn; int dev, cs, T; size_t smem; int n; };
-
 static cudaError_t tma_occupancy(const void* fn, int cs, int T, size_t smem, int sms, int* out) {
-    static OccEntry cache[256];
-    static int used = 0;
-    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess) return e;
-    pthread_mutex_lock(&mu);
-    for (int k = 0; k < used; k++)
-        if (cache[k].fn == fn && cache[k].dev == dev && cache[k].cs == cs && cache[k].T == T && cache[k].smem == smem) {
-            *out = cache[k].n;
-            pthread_mutex_unlock(&mu);
-            return cudaSuccess;
-        }
-    int n = 0;
-    // The dynamic shared-memory limit is an attribute of the function, not of a launch: only ever
-    // raise it (a later, smaller plan must not invalidate an earlier, larger one's launches).
-    size_t fmax = 0;
-    for (int k = 0; k < used; k++)
-        if (cache[k].fn == fn && cache[k].dev == dev && cache[k].n > 0 && cache[k].smem > fmax) fmax = cache[k].smem;
-    e = cudaSuccess;
-    if (smem > fmax) e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e == cudaSuccess && cs > 8) e = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e == cudaSuccess) {
-        if (cs == 0) {
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, T, smem);
-            n *= sms;
-        } else {
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3((unsigned)cs, 1, 1);
-            cfg.blockDim = dim3((unsigned)T, 1, 1);
-            cfg.dynamicSmemBytes = smem;
-            cudaLaunchAttribute attr;
-            set_cluster(&cfg, &attr, (unsigned)cs);
-            e = cudaOccupancyMaxActiveClusters(&n, fn, &cfg);
-        }
-    }
-    if (e != cudaSuccess) {  // e.g. a cluster size this device cannot schedule: use the other path
-        (void)cudaGetLastError();
-        e = cudaSuccess;
-        n = 0;
-    }
-    if (used < 256) {
-        OccEntry c = {fn, dev, cs, T, smem, n};
-        cache[used++] = c;
-    }
-    if (knobs()->debug)
-        fprintf(stderr, "fusedloss: staged CE kernel %p: cluster %d, %d threads, %zu B shared: %d %s resident\n", fn, cs,
-                T, smem, n, cs ? "clusters" : "CTAs");
-    pthread_mutex_unlock(&mu);
-    *out = n;
-    return e;
+    return fl__cluster_occupancy(fn, cs, T, smem, sms, knobs()->debug, "staged CE kernel", out);
 }
 
 struct TmaPlan { int cs, per, ns, T; size_t smem; };

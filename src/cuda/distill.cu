@@ -33,7 +33,13 @@
  * the only atomics are integer counters; which CTA merges a row does not change the merge order).
  * SPDX-License-Identifier: MIT
  */
+#include <cooperative_groups.h>
+#include <string.h>
+
+#include "cluster.cuh"
 #include "rowpass.cuh"
+
+namespace cg = cooperative_groups;
 
 // workspace slots: 8 fp32 per (row, chunk)
 //   phase 0 partial : [0] m_s [1] S_s [2] m_t [3] S_t [4] U (FKL) / W (RKL)   (log2 units)
@@ -346,6 +352,274 @@ __global__ void __launch_bounds__(RP_THREADS, 2) distill_kernel(DArgs a) {
     }
 }
 
+// ---- the staged kernel (sm_90): one HBM read of both inputs ---------------------------------------
+// A thread-block cluster of cs CTAs owns a row at a time (persistent clusters walk rows cid, cid +
+// G, ...); CTA `rank` stages vectors [rank * per, rank * per + n) of the student and the teacher
+// row in shared memory with per-thread cp.async (16 bytes, L2 only). Each thread only ever reads the
+// vectors it copied, so the data needs no CTA barrier: cp.async.wait_group is enough, and the next
+// row's copies into sub-chunk k are issued as soon as this thread is done with sub-chunk k (the
+// copies of row r + G are in flight while row r's gradient is written). Per row: the statistics
+// sweep, one exchange of the CTA partials over DSMEM (st.async + an mbarrier per slot, no cluster
+// barrier: cluster.cuh), merged in rank order (the same bits in every CTA), [JSD: the KL-to-mixture
+// sweep and a second exchange], then the gradient sweep from shared memory. Rows whose body is not
+// 16-byte aligned, and short rows, take the ticket kernel above. The < VEC elements past the last
+// full vector are read directly by rank 0 (twice: the second read is an L2 hit).
+#define DC_THREADS 256
+#define DC_NS 2            // sub-chunks per CTA piece (each a cp.async group)
+#define DC_MAX_CLUSTER 16
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// wait until at most n of this thread's groups are pending (n is an immediate: 0 .. DC_NS)
+__device__ __forceinline__ void cp_wait(int n) {
+    switch (n) {
+        case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+        case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+        default: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    }
+}
+
+template <typename TS, typename TT>
+__device__ __forceinline__ void dc_unpack(const uint4* sb, const uint4* tb, int q, float (&xs)[RpT<TS>::VEC],
+                                          float (&xt)[RpT<TS>::VEC]) {
+    constexpr int VEC = RpT<TS>::VEC, NT = (int)(VEC * sizeof(TT) / 16);
+    rp_unpack<TS>(sb[q], xs);
+#pragma unroll
+    for (int k = 0; k < NT; k++) rp_unpack<TT>(tb[q * NT + k], xt + k * (VEC / NT));
+}
+
+template <typename TS, typename TT, int MODE, bool FUSED>
+__global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, int cs, int per, int nv) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int VEC = RpT<TS>::VEC;
+    constexpr int NT = (int)(VEC * sizeof(TT) / 16);
+    constexpr bool JSD = MODE == FL__DISTILL_JSD;
+    // the sweep that frees the buffer (its sub-chunks are refilled with the next row as it goes)
+    constexpr int LAST = FUSED ? 2 : (JSD ? 1 : 0);   // 0 statistics, 1 JSD sums, 2 gradient
+    extern __shared__ __align__(16) uint4 dc_buf[];   // [per] student vectors, then [per * NT] teacher
+    __shared__ __align__(8) uint64_t xb1[2], xb2[2];
+    __shared__ float4 sl1[2][DC_MAX_CLUSTER][2];      // statistics partials by rank (slot parity)
+    __shared__ float4 sl2[2][DC_MAX_CLUSTER];         // JSD sums by rank
+    __shared__ Stat1 sm1[DC_THREADS / 32];
+    __shared__ float2 sm2[DC_THREADS / 32];
+    __shared__ float4 bc;                             // the merged row values, for every thread
+    uint4* sb = dc_buf;
+    uint4* tb = dc_buf + per;
+    const int tid = (int)threadIdx.x;
+    int rank = 0;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    const int64_t cid = blockIdx.x / cs, ncl = gridDim.x / cs;
+    const int lo = rank * per;
+    const int n = nv - lo < per ? (nv - lo > 0 ? nv - lo : 0) : per;   // this CTA's vectors
+    const int sub = (n + DC_NS - 1) / DC_NS;
+    const int tail = (int)(a.V - (int64_t)nv * VEC);                   // 0 .. VEC-1 scalar columns
+    const bool has_x = rank == 0 && tid < tail;
+    const int64_t xcol = (int64_t)nv * VEC + tid;
+    const bool xch = cs > 1;   // st.async needs a cluster of >= 2 CTAs
+    const float k2 = a.k2, beta = a.beta, omb = 1.0f - a.beta;
+
+    if (tid == 0) {
+        mbar_init(&xb1[0], 1u); mbar_init(&xb1[1], 1u); mbar_init(&xb2[0], 1u); mbar_init(&xb2[1], 1u);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (xch) cg::this_cluster().sync();   // why: barriers initialised and every CTA started before DSMEM stores
+
+    auto issue = [&](int64_t r, int k) {
+        if (r < a.sc.N) {
+            const uint4* srow = reinterpret_cast<const uint4*>((const TS*)a.s + r * a.lds) + lo;
+            const uint4* trow = reinterpret_cast<const uint4*>((const TT*)a.t + r * a.ldt) + (int64_t)lo * NT;
+            const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
+            for (int q = k * sub + tid; q < qhi; q += DC_THREADS) {
+                cp_async16(sb + q, srow + q);
+#pragma unroll
+                for (int c = 0; c < NT; c++) cp_async16(tb + q * NT + c, trow + (int64_t)q * NT + c);
+            }
+        }
+        cp_commit();   // an empty group past the last row keeps the per-thread group count uniform
+    };
+
+    int64_t r = cid;
+    for (int k = 0; k < DC_NS; k++) issue(r, k);
+    int e = 0;   // exchanges done (the same count in every CTA of the cluster)
+    for (; r < a.sc.N; r += ncl) {
+        const int64_t rn = r + ncl;
+        const bool ign = a.labels && rp_label(a.labels, a.lab64, r) == a.ignore;
+        const TS* srow = (const TS*)a.s + r * a.lds;
+        const TT* trow = (const TT*)a.t + r * a.ldt;
+        const int x = e & 1;
+        const uint32_t xpar = (uint32_t)((e >> 1) & 1);
+        e++;
+
+        // ---- statistics (online max / sum of 2^(x k2) of both inputs, and the KL's weighted sum)
+        Stat1 st = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
+#pragma unroll
+        for (int k = 0; k < DC_NS; k++) {
+            cp_wait(LAST == 0 ? DC_NS - 1 : DC_NS - 1 - k);
+            const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
+            for (int q = k * sub + tid; q < qhi; q += DC_THREADS) {
+                float xs[VEC], xt[VEC];
+                dc_unpack<TS, TT>(sb, tb, q, xs, xt);
+                float gs = xs[0], gt = xt[0];
+#pragma unroll
+                for (int v = 1; v < VEC; v++) { gs = fmaxf(gs, xs[v]); gt = fmaxf(gt, xt[v]); }
+                gs *= k2; gt *= k2;   // k2 > 0: the max of the scaled values
+                if (gs > st.ms) {
+                    const float f = rp_rescale(st.ms, gs);
+                    st.Ss *= f;
+                    if (MODE == FL__DISTILL_RKL) st.u *= f;
+                    st.ms = gs;
+                }
+                if (gt > st.mt) {
+                    const float f = rp_rescale(st.mt, gt);
+                    st.St *= f;
+                    if (MODE == FL__DISTILL_FKL) st.u *= f;
+                    st.mt = gt;
+                }
+                float ss = 0.0f, stt = 0.0f, su = 0.0f;
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    const float es = exp2f(fmaf(xs[v], k2, -st.ms)), et = exp2f(fmaf(xt[v], k2, -st.mt));
+                    ss += es;
+                    stt += et;
+                    if (MODE == FL__DISTILL_FKL) su = fmaf(et, xt[v] - xs[v], su);
+                    if (MODE == FL__DISTILL_RKL) su = fmaf(es, xs[v] - xt[v], su);
+                }
+                st.Ss += ss;
+                st.St += stt;
+                if (MODE != FL__DISTILL_JSD) st.u = fmaf(su, k2, st.u);
+            }
+            if (LAST == 0) issue(rn, k);
+        }
+        if (has_x) {
+            const float xs = rp_sload(srow + xcol) * k2, xt = rp_sload(trow + xcol) * k2;
+            Stat1 one = {xs, 1.0f, xt, 1.0f, 0.0f};
+            if (MODE == FL__DISTILL_FKL) one.u = xt - xs;
+            if (MODE == FL__DISTILL_RKL) one.u = xs - xt;
+            st = combine1<MODE>(st, one);
+        }
+        st = block_reduce1<MODE>(st, sm1);
+        if (tid == 0) {
+            Stat1 m = st;
+            if (xch) {
+                // arm this CTA's barrier for the cs partials (a remote st.async may land first: its
+                // tx count then goes negative until this expect_tx); slot x is next written two
+                // exchanges later, which no CTA starts before it has this CTA's partial of the
+                // exchange in between, sent after the reads below
+                mbar_arrive_tx(&xb1[x], (uint32_t)cs * 32u);
+                const uint32_t ls = smem_addr(&sl1[x][rank][0]), lb = smem_addr(&xb1[x]);
+                const float4 v0 = make_float4(st.ms, st.Ss, st.mt, st.St), v1 = make_float4(st.u, 0.0f, 0.0f, 0.0f);
+                for (int c = 0; c < cs; c++) {
+                    st_async_f4(mapa_shared(ls, c), v0, mapa_shared(lb, c));
+                    st_async_f4(mapa_shared(ls + 16u, c), v1, mapa_shared(lb, c));
+                }
+                mbar_wait_cluster(&xb1[x], xpar);
+                for (int c = 0; c < cs; c++) {   // rank order
+                    const float4 p0 = sl1[x][c][0], p1 = sl1[x][c][1];
+                    const Stat1 o = {p0.x, p0.y, p0.z, p0.w, p1.x};
+                    m = c == 0 ? o : combine1<MODE>(m, o);
+                }
+            }
+            const float L2s = m.ms + log2f(m.Ss), L2t = m.mt + log2f(m.St);
+            float l = 0.0f;
+            if (MODE == FL__DISTILL_FKL) l = RP_LN2 * (m.u / m.St - L2t + L2s);
+            if (MODE == FL__DISTILL_RKL) l = RP_LN2 * (m.u / m.Ss - L2s + L2t);
+            if (ign) l = 0.0f;
+            if (!JSD && rank == 0) {
+                if (a.none) { if (a.loss) a.loss[r] = l * a.loss_scale; }
+                else a.rowloss[r] = l * a.loss_scale;
+            }
+            bc = make_float4(L2s, L2t, l, 0.0f);
+        }
+        __syncthreads();   // why: bc written; sm1 free again
+        const float L2s = bc.x, L2t = bc.y;
+        float l = bc.z, sh = 0.0f;
+
+        if (JSD) {
+            // ---- sum p (log p - log m) and q (log q - log m) over the row
+            float2 acc = make_float2(0.0f, 0.0f);
+            auto elem = [&](float xs, float xt) {
+                const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);   // log2 q, log2 p
+                const float q = exp2f(ls2), p = exp2f(lt2);
+                const float lm = log2f(beta * p + omb * q);
+                if (p > 0.0f) acc.x = fmaf(p, lt2 - lm, acc.x);
+                if (q > 0.0f) acc.y = fmaf(q, ls2 - lm, acc.y);
+            };
+#pragma unroll
+            for (int k = 0; k < DC_NS; k++) {
+                const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
+                for (int q = k * sub + tid; q < qhi; q += DC_THREADS) {
+                    float xs[VEC], xt[VEC];
+                    dc_unpack<TS, TT>(sb, tb, q, xs, xt);
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) elem(xs[v], xt[v]);
+                }
+                if (LAST == 1) issue(rn, k);
+            }
+            if (has_x) elem(rp_sload(srow + xcol), rp_sload(trow + xcol));
+            acc = block_sum2(acc, sm2);
+            if (tid == 0) {
+                float A = acc.x * RP_LN2, B = acc.y * RP_LN2;
+                if (xch) {
+                    mbar_arrive_tx(&xb2[x], (uint32_t)cs * 16u);
+                    const uint32_t ls = smem_addr(&sl2[x][rank]), lb = smem_addr(&xb2[x]);
+                    const float4 v0 = make_float4(A, B, 0.0f, 0.0f);
+                    for (int c = 0; c < cs; c++) st_async_f4(mapa_shared(ls, c), v0, mapa_shared(lb, c));
+                    mbar_wait_cluster(&xb2[x], xpar);
+                    A = 0.0f; B = 0.0f;
+                    for (int c = 0; c < cs; c++) { A += sl2[x][c].x; B += sl2[x][c].y; }   // rank order
+                }
+                float lj = beta * A + omb * B;
+                if (ign) lj = 0.0f;
+                if (rank == 0) {
+                    if (a.none) { if (a.loss) a.loss[r] = lj * a.loss_scale; }
+                    else a.rowloss[r] = lj * a.loss_scale;
+                }
+                bc.z = lj;
+                bc.w = omb * B;
+            }
+            __syncthreads();   // why: bc.z / bc.w written
+            l = bc.z;
+            sh = bc.w;
+        }
+
+        if (FUSED) {
+            // ---- the student gradient, from shared memory, written once
+            TS* drow = (TS*)a.ds + r * a.lds;
+            const float G = ign ? 0.0f : row_grad(a, r);
+            auto grad = [&](float xs, float xt) -> float {
+                if (ign) return 0.0f;
+                const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);
+                const float q = exp2f(ls2);
+                if (MODE == FL__DISTILL_FKL) return G * (q - exp2f(lt2));
+                if (MODE == FL__DISTILL_RKL) return G * (q * (RP_LN2 * (ls2 - lt2) - l));
+                const float p = exp2f(lt2);
+                const float hq = q > 0.0f ? omb * q * (RP_LN2 * (ls2 - log2f(beta * p + omb * q))) : 0.0f;
+                return G * (hq - q * sh);
+            };
+#pragma unroll
+            for (int k = 0; k < DC_NS; k++) {
+                const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
+                for (int q = k * sub + tid; q < qhi; q += DC_THREADS) {
+                    float xs[VEC], xt[VEC];
+                    dc_unpack<TS, TT>(sb, tb, q, xs, xt);
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) xs[v] = grad(xs[v], xt[v]);
+                    rp_vstore<TS, VEC>(drow + (int64_t)(lo + q) * VEC, xs);
+                }
+                issue(rn, k);
+            }
+            if (has_x) drow[xcol] = from_float<TS>(grad(rp_sload(srow + xcol), rp_sload(trow + xcol)));
+        }
+    }
+    cp_wait(0);
+    // every partial sent to this CTA has landed (waited above), but its own st.async to the others
+    // may still be in flight: no CTA exits before all have passed their last exchange
+    if (xch) cg::this_cluster().sync();
+#else
+    __trap();  // chosen only on sm_90+
+#endif
+}
+
 // ---- host side ----------------------------------------------------------------------------------
 typedef void (*dk_fn)(DArgs);
 
@@ -375,6 +649,72 @@ static int kernel_index(fl_dtype sdt, fl_dtype tdt, int mode, bool fused) {
     return (pair * 3 + mode) * 2 + (fused ? 1 : 0);
 }
 
+template <typename TS, typename TT>
+static const void* pick_staged2(int mode, bool fused) {
+    switch (mode) {
+        case FL__DISTILL_FKL: return fused ? (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_FKL, true>
+                                           : (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_FKL, false>;
+        case FL__DISTILL_RKL: return fused ? (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_RKL, true>
+                                           : (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_RKL, false>;
+        default: return fused ? (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_JSD, true>
+                              : (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_JSD, false>;
+    }
+}
+
+static const void* pick_staged(fl_dtype sdt, fl_dtype tdt, int mode, bool fused) {
+    const bool t32 = tdt == FL_DTYPE_F32;
+    switch (sdt) {
+        case FL_DTYPE_F32: return pick_staged2<float, float>(mode, fused);
+        case FL_DTYPE_F16: return t32 ? pick_staged2<__half, float>(mode, fused) : pick_staged2<__half, __half>(mode, fused);
+        default: return t32 ? pick_staged2<__nv_bfloat16, float>(mode, fused)
+                            : pick_staged2<__nv_bfloat16, __nv_bfloat16>(mode, fused);
+    }
+}
+
+// Knobs (A/B runs): FUSEDLOSS_DISTILL_STAGED=0 turns the staged kernel off; FUSEDLOSS_DISTILL_STAGED_KB
+// (default 72: three CTAs per SM) caps the shared memory of one CTA, the cluster size follows
+// (<= 16 CTAs); FUSEDLOSS_DISTILL_STAGED_GRID caps the clusters launched (tests: the row loop and
+// its cross-row prefetch at small N); FUSEDLOSS_DEBUG=1 prints the occupancy of each new plan.
+struct DcPlan { int cs, per, nv; size_t smem; const void* fn; };
+
+static int dc_plan(const fl__distill_params* p, const void* s, const void* t, const void* ds, bool fused, DcPlan* out) {
+    // read on every call, as rp_plan's knobs (an A/B in one process: bench_distill.py --ab)
+    const char* off = getenv("FUSEDLOSS_DISTILL_STAGED");
+    if ((off && off[0] == '0') || p->N <= 0) return 0;
+    const int gcap = (int)rp_env_i64("FUSEDLOSS_DISTILL_STAGED_GRID", 0);
+    int kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_STAGED_KB", 72);
+    if (kb < 8 || kb > 200) kb = 72;
+    const int debug = (int)rp_env_i64("FUSEDLOSS_DEBUG", 0);
+    DevInfo d;
+    if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return 0; }
+    const size_t es = fl__dtype_size(p->dtype), et = fl__dtype_size(p->teacher_dtype);
+    const int64_t VEC = (int64_t)(16 / es);
+    const int64_t NT = VEC * (int64_t)et / 16;
+    // every row's body 16-byte aligned: base pointers and row strides
+    if (((uintptr_t)s & 15u) || ((uintptr_t)t & 15u) || (ds && ((uintptr_t)ds & 15u))) return 0;
+    if ((p->ld_s * (int64_t)es) % 16 || (p->ld_t * (int64_t)et) % 16) return 0;
+    const int64_t nv = p->V / VEC;
+    if (nv < 4 * DC_THREADS) return 0;   // short rows: the ticket kernel (a CTA per several rows)
+    const int64_t vb = 16 * (1 + NT);    // shared bytes per vector of the row
+    const int64_t chunk = (int64_t)kb * 1024 / vb;
+    int cs = 1;
+    while ((int64_t)cs * chunk < nv && cs < DC_MAX_CLUSTER) cs *= 2;
+    if ((int64_t)cs * chunk < nv) return 0;
+    out->cs = cs;
+    out->nv = (int)nv;
+    out->per = (int)((nv + cs - 1) / cs);
+    out->smem = (size_t)out->per * (size_t)vb;
+    out->fn = pick_staged(p->dtype, p->teacher_dtype, (int)p->mode, fused);
+    int n = 0;
+    if (fl__cluster_occupancy(out->fn, cs, DC_THREADS, out->smem, d.sms, debug, "staged distillation kernel", &n) !=
+            cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (gcap > 0 && n > gcap) n = gcap;   // tests: several rows per cluster at small N
+    return n;   // resident clusters
+}
+
 static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_params* p, float* loss, void* ds,
                               const void* s, const void* t, const float* gl, float grad_scale, void* workspace,
                               cudaStream_t stream) {
@@ -402,21 +742,28 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
         }
         return FL_OK;
     }
-    // counters and the ticket start at 0
-    FL_CUDA_TRY(cudaMemsetAsync(ws, 0, 16, stream));
-    FL_CUDA_TRY(cudaMemsetAsync(cnt, 0, a8, stream));
+    DcPlan dp;
+    const int ncl = dc_plan(p, s, t, ds, fused, &dp);
+    // counters and the ticket start at 0 (the ticket kernel only)
+    if (!ncl) FL_CUDA_TRY(cudaMemsetAsync(ws, 0, 16, stream));
+    if (!ncl) FL_CUDA_TRY(cudaMemsetAsync(cnt, 0, a8, stream));
     if (count_rows) {
         FL_CUDA_TRY(rp_count(p->labels, p->label_dtype == FL_INDEX_I64, p->ignore_index, N, part, Dslot, stream));
     }
 
     const dk_fn kfn = pick(p->dtype, p->teacher_dtype, (int)p->mode, fused);
     int64_t resident = 0;
-    FL_CUDA_TRY(rp_resident((const void*)kfn, &g_occ[kernel_index(p->dtype, p->teacher_dtype, (int)p->mode, fused)],
-                            &resident));
     const int P = (p->mode == FL__DISTILL_JSD ? 2 : 1) + (fused ? 1 : 0);
 
     DArgs a;
-    a.sc = rp_plan(N, p->V, P, resident, (unsigned long long*)ws);
+    if (ncl) {
+        memset(&a.sc, 0, sizeof a.sc);
+        a.sc.N = N;
+    } else {
+        FL_CUDA_TRY(rp_resident((const void*)kfn,
+                                &g_occ[kernel_index(p->dtype, p->teacher_dtype, (int)p->mode, fused)], &resident));
+        a.sc = rp_plan(N, p->V, P, resident, (unsigned long long*)ws);
+    }
     a.s = s;
     a.t = t;
     a.ds = ds;
@@ -441,12 +788,25 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
     a.lab64 = p->label_dtype == FL_INDEX_I64;
     a.none = none;
 
-    int64_t grid = resident;
-    const int64_t useful = N * a.sc.C * P;
-    if (grid > useful) grid = useful;
-    if (grid < 1) grid = 1;
-    kfn<<<(unsigned)grid, RP_THREADS, 0, stream>>>(a);
-    FL_CUDA_TRY(cudaGetLastError());
+    if (ncl) {
+        const int64_t G = N < ncl ? N : ncl;   // clusters: one per row up to what is resident
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr;
+        cfg.gridDim = dim3((unsigned)(G * dp.cs), 1, 1);
+        cfg.blockDim = dim3(DC_THREADS, 1, 1);
+        cfg.dynamicSmemBytes = dp.smem;
+        cfg.stream = stream;
+        set_cluster(&cfg, &attr, (unsigned)dp.cs);
+        void* args[] = {&a, &dp.cs, &dp.per, &dp.nv};
+        FL_CUDA_TRY(cudaLaunchKernelExC(&cfg, dp.fn, args));
+    } else {
+        int64_t grid = resident;
+        const int64_t useful = N * a.sc.C * P;
+        if (grid > useful) grid = useful;
+        if (grid < 1) grid = 1;
+        kfn<<<(unsigned)grid, RP_THREADS, 0, stream>>>(a);
+        FL_CUDA_TRY(cudaGetLastError());
+    }
     if (!none && loss) {
         FL_CUDA_TRY(rp_reduce(rowloss, N, part, count_rows ? Dslot : nullptr, Dhost, loss, stream));
     }
