@@ -368,6 +368,17 @@ __global__ void __launch_bounds__(RP_THREADS, 2) distill_kernel(DArgs a) {
 #define DC_NS 2            // sub-chunks per CTA piece (each a cp.async group)
 #define DC_MAX_CLUSTER 16
 
+// 2^x on the MUFU alone (results below 2^-126 flushed to zero): exp2f's denormal range
+// handling costs three more instructions an element per exponential (SASS: FSETP + two FMUL)
+__device__ __forceinline__ float dc_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float dc_rescale(float m_old, float m_new) {
+    return m_old == -INFINITY ? 0.0f : dc_exp2(m_old - m_new);
+}
+
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // wait until at most n of this thread's groups are pending (n is an immediate: 0 .. DC_NS)
 __device__ __forceinline__ void cp_wait(int n) {
@@ -451,12 +462,9 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
         e++;
 
         // ---- statistics (online max / sum of 2^(x k2) of both inputs, and the KL's weighted sum)
-        Stat1 st = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
-#pragma unroll
-        for (int k = 0; k < DC_NS; k++) {
-            cp_wait(LAST == 0 ? DC_NS - 1 : DC_NS - 1 - k);
-            const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
-            for (int q = k * sub + tid; q < qhi; q += DC_THREADS) {
+        // two accumulators (even / odd vectors of the thread): two independent chains
+        Stat1 st = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f}, st1 = st;
+        auto acc = [&](Stat1& st, int q) {
                 float xs[VEC], xt[VEC];
                 dc_unpack<TS, TT>(sb, tb, q, xs, xt);
                 float gs = xs[0], gt = xt[0];
@@ -464,13 +472,13 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
                 for (int v = 1; v < VEC; v++) { gs = fmaxf(gs, xs[v]); gt = fmaxf(gt, xt[v]); }
                 gs *= k2; gt *= k2;   // k2 > 0: the max of the scaled values
                 if (gs > st.ms) {
-                    const float f = rp_rescale(st.ms, gs);
+                    const float f = dc_rescale(st.ms, gs);
                     st.Ss *= f;
                     if (MODE == FL__DISTILL_RKL) st.u *= f;
                     st.ms = gs;
                 }
                 if (gt > st.mt) {
-                    const float f = rp_rescale(st.mt, gt);
+                    const float f = dc_rescale(st.mt, gt);
                     st.St *= f;
                     if (MODE == FL__DISTILL_FKL) st.u *= f;
                     st.mt = gt;
@@ -478,7 +486,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
                 float ss = 0.0f, stt = 0.0f, su = 0.0f;
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
-                    const float es = exp2f(fmaf(xs[v], k2, -st.ms)), et = exp2f(fmaf(xt[v], k2, -st.mt));
+                    const float es = dc_exp2(fmaf(xs[v], k2, -st.ms)), et = dc_exp2(fmaf(xt[v], k2, -st.mt));
                     ss += es;
                     stt += et;
                     if (MODE == FL__DISTILL_FKL) su = fmaf(et, xt[v] - xs[v], su);
@@ -487,9 +495,17 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
                 st.Ss += ss;
                 st.St += stt;
                 if (MODE != FL__DISTILL_JSD) st.u = fmaf(su, k2, st.u);
-            }
+        };
+#pragma unroll
+        for (int k = 0; k < DC_NS; k++) {
+            cp_wait(LAST == 0 ? DC_NS - 1 : DC_NS - 1 - k);
+            const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
+            int q = k * sub + tid;
+            for (; q + DC_THREADS < qhi; q += 2 * DC_THREADS) { acc(st, q); acc(st1, q + DC_THREADS); }
+            if (q < qhi) acc(st, q);
             if (LAST == 0) issue(rn, k);
         }
+        st = combine1<MODE>(st, st1);
         if (has_x) {
             const float xs = rp_sload(srow + xcol) * k2, xt = rp_sload(trow + xcol) * k2;
             Stat1 one = {xs, 1.0f, xt, 1.0f, 0.0f};
@@ -539,14 +555,15 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
             float2 acc = make_float2(0.0f, 0.0f);
             auto elem = [&](float xs, float xt) {
                 const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);   // log2 q, log2 p
-                const float q = exp2f(ls2), p = exp2f(lt2);
-                const float lm = log2f(beta * p + omb * q);
+                const float q = dc_exp2(ls2), p = dc_exp2(lt2);
+                const float lm = log2f(beta * p + omb * q);   // p = q = 0: -inf, and neither term is added
                 if (p > 0.0f) acc.x = fmaf(p, lt2 - lm, acc.x);
                 if (q > 0.0f) acc.y = fmaf(q, ls2 - lm, acc.y);
             };
 #pragma unroll
             for (int k = 0; k < DC_NS; k++) {
                 const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
+#pragma unroll 2
                 for (int q = k * sub + tid; q < qhi; q += DC_THREADS) {
                     float xs[VEC], xt[VEC];
                     dc_unpack<TS, TT>(sb, tb, q, xs, xt);
@@ -587,28 +604,36 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
             TS* drow = (TS*)a.ds + r * a.lds;
             const float G = ign ? 0.0f : row_grad(a, r);
             auto grad = [&](float xs, float xt) -> float {
-                if (ign) return 0.0f;
                 const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);
-                const float q = exp2f(ls2);
-                if (MODE == FL__DISTILL_FKL) return G * (q - exp2f(lt2));
+                const float q = dc_exp2(ls2);
+                if (MODE == FL__DISTILL_FKL) return G * (q - dc_exp2(lt2));
                 if (MODE == FL__DISTILL_RKL) return G * (q * (RP_LN2 * (ls2 - lt2) - l));
-                const float p = exp2f(lt2);
+                const float p = dc_exp2(lt2);
                 const float hq = q > 0.0f ? omb * q * (RP_LN2 * (ls2 - log2f(beta * p + omb * q))) : 0.0f;
                 return G * (hq - q * sh);
+            };
+            auto one = [&](int q) {
+                float xs[VEC], xt[VEC];
+                dc_unpack<TS, TT>(sb, tb, q, xs, xt);
+                if (ign) {   // zeros (the row is not finite-checked: its values are never used)
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) xs[v] = 0.0f;
+                } else {
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) xs[v] = grad(xs[v], xt[v]);
+                }
+                rp_vstore<TS, VEC>(drow + (int64_t)(lo + q) * VEC, xs);
             };
 #pragma unroll
             for (int k = 0; k < DC_NS; k++) {
                 const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
-                for (int q = k * sub + tid; q < qhi; q += DC_THREADS) {
-                    float xs[VEC], xt[VEC];
-                    dc_unpack<TS, TT>(sb, tb, q, xs, xt);
-#pragma unroll
-                    for (int v = 0; v < VEC; v++) xs[v] = grad(xs[v], xt[v]);
-                    rp_vstore<TS, VEC>(drow + (int64_t)(lo + q) * VEC, xs);
-                }
+                int q = k * sub + tid;
+                // two vectors an iteration: two shared loads in flight behind each other's math
+                for (; q + DC_THREADS < qhi; q += 2 * DC_THREADS) { one(q); one(q + DC_THREADS); }
+                if (q < qhi) one(q);
                 issue(rn, k);
             }
-            if (has_x) drow[xcol] = from_float<TS>(grad(rp_sload(srow + xcol), rp_sload(trow + xcol)));
+            if (has_x) drow[xcol] = from_float<TS>(ign ? 0.0f : grad(rp_sload(srow + xcol), rp_sload(trow + xcol)));
         }
     }
     cp_wait(0);
@@ -697,8 +722,10 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
     if (nv < 4 * DC_THREADS) return 0;   // short rows: the ticket kernel (a CTA per several rows)
     const int64_t vb = 16 * (1 + NT);    // shared bytes per vector of the row
     const int64_t chunk = (int64_t)kb * 1024 / vb;
+    int maxcs = (int)rp_env_i64("FUSEDLOSS_DISTILL_STAGED_MAXCS", DC_MAX_CLUSTER);
+    if (maxcs > DC_MAX_CLUSTER) maxcs = DC_MAX_CLUSTER;
     int cs = 1;
-    while ((int64_t)cs * chunk < nv && cs < DC_MAX_CLUSTER) cs *= 2;
+    while ((int64_t)cs * chunk < nv && cs < maxcs) cs *= 2;
     if ((int64_t)cs * chunk < nv) return 0;
     out->cs = cs;
     out->nv = (int)nv;
