@@ -8,8 +8,9 @@
  * grad_loss NULL / a device value / per row, in place) x shapes (N = 1 .. 300, V = 1 .. 128256, rows
  * crossing the 8192-column chunks, ld > V, odd ld: unaligned rows, a student one element off its
  * 16-byte phase: the scalar path; on sm_90 aligned rows of >= 1024 vectors take the staged
- * cluster kernel, scripts/gpu_check.sh also runs this with FUSEDLOSS_DISTILL_STAGED_GRID=3, several
- * rows per cluster, and FUSEDLOSS_DISTILL_STAGED=0, the ticket kernel everywhere). Fresh random logits (normal, scale 3, some rows with a dominant
+ * cluster kernel for the KL (FUSEDLOSS_DISTILL_STAGED=2: the JSD too); scripts/gpu_check.sh also runs
+ * this with STAGED=2 and FUSEDLOSS_DISTILL_STAGED_GRID=3, several rows per cluster, and with STAGED=0,
+ * the ticket kernel everywhere). Fresh random logits (normal, scale 3, some rows with a dominant
  * teacher class and logits of +-60), outputs poisoned before every call (NaN bytes); padding columns
  * of dstudent must stay poisoned, of an in-place student untouched. Plus: two runs bitwise equal
  * (determinism: the ticket order varies from run to run, the merge order does not), CUDA graph

@@ -696,7 +696,8 @@ static const void* pick_staged(fl_dtype sdt, fl_dtype tdt, int mode, bool fused)
     }
 }
 
-// Knobs (A/B runs): FUSEDLOSS_DISTILL_STAGED=0 turns the staged kernel off; FUSEDLOSS_DISTILL_STAGED_KB
+// Knobs (A/B runs): FUSEDLOSS_DISTILL_STAGED=0 turns the staged kernel off, =2 takes it for the JSD
+// too (default 1: forward / reverse KL only); FUSEDLOSS_DISTILL_STAGED_KB
 // (default 72: three CTAs per SM) caps the shared memory of one CTA, the cluster size follows
 // (<= 16 CTAs); FUSEDLOSS_DISTILL_STAGED_GRID caps the clusters launched (tests: the row loop and
 // its cross-row prefetch at small N); FUSEDLOSS_DEBUG=1 prints the occupancy of each new plan.
@@ -704,8 +705,13 @@ struct DcPlan { int cs, per, nv; size_t smem; const void* fn; };
 
 static int dc_plan(const fl__distill_params* p, const void* s, const void* t, const void* ds, bool fused, DcPlan* out) {
     // read on every call, as rp_plan's knobs (an A/B in one process: bench_distill.py --ab)
-    const char* off = getenv("FUSEDLOSS_DISTILL_STAGED");
-    if ((off && off[0] == '0') || p->N <= 0) return 0;
+    const char* knob = getenv("FUSEDLOSS_DISTILL_STAGED");
+    const int want = knob && *knob ? atoi(knob) : 1;
+    if (want <= 0 || p->N <= 0) return 0;
+    // JSD (three sweeps, 8 MUFU operations an element) measured no faster staged than on the
+    // ticket kernel (H200 2026-12-02 runs 13-14: 3.90 / 3.67 ms vs 3.68 / 3.60 ms at 4096x128256
+    // bf16): the ticket kernel by default, the staged one with FUSEDLOSS_DISTILL_STAGED=2
+    if (p->mode == FL__DISTILL_JSD && want < 2) return 0;
     const int gcap = (int)rp_env_i64("FUSEDLOSS_DISTILL_STAGED_GRID", 0);
     int kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_STAGED_KB", 72);
     if (kb < 8 || kb > 200) kb = 72;
