@@ -29,7 +29,7 @@ from . import autograd  # noqa: E402,F401
 from .ops import check_errors, set_debug, is_debug  # noqa: E402
 from .functional import cross_entropy, gelu, linear_cross_entropy  # noqa: E402
 from .functional import vocab_parallel_cross_entropy  # noqa: E402
-from .zoo import sigmoid_focal_loss, binary_cross_entropy_with_logits  # noqa: E402  (header section 9)
+from .zoo import sigmoid_focal_loss, mmcv_sigmoid_focal_loss, binary_cross_entropy_with_logits  # noqa: E402  (header section 9)
 from .distill import distillation_loss, kl_div_logits, jsd_logits, DistillationLoss  # noqa: E402  (section 10)
 from .softmax_losses import margin_cross_entropy, ArcFaceLoss, CosFaceLoss, CombinedMarginLoss  # noqa: E402  (section 11)
 from .softmax_losses import softmax_focal_loss, SoftmaxFocalLoss  # noqa: E402  (section 12)
@@ -46,7 +46,7 @@ __all__ = ["cross_entropy", "gelu", "linear_cross_entropy", "vocab_parallel_cros
            "vocab_parallel_linear_cross_entropy", "nn",
            "patch", "functional", "check_errors", "set_debug", "is_debug", "FusedLossError",
            "TargetOutOfRangeError", "NotBuiltError", "cuda_built", "__version__",
-           "sigmoid_focal_loss", "binary_cross_entropy_with_logits",
+           "sigmoid_focal_loss", "mmcv_sigmoid_focal_loss", "binary_cross_entropy_with_logits",
            "distillation_loss", "kl_div_logits", "jsd_logits", "DistillationLoss",
            "linear_distillation_loss", "LinearDistillationLoss",
            "margin_cross_entropy", "ArcFaceLoss", "CosFaceLoss", "CombinedMarginLoss",

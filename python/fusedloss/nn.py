@@ -21,7 +21,7 @@ def _finite(v):
     return -math.inf < v < math.inf
 
 
-__all__ = ["CrossEntropyLoss", "LinearCrossEntropyLoss", "GELU", "BiasGELU"]
+__all__ = ["CrossEntropyLoss", "LinearCrossEntropyLoss", "GELU", "BiasGELU", "MMCVSigmoidFocalLoss"]
 
 
 def _check_offset(cls, logit_offset, dim):
@@ -273,3 +273,25 @@ class BiasGELU(torch.nn.Module):
 
     def extra_repr(self):
         return f"fused, features={self.features}, approximate={self.approximate!r}"
+
+
+class MMCVSigmoidFocalLoss(torch.nn.Module):
+    r"""Drop-in for ``mmcv.ops.SigmoidFocalLoss(gamma, alpha, weight=None, reduction='mean')``:
+    index targets (the value C = background), mean over rows; see
+    :func:`fusedloss.mmcv_sigmoid_focal_loss` (also for the deliberate differences)."""
+
+    def __init__(self, gamma: float, alpha: float, weight=None, reduction: str = "mean") -> None:
+        super().__init__()
+        if reduction not in ("none", "mean", "sum"):
+            raise ValueError(f"MMCVSigmoidFocalLoss: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+        self.gamma = float(gamma)
+        self.alpha = float(alpha)
+        self.reduction = reduction
+        self.register_buffer("weight", weight)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        from .zoo import mmcv_sigmoid_focal_loss
+        return mmcv_sigmoid_focal_loss(input, target, self.gamma, self.alpha, self.weight, self.reduction)
+
+    def extra_repr(self):
+        return f"fused, gamma={self.gamma}, alpha={self.alpha}, reduction={self.reduction!r}"

@@ -67,7 +67,7 @@ from . import _lib, ops
 from ._lib import REDUCTIONS, _check
 from .autograd import eager_ok
 
-__all__ = ["sigmoid_focal_loss", "binary_cross_entropy_with_logits"]
+__all__ = ["sigmoid_focal_loss", "mmcv_sigmoid_focal_loss", "binary_cross_entropy_with_logits"]
 
 _fl = _lib.lib
 _F32 = torch.float32
@@ -628,6 +628,79 @@ def sigmoid_focal_loss(inputs, targets, alpha: float = 0.25, gamma: float = 2.0,
         loss = torch.ops.fusedloss.sigmoid_focal_forward(x, y, alpha, gamma, red)
     return loss if loss.dtype == inputs.dtype else loss.to(inputs.dtype)
 
+
+
+def mmcv_sigmoid_focal_loss(input, target, gamma: float = 2.0, alpha: float = 0.25, weight=None,
+                            reduction: str = "mean"):
+    r"""mmcv.ops.sigmoid_focal_loss (index targets), on the fused sigmoid focal kernels.
+
+    ``input`` (N, C) logits, ``target`` (N,) integer class indices in [0, C]: class c is the one
+    positive of its row, the value C means background (every class negative). Per element, with
+    ``p = sigmoid(input)``: ``-alpha (1 - p)^gamma log p`` for the row's class and
+    ``-(1 - alpha) p^gamma log(1 - p)`` for the others (alpha is applied whatever its sign, as
+    mmcv). Note mmcv's argument order: gamma before alpha.
+
+    ``weight`` (optional): per-class, (C,) or (C + 1,); row n's losses are multiplied by
+    ``weight[target[n]]``. With a (C,) weight a background row is unweighted (mmcv reads
+    ``weight[C]`` past the end there); a (C + 1,) weight gives the background's own.
+    ``reduction``: ``'none'`` (N, C), ``'sum'``, or ``'mean'`` = the sum divided by N (rows, not
+    N * C: mmcv's convention). A target outside [0, C] makes its row's losses NaN (so a reduced loss
+    is NaN): no host synchronisation, no device assert.
+
+    Differences from mmcv, deliberate: log p and log(1 - p) are computed as log-sigmoid (mmcv takes
+    log(max(p, FLT_MIN)), so its loss saturates at 87.34 for logits beyond about -87 and its
+    gradient there is that of the clamp); float16 / bfloat16 inputs are computed in float32.
+    """
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"mmcv_sigmoid_focal_loss: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    if not isinstance(input, Tensor) or not isinstance(target, Tensor):
+        raise TypeError("mmcv_sigmoid_focal_loss: input and target must be Tensors")
+    if input.dim() != 2 or target.dim() != 1 or target.shape[0] != input.shape[0]:
+        raise ValueError(f"mmcv_sigmoid_focal_loss: input must be (N, C) and target (N,), got "
+                         f"{tuple(input.shape)} and {tuple(target.shape)}")
+    if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype is torch.bool:
+        raise TypeError(f"mmcv_sigmoid_focal_loss: target must hold integer class indices, got {target.dtype}")
+    if target.device != input.device:
+        raise ValueError(f"mmcv_sigmoid_focal_loss: target is on {target.device} but input is on {input.device}")
+    N, C = input.shape
+    if weight is not None:
+        if not isinstance(weight, Tensor) or weight.dim() != 1 or weight.shape[0] not in (C, C + 1):
+            raise ValueError(f"mmcv_sigmoid_focal_loss: weight must be a (C,) or (C + 1,) tensor with C = {C}, got "
+                             f"{tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__}")
+        if weight.device != input.device:
+            raise ValueError(f"mmcv_sigmoid_focal_loss: weight is on {weight.device} but input is on {input.device}")
+    gamma, alpha = float(gamma), float(alpha)
+    t = target.long()
+    bad = (t < 0) | (t > C)
+    # the one-hot targets (background: an all-zero row), in the input's dtype
+    y = (t.unsqueeze(1) == torch.arange(C, device=input.device)).to(input.dtype)
+    nan = torch.tensor(float("nan"), dtype=torch.float32, device=input.device)
+    if alpha >= 0:
+        # torchvision's loss on {0, 1} targets is this one: alpha_t = alpha t + (1 - alpha)(1 - t)
+        if weight is None and reduction != "none":
+            loss = sigmoid_focal_loss(input, y, alpha, gamma, "sum").float()
+            loss = loss + torch.where(bad.any(), nan, 0.0)
+            if reduction == "mean":
+                loss = loss / max(N, 1) if N else loss * nan   # mmcv: sum / N (N = 0: NaN, as 0 / 0)
+            return loss.to(input.dtype) if input.dtype != torch.float32 else loss
+        el = sigmoid_focal_loss(input, y, alpha, gamma, "none").float()
+    else:   # mmcv keeps a negative alpha as a weight; torchvision's op would drop the weighting
+        xf = input.float()
+        p = torch.sigmoid(xf)
+        yf = y.float()
+        el = -(alpha * yf * (1 - p) ** gamma * F.logsigmoid(xf)
+               + (1 - alpha) * (1 - yf) * p ** gamma * F.logsigmoid(-xf))
+    if weight is not None:
+        w = weight.float()
+        if w.shape[0] == C:
+            w = torch.cat([w, w.new_ones(1)])
+        el = el * w[t.clamp(0, C)].unsqueeze(1)
+    el = torch.where(bad.unsqueeze(1), nan, el)
+    if reduction == "sum":
+        el = el.sum()
+    elif reduction == "mean":
+        el = el.sum() / N if N else el.sum() * nan
+    return el.to(input.dtype) if input.dtype != torch.float32 else el
 
 def _as_c_vector(t, C, device):
     """t as a float32 (C,) vector if it broadcasts along the last dim only (shape (C,), (1,), (),

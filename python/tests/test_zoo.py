@@ -647,3 +647,101 @@ def test_eager_not_taken_when_traced_or_transformed(monkeypatch):
         got = torch.vmap(f)(x, y)
         assert calls == [zoo._FWD] * 4
         assert torch.equal(got, torch.stack([f(a, b) for a, b in zip(x, y)]))
+
+
+# ---- mmcv's index-target variant (fusedloss.mmcv_sigmoid_focal_loss) ---------------------------
+def mmcv_focal_ref(x, t, gamma=2.0, alpha=0.25, weight=None, reduction="mean"):
+    """mmcv's sigmoid_focal_loss kernel, written out per element in float64 from its definition
+    (positive: -alpha (1-p)^gamma log p; negatives: -(1-alpha) p^gamma log(1-p); target C =
+    background; row weight weight[t]), with log-sigmoid for log p (mmcv clamps p at FLT_MIN)."""
+    N, C = x.shape
+    p = torch.sigmoid(x)
+    pos = t.unsqueeze(1) == torch.arange(C).unsqueeze(0)
+    el = torch.where(pos, -alpha * (1 - p) ** gamma * F.logsigmoid(x),
+                     -(1 - alpha) * p ** gamma * F.logsigmoid(-x))
+    if weight is not None:
+        w = weight.double()
+        if w.shape[0] == C:
+            w = torch.cat([w, w.new_ones(1)])
+        el = el * w[t].unsqueeze(1)
+    return el.sum() / N if reduction == "mean" else el.sum() if reduction == "sum" else el
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", REDS)
+@pytest.mark.parametrize("wkind", [None, "C", "C+1"])
+@pytest.mark.parametrize("alpha", [0.25, -0.5])
+def test_mmcv_focal_matches_reference(device, dtype, reduction, wkind, alpha):
+    N, C = 37, 11
+    g = torch.Generator().manual_seed(5)
+    x = (3 * torch.randn(N, C, generator=g)).to(dtype)
+    t = torch.randint(0, C + 1, (N,), generator=g)   # C: background rows
+    t[:3] = C
+    w = None if wkind is None else torch.rand(C if wkind == "C" else C + 1, generator=g) + 0.5
+    xg = x.to(device).requires_grad_(True)
+    loss = fusedloss.mmcv_sigmoid_focal_loss(xg, t.to(device), 1.5, alpha,
+                                             None if w is None else w.to(device), reduction)
+    assert loss.dtype == dtype and loss.shape == ((N, C) if reduction == "none" else ())
+    up = torch.randn(loss.shape, generator=g) if reduction == "none" else torch.tensor(0.75)
+    loss.backward(up.to(device, dtype))
+    xd = x.double().requires_grad_(True)
+    ref = mmcv_focal_ref(xd, t, 1.5, alpha, w, reduction)
+    (rdx,) = torch.autograd.grad(ref, xd, up.double())
+    atol, rtol = TOL[dtype]
+    # the sums: fp32 accumulation of N x C terms, then rounded to the dtype
+    close(loss, ref, (atol + (1e-5 if reduction != "none" else 0), rtol), "loss")
+    close(xg.grad, rdx, (atol * 4, rtol * 2), "grad")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mmcv_focal_edges(device):
+    x = torch.randn(6, 4, device=device)
+    t = torch.tensor([0, 1, 2, 3, 4, 4], device=device)   # 4 = C: background
+    # equals torchvision's focal on the one-hot targets (alpha >= 0), with mmcv's mean (/ N rows)
+    y = torch.nn.functional.one_hot(t, 5)[:, :4].float()
+    tv = tv_focal(x, y, 0.25, 2.0, "sum")
+    got = fusedloss.mmcv_sigmoid_focal_loss(x, t)
+    assert torch.allclose(got, tv / 6, rtol=1e-6, atol=1e-7)
+    # out-of-range targets: that row NaN, the reduced losses NaN; no error, no device assert
+    tb = t.clone()
+    tb[2] = 7
+    tb[3] = -1
+    el = fusedloss.mmcv_sigmoid_focal_loss(x, tb, reduction="none")
+    assert torch.isnan(el[2]).all() and torch.isnan(el[3]).all() and torch.isfinite(el[[0, 1, 4, 5]]).all()
+    for red in ("mean", "sum"):
+        assert torch.isnan(fusedloss.mmcv_sigmoid_focal_loss(x, tb, reduction=red))
+        assert torch.isnan(fusedloss.mmcv_sigmoid_focal_loss(x, tb, weight=torch.ones(4, device=device),
+                                                              reduction=red))
+    # int32 targets are accepted
+    assert torch.equal(fusedloss.mmcv_sigmoid_focal_loss(x, t.int()), got)
+    with pytest.raises(ValueError, match="reduction"):
+        fusedloss.mmcv_sigmoid_focal_loss(x, t, reduction="batchmean")
+    with pytest.raises(ValueError, match=r"\(N, C\)"):
+        fusedloss.mmcv_sigmoid_focal_loss(x[0], t)
+    with pytest.raises(ValueError, match=r"\(N, C\)"):
+        fusedloss.mmcv_sigmoid_focal_loss(x, t[:5])
+    with pytest.raises(TypeError, match="integer"):
+        fusedloss.mmcv_sigmoid_focal_loss(x, t.float())
+    with pytest.raises(ValueError, match="weight"):
+        fusedloss.mmcv_sigmoid_focal_loss(x, t, weight=torch.ones(3, device=device))
+    with pytest.raises(ValueError, match="on meta"):
+        fusedloss.mmcv_sigmoid_focal_loss(x, t.to("meta"))
+
+
+def test_mmcv_focal_compiles():
+    x = torch.randn(8, 5)
+    t = torch.randint(0, 6, (8,))
+    f = torch.compile(lambda a, b: fusedloss.mmcv_sigmoid_focal_loss(a, b, weight=torch.ones(5)), fullgraph=True)
+    assert torch.allclose(f(x, t), fusedloss.mmcv_sigmoid_focal_loss(x, t, weight=torch.ones(5)), rtol=1e-6)
+
+
+def test_mmcv_focal_module():
+    x = torch.randn(9, 6, requires_grad=True)
+    t = torch.randint(0, 7, (9,))
+    w = torch.rand(6) + 0.5
+    m = fusedloss.nn.MMCVSigmoidFocalLoss(2.0, 0.25, w, "sum")
+    assert "fused" in repr(m) and torch.equal(m.weight, w)
+    assert torch.equal(m(x, t), fusedloss.mmcv_sigmoid_focal_loss(x, t, 2.0, 0.25, w, "sum"))
+    m(x, t).backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
