@@ -443,6 +443,8 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
             if [ "$t" = test_distill_cuda ]; then   # the staged kernel (JSD too) walking several rows per cluster; the ticket kernel alone
                 echo "### FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 $t --small"
                 FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
+                echo "### FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_ROWS=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 $t --small"
+                FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_ROWS=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 echo "### FUSEDLOSS_DISTILL_STAGED=0 $t --small"
                 FUSEDLOSS_DISTILL_STAGED=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
             fi

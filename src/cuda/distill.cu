@@ -380,12 +380,13 @@ __device__ __forceinline__ float dc_rescale(float m_old, float m_new) {
 }
 
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// wait until at most n of this thread's groups are pending (n is an immediate: 0 .. DC_NS)
+// wait until at most n of this thread's groups are pending (n is an immediate: 0 .. 2 DC_NS - 1)
 __device__ __forceinline__ void cp_wait(int n) {
     switch (n) {
         case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
         case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-        default: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+        case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+        default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
     }
 }
 
@@ -399,14 +400,16 @@ __device__ __forceinline__ void dc_unpack(const uint4* sb, const uint4* tb, int 
 }
 
 template <typename TS, typename TT, int MODE, bool FUSED>
-__global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, int cs, int per, int nv) {
+__global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, int cs, int per, int nv, int nb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int VEC = RpT<TS>::VEC;
     constexpr int NT = (int)(VEC * sizeof(TT) / 16);
     constexpr bool JSD = MODE == FL__DISTILL_JSD;
     // the sweep that frees the buffer (its sub-chunks are refilled with the next row as it goes)
     constexpr int LAST = FUSED ? 2 : (JSD ? 1 : 0);   // 0 statistics, 1 JSD sums, 2 gradient
-    extern __shared__ __align__(16) uint4 dc_buf[];   // [per] student vectors, then [per * NT] teacher
+    // nb (1 or 2) row buffers, each [per] student vectors then [per * NT] teacher: with 2, the
+    // copies of row j + 2 are in flight while row j + 1 is swept (FUSEDLOSS_DISTILL_STAGED_ROWS)
+    extern __shared__ __align__(16) uint4 dc_buf[];
     __shared__ __align__(8) uint64_t xb1[2], xb2[2];
     __shared__ float4 sl1[2][DC_MAX_CLUSTER][2];      // statistics partials by rank (slot parity)
     __shared__ float4 sl2[2][DC_MAX_CLUSTER];         // JSD sums by rank
@@ -415,6 +418,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
     __shared__ float4 bc;                             // the merged row values, for every thread
     uint4* sb = dc_buf;
     uint4* tb = dc_buf + per;
+    const int bstride = per * (1 + NT);
     const int tid = (int)threadIdx.x;
     int rank = 0;
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
@@ -435,7 +439,9 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
     __syncthreads();
     if (xch) cg::this_cluster().sync();   // why: barriers initialised and every CTA started before DSMEM stores
 
-    auto issue = [&](int64_t r, int k) {
+    auto issue = [&](int64_t r, int k, int b) {
+        uint4* const sb = dc_buf + b * bstride;
+        uint4* const tb = sb + per;
         if (r < a.sc.N) {
             const uint4* srow = reinterpret_cast<const uint4*>((const TS*)a.s + r * a.lds) + lo;
             const uint4* trow = reinterpret_cast<const uint4*>((const TT*)a.t + r * a.ldt) + (int64_t)lo * NT;
@@ -450,10 +456,15 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
     };
 
     int64_t r = cid;
-    for (int k = 0; k < DC_NS; k++) issue(r, k);
-    int e = 0;   // exchanges done (the same count in every CTA of the cluster)
+    for (int b = 0; b < nb; b++)
+        for (int k = 0; k < DC_NS; k++) issue(r + b * ncl, k, b);
+    const int npend = nb * DC_NS - 1;   // groups issued after a row's first one, until it is swept
+    int e = 0;   // rows done = exchanges done (the same count in every CTA of the cluster)
     for (; r < a.sc.N; r += ncl) {
-        const int64_t rn = r + ncl;
+        const int64_t rn = r + nb * ncl;   // the row that refills this row's buffer
+        const int buf = nb > 1 ? (e & 1) : 0;
+        sb = dc_buf + buf * bstride;
+        tb = sb + per;
         const bool ign = a.labels && rp_label(a.labels, a.lab64, r) == a.ignore;
         const TS* srow = (const TS*)a.s + r * a.lds;
         const TT* trow = (const TT*)a.t + r * a.ldt;
@@ -498,12 +509,12 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
         };
 #pragma unroll
         for (int k = 0; k < DC_NS; k++) {
-            cp_wait(LAST == 0 ? DC_NS - 1 : DC_NS - 1 - k);
+            cp_wait(LAST == 0 ? npend : npend - k);
             const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
             int q = k * sub + tid;
             for (; q + DC_THREADS < qhi; q += 2 * DC_THREADS) { acc(st, q); acc(st1, q + DC_THREADS); }
             if (q < qhi) acc(st, q);
-            if (LAST == 0) issue(rn, k);
+            if (LAST == 0) issue(rn, k, buf);
         }
         st = combine1<MODE>(st, st1);
         if (has_x) {
@@ -570,7 +581,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
 #pragma unroll
                     for (int v = 0; v < VEC; v++) elem(xs[v], xt[v]);
                 }
-                if (LAST == 1) issue(rn, k);
+                if (LAST == 1) issue(rn, k, buf);
             }
             if (has_x) elem(rp_sload(srow + xcol), rp_sload(trow + xcol));
             acc = block_sum2(acc, sm2);
@@ -631,7 +642,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
                 // two vectors an iteration: two shared loads in flight behind each other's math
                 for (; q + DC_THREADS < qhi; q += 2 * DC_THREADS) { one(q); one(q + DC_THREADS); }
                 if (q < qhi) one(q);
-                issue(rn, k);
+                issue(rn, k, buf);
             }
             if (has_x) drow[xcol] = from_float<TS>(ign ? 0.0f : grad(rp_sload(srow + xcol), rp_sload(trow + xcol)));
         }
@@ -700,8 +711,11 @@ static const void* pick_staged(fl_dtype sdt, fl_dtype tdt, int mode, bool fused)
 // too (default 1: forward / reverse KL only); FUSEDLOSS_DISTILL_STAGED_KB
 // (default 72: three CTAs per SM) caps the shared memory of one CTA, the cluster size follows
 // (<= 16 CTAs); FUSEDLOSS_DISTILL_STAGED_GRID caps the clusters launched (tests: the row loop and
-// its cross-row prefetch at small N); FUSEDLOSS_DEBUG=1 prints the occupancy of each new plan.
-struct DcPlan { int cs, per, nv; size_t smem; const void* fn; };
+// its cross-row prefetch at small N); FUSEDLOSS_DISTILL_STAGED_ROWS=2 gives each CTA two row buffers
+// in the same KB (so clusters twice as large): the next row's copies then also overlap this row's
+// statistics sweep (NOT yet measured or run on the GPU: an experiment for the next device run);
+// FUSEDLOSS_DEBUG=1 prints the occupancy of each new plan.
+struct DcPlan { int cs, per, nv, nb; size_t smem; const void* fn; };
 
 static int dc_plan(const fl__distill_params* p, const void* s, const void* t, const void* ds, bool fused, DcPlan* out) {
     // read on every call, as rp_plan's knobs (an A/B in one process: bench_distill.py --ab)
@@ -716,6 +730,7 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
     int kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_STAGED_KB", 72);
     if (kb < 8 || kb > 200) kb = 72;
     const int debug = (int)rp_env_i64("FUSEDLOSS_DEBUG", 0);
+    const int nb = rp_env_i64("FUSEDLOSS_DISTILL_STAGED_ROWS", 1) >= 2 ? 2 : 1;
     DevInfo d;
     if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return 0; }
     const size_t es = fl__dtype_size(p->dtype), et = fl__dtype_size(p->teacher_dtype);
@@ -727,7 +742,7 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
     const int64_t nv = p->V / VEC;
     if (nv < 4 * DC_THREADS) return 0;   // short rows: the ticket kernel (a CTA per several rows)
     const int64_t vb = 16 * (1 + NT);    // shared bytes per vector of the row
-    const int64_t chunk = (int64_t)kb * 1024 / vb;
+    const int64_t chunk = (int64_t)kb * 1024 / (vb * nb);
     int maxcs = (int)rp_env_i64("FUSEDLOSS_DISTILL_STAGED_MAXCS", DC_MAX_CLUSTER);
     if (maxcs > DC_MAX_CLUSTER) maxcs = DC_MAX_CLUSTER;
     int cs = 1;
@@ -736,7 +751,8 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
     out->cs = cs;
     out->nv = (int)nv;
     out->per = (int)((nv + cs - 1) / cs);
-    out->smem = (size_t)out->per * (size_t)vb;
+    out->nb = nb;
+    out->smem = (size_t)nb * (size_t)out->per * (size_t)vb;
     out->fn = pick_staged(p->dtype, p->teacher_dtype, (int)p->mode, fused);
     int n = 0;
     if (fl__cluster_occupancy(out->fn, cs, DC_THREADS, out->smem, d.sms, debug, "staged distillation kernel", &n) !=
@@ -830,7 +846,7 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
         cfg.dynamicSmemBytes = dp.smem;
         cfg.stream = stream;
         set_cluster(&cfg, &attr, (unsigned)dp.cs);
-        void* args[] = {&a, &dp.cs, &dp.per, &dp.nv};
+        void* args[] = {&a, &dp.cs, &dp.per, &dp.nv, &dp.nb};
         FL_CUDA_TRY(cudaLaunchKernelExC(&cfg, dp.fn, args));
     } else {
         int64_t grid = resident;
