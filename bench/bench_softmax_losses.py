@@ -157,6 +157,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--check-rows", type=int, default=8, help="rows (image rows for NCHW) of the accuracy check")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--ab", default=os.environ.get("SOFTMAX_AB", ""),
+                    help="';'-separated variants of the library's knobs ('K=V,K2=V2'), each timed for the "
+                         "fusedloss provider after the case's table (e.g. FUSEDLOSS_TGT_STAGED=1)")
     args = ap.parse_args()
 
     import torch
@@ -164,7 +167,7 @@ def main():
         print("SKIP: bench_softmax_losses.py needs a CUDA device")
         return 0
     import fusedloss
-    from torch_timing import copy_bw, rotating_step, step_extra_bytes, summary_parts, timed, write_results
+    from torch_timing import copy_bw, knob_variant, rotating_step, step_extra_bytes, summary_parts, timed, write_results
 
     dt = getattr(torch, args.dtype)
     es = torch.empty((), dtype=dt).element_size()
@@ -235,6 +238,20 @@ def main():
             rows.append(r)
         parts = summary_parts(res)
         summaries.append(f"SUMMARY {case} {shape_s} {args.dtype} floor {floor_ms:.3f} ms: " + " | ".join(parts))
+        # A/B of the library's knobs (read by the C entry points on every call: os.environ reaches getenv)
+        for variant in [v for v in args.ab.split(";") if v.strip()]:
+            try:
+                with knob_variant(variant):
+                    step = rotating_step(make_provider("fusedloss", case), xs, ts)
+                    med, mn = timed(step, args.reps, args.warmup)
+                print(f"AB {variant:<40} {case:>10}: {med:8.3f} ms (min {mn:.3f}) {med / floor_ms:6.2f}x floor")
+                rows.append(dict(case=case, provider="fusedloss", variant=variant, ms=med, min_ms=mn,
+                                 ratio=med / floor_ms))
+            except Exception as e:  # noqa: BLE001  (report, continue)
+                print(f"AB {variant:<40} {case:>10}: FAILED {type(e).__name__}: {e}")
+            finally:
+                for x in xs:
+                    x.grad = None
         xs = ts = None
         gc.collect()
         torch.cuda.empty_cache()

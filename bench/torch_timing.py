@@ -109,3 +109,26 @@ def write_results(path, bw, rows):
     with open(path, "w") as fh:
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, copy_bw=bw,
                        results=rows), fh, indent=1)
+
+
+class knob_variant:
+    """`with knob_variant("K=V,K2=V2"):` sets those environment variables (the library's knobs are
+    read by the C entry points on every call: os.environ reaches getenv) and restores them after."""
+
+    def __init__(self, variant):
+        import os
+        self._env = os.environ
+        self.kv = dict(item.split("=", 1) for item in variant.split(",") if "=" in item)
+
+    def __enter__(self):
+        self.saved = {k: self._env.get(k) for k in self.kv}
+        self._env.update(self.kv)
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                self._env.pop(k, None)
+            else:
+                self._env[k] = v
+        return False

@@ -772,7 +772,9 @@ int main(int argc, char** argv) {
     /* N, C, ld */
     const int64_t shapes[][3] = {{1, 1, 1},         {7, 3, 5},         {33, 8192, 8192},  {17, 8193, 8200},
                                  {129, 8003, 8003}, {64, 20000, 20011}, {300, 1000, 1000}, {8, 100000, 100000},
-                                 {256, 512, 512}};
+                                 {256, 512, 512},
+                                 /* FUSEDLOSS_TGT_STAGED=1: clusters of 2-8 CTAs and a tail, within --small */
+                                 {2, 65541, 65544}};
     const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
     uint64_t seed = 17;
     long cases = 0, bad = 0;

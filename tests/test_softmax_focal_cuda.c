@@ -652,7 +652,9 @@ int main(int argc, char** argv) {
                                  {300, 1000, 1, 1000}, {33, 8192, 1, 8192},   {17, 8193, 1, 8200},
                                  {5, 50257, 1, 50257}, {256, 512, 1, 512},    {2, 19, 1000, 19000},
                                  {1, 3, 7, 21},        {4, 5, 64, 320},       {2, 19, 65536, 19 * 65536},
-                                 {3, 100, 33, 3305}};
+                                 {3, 100, 33, 3305},
+                                 /* FUSEDLOSS_TGT_STAGED=1: clusters of 2-8 CTAs and a tail, within --small */
+                                 {2, 65541, 1, 65544}};
     const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
     uint64_t seed = 23;
     long cases = 0, bad = 0;

@@ -83,6 +83,18 @@ __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity
     } while (!done);
 }
 
+// cp.async groups of the issuing thread: commit, and wait until at most n are pending (n a
+// runtime value mapped to the immediates 0 .. 3)
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_wait(int n) {
+    switch (n) {
+        case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+        case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+        case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+        default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    }
+}
+
 // ---- host helpers ---------------------------------------------------------------------------
 struct DevInfo { int cc_major; int sms; };
 
@@ -112,6 +124,20 @@ static inline void set_cluster(cudaLaunchConfig_t* cfg, cudaLaunchAttribute* att
     attr->val.clusterDim.z = 1;
     cfg->attrs = attr;
     cfg->numAttrs = 1;
+}
+
+// Launches fn on `clusters` 1-D clusters of cs CTAs of T threads and smem bytes of dynamic shared
+// memory; args as for cudaLaunchKernelExC.
+static inline cudaError_t fl__launch_clusters(const void* fn, void** args, int64_t clusters, int cs, int T,
+                                              size_t smem, cudaStream_t stream) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr;
+    cfg.gridDim = dim3((unsigned)(clusters * cs), 1, 1);
+    cfg.blockDim = dim3((unsigned)T, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    set_cluster(&cfg, &attr, (unsigned)cs);
+    return cudaLaunchKernelExC(&cfg, fn, args);
 }
 
 // Occupancy of a (kernel, cluster size, shared memory) triple, cached: clusters (or CTAs when

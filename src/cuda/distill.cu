@@ -379,17 +379,6 @@ __device__ __forceinline__ float dc_rescale(float m_old, float m_new) {
     return m_old == -INFINITY ? 0.0f : dc_exp2(m_old - m_new);
 }
 
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// wait until at most n of this thread's groups are pending (n is an immediate: 0 .. 2 DC_NS - 1)
-__device__ __forceinline__ void cp_wait(int n) {
-    switch (n) {
-        case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-        case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-        case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-        default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-    }
-}
-
 template <typename TS, typename TT>
 __device__ __forceinline__ void dc_unpack(const uint4* sb, const uint4* tb, int q, float (&xs)[RpT<TS>::VEC],
                                           float (&xt)[RpT<TS>::VEC]) {
@@ -839,15 +828,8 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
 
     if (ncl) {
         const int64_t G = N < ncl ? N : ncl;   // clusters: one per row up to what is resident
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr;
-        cfg.gridDim = dim3((unsigned)(G * dp.cs), 1, 1);
-        cfg.blockDim = dim3(DC_THREADS, 1, 1);
-        cfg.dynamicSmemBytes = dp.smem;
-        cfg.stream = stream;
-        set_cluster(&cfg, &attr, (unsigned)dp.cs);
         void* args[] = {&a, &dp.cs, &dp.per, &dp.nv, &dp.nb};
-        FL_CUDA_TRY(cudaLaunchKernelExC(&cfg, dp.fn, args));
+        FL_CUDA_TRY(fl__launch_clusters(dp.fn, args, G, dp.cs, DC_THREADS, dp.smem, stream));
     } else {
         int64_t grid = resident;
         const int64_t useful = N * a.sc.C * P;

@@ -26,7 +26,12 @@
  */
 #include <string.h>
 
+#include <cooperative_groups.h>
+
+#include "cluster.cuh"
 #include "rowpass.cuh"
+
+namespace cg = cooperative_groups;
 
 #define TC_MARGIN 0
 #define TC_FOCAL 1
@@ -119,6 +124,29 @@ __device__ __forceinline__ void tgt_flag(const TArgs& a) {
     if (a.error_flag) atomicExch(a.error_flag, 1);
 }
 
+// (m, S) of the CTA (log2 units), a fixed tree: lanes by shuffles, then warps in order in thread 0
+// (the result is valid there only); one barrier, so sm is reusable after the next one
+__device__ __forceinline__ float2 tgt_block_ms(float2 v, float2* sm) {
+    const int tid = (int)threadIdx.x;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float om = __shfl_xor_sync(0xffffffffu, v.x, off), os = __shfl_xor_sync(0xffffffffu, v.y, off);
+        const float M = fmaxf(v.x, om);
+        v.y = v.y * rp_rescale(v.x, M) + os * rp_rescale(om, M);
+        v.x = M;
+    }
+    if ((tid & 31) == 0) sm[tid >> 5] = v;
+    __syncthreads();
+    if (tid == 0) {
+        for (int k = 1; k < RP_THREADS / 32; k++) {
+            const float M = fmaxf(v.x, sm[k].x);
+            v.y = v.y * rp_rescale(v.x, M) + sm[k].y * rp_rescale(sm[k].x, M);
+            v.x = M;
+        }
+    }
+    return v;
+}
+
 // ---- rows: the chunked row machinery ---------------------------------------------------------------
 // slots: phase 0 partial [0] m [1] S (non-target, log2 units); merged (chunk 0's slot): [0] L2 [1] A [2] B
 template <typename T, int MODE, bool FUSED>
@@ -180,23 +208,8 @@ __global__ void __launch_bounds__(RP_THREADS, 2) tgt_rows_kernel(TArgs a) {
                         S += exp2f(z - m);
                     });
                 }
-                // block reduction of (m, S), fixed tree
-                float2 v = make_float2(m, S);
-#pragma unroll
-                for (int off = 16; off > 0; off >>= 1) {
-                    const float om = __shfl_xor_sync(0xffffffffu, v.x, off), os = __shfl_xor_sync(0xffffffffu, v.y, off);
-                    const float M = fmaxf(v.x, om);
-                    v.y = v.y * rp_rescale(v.x, M) + os * rp_rescale(om, M);
-                    v.x = M;
-                }
-                if ((tid & 31) == 0) sm[tid >> 5] = v;
-                __syncthreads();
+                const float2 v = tgt_block_ms(make_float2(m, S), sm);
                 if (tid == 0) {
-                    for (int k = 1; k < RP_THREADS / 32; k++) {
-                        const float M = fmaxf(v.x, sm[k].x);
-                        v.y = v.y * rp_rescale(v.x, M) + sm[k].y * rp_rescale(sm[k].x, M);
-                        v.x = M;
-                    }
                     slotp[0] = v.x; slotp[1] = v.y;
                     __threadfence();
                     const int done = atomicAdd(a.cnt + r, 1);
@@ -267,6 +280,172 @@ __global__ void __launch_bounds__(RP_THREADS, 2) tgt_rows_kernel(TArgs a) {
         __syncthreads();
         t = s_ticket;
     }
+}
+
+// ---- rows, sm_90: the staged one-read kernel (as distill.cu's; EXPERIMENTAL, off by default) ------
+// FUSEDLOSS_TGT_STAGED=1 turns it on for aligned rows of >= 1024 16-byte vectors (written after the
+// H200 run of 2026-12-02 that measured the distillation's staged kernel; NOT yet run on a GPU). A
+// thread-block cluster of cs CTAs owns a row at a time; CTA `rank` stages vectors [rank * per,
+// rank * per + n) of it in shared memory with per-thread cp.async (each thread reads only what it
+// copied: no CTA barrier for the data), the next row's copies refill sub-chunk k once the thread is
+// done with it. Per row: the non-target statistics (m, S) of the piece, one exchange over DSMEM
+// (st.async + mbarrier), a rank-order merge (the same bits in every CTA), tgt_finish in every CTA
+// from the merged (m, S) and x_y, then the gradient from shared memory. In place: every CTA loads
+// x_y before it sends its partial, and no CTA writes gradient before it has every partial, so x_y
+// is read before any CTA can overwrite it.
+#define TS_THREADS RP_THREADS
+#define TS_NS 2
+#define TS_MAX_CLUSTER 16
+
+template <typename T, int MODE, bool FUSED>
+__global__ void __launch_bounds__(TS_THREADS, 3) tgt_staged_kernel(TArgs a, int cs, int per, int nv) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int VEC = RpT<T>::VEC;
+    extern __shared__ __align__(16) uint4 ts_buf[];   // [per] vectors of the row
+    __shared__ __align__(8) uint64_t xb[2];
+    __shared__ float4 sl[2][TS_MAX_CLUSTER];          // (m, S) partials by rank (slot parity)
+    __shared__ float2 sm[TS_THREADS / 32];
+    __shared__ float4 bc;                             // (L2, A, B) of the row, for every thread
+    const int tid = (int)threadIdx.x;
+    int rank = 0;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    const int64_t cid = blockIdx.x / cs, ncl = gridDim.x / cs;
+    const int lo = rank * per;
+    const int n = nv - lo < per ? (nv - lo > 0 ? nv - lo : 0) : per;
+    const int sub = (n + TS_NS - 1) / TS_NS;
+    const int tail = (int)(a.V - (int64_t)nv * VEC);
+    const bool has_x = rank == 0 && tid < tail;
+    const int64_t xcol = (int64_t)nv * VEC + tid;
+    const bool xch = cs > 1;
+    const float k2 = a.k2;
+
+    if (tid == 0) {
+        mbar_init(&xb[0], 1u); mbar_init(&xb[1], 1u);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (xch) cg::this_cluster().sync();   // why: barriers initialised and every CTA started before DSMEM stores
+
+    auto issue = [&](int64_t r, int k) {
+        if (r < a.nrows) {
+            const uint4* xrow = reinterpret_cast<const uint4*>((const T*)a.x + r * a.ld) + lo;
+            const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
+            for (int q = k * sub + tid; q < qhi; q += TS_THREADS) cp_async16(ts_buf + q, xrow + q);
+        }
+        cp_commit();   // empty past the last row: the group count stays uniform
+    };
+
+    int64_t r = cid;
+    for (int k = 0; k < TS_NS; k++) issue(r, k);
+    int e = 0;
+    for (; r < a.nrows; r += ncl) {
+        const int64_t rn = r + ncl;
+        const T* xrow = (const T*)a.x + r * a.ld;
+        const int64_t y = rp_label(a.tg, a.lab64, r);
+        const bool ign = y == a.ignore;
+        const bool valid = y >= 0 && y < a.V;
+        const float xy = (tid == 0 && !ign && valid) ? rp_sload(xrow + y) : 0.0f;   // before the exchange
+        const int x = e & 1;
+        const uint32_t xpar = (uint32_t)((e >> 1) & 1);
+        e++;
+
+        // ---- non-target statistics of the piece
+        float m = -INFINITY, S = 0.0f;
+        auto acc = [&](float z) {   // z in log2 units, -inf for the target column
+            if (z > m) { S *= rp_rescale(m, z); m = z; }
+            S += exp2f(z - m);
+        };
+#pragma unroll
+        for (int k = 0; k < TS_NS; k++) {
+            cp_wait(FUSED ? TS_NS - 1 - k : TS_NS - 1);
+            const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
+            for (int q = k * sub + tid; q < qhi; q += TS_THREADS) {
+                float z[VEC];
+                rp_unpack<T>(ts_buf[q], z);
+                const int64_t c0 = (int64_t)(lo + q) * VEC;
+                float gm = -INFINITY;
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    z[v] = c0 + v == y ? -INFINITY : z[v] * k2;
+                    gm = fmaxf(gm, z[v]);
+                }
+                if (gm > m) { S *= rp_rescale(m, gm); m = gm; }
+                float t = 0.0f;
+#pragma unroll
+                for (int v = 0; v < VEC; v++) t += exp2f(z[v] - m);
+                S += t;
+            }
+            if (!FUSED) issue(rn, k);
+        }
+        if (has_x && xcol != y) acc(rp_sload(xrow + xcol) * k2);
+        float2 v = tgt_block_ms(make_float2(m, S), sm);
+        if (tid == 0) {
+            if (xch) {
+                mbar_arrive_tx(&xb[x], (uint32_t)cs * 16u);
+                const uint32_t ls = smem_addr(&sl[x][rank]), lb = smem_addr(&xb[x]);
+                const float4 mine = make_float4(v.x, v.y, 0.0f, 0.0f);
+                for (int c = 0; c < cs; c++) st_async_f4(mapa_shared(ls, c), mine, mapa_shared(lb, c));
+                // slot x is next written two rows later, which no CTA starts before it has this CTA's
+                // partial of the row in between, sent after the reads below
+                mbar_wait_cluster(&xb[x], xpar);
+                v = make_float2(sl[x][0].x, sl[x][0].y);
+                for (int c = 1; c < cs; c++) {   // rank order
+                    const float om = sl[x][c].x, os = sl[x][c].y;
+                    const float M = fmaxf(v.x, om);
+                    v.y = v.y * rp_rescale(v.x, M) + os * rp_rescale(om, M);
+                    v.x = M;
+                }
+            }
+            float loss = 0.0f, lse = 0.0f, A = 0.0f, B = 0.0f, L2 = 0.0f;
+            if (!ign && valid) {
+                tgt_finish<MODE>(a, v.x, v.y, xy, y, loss, lse, A, B, L2);
+            } else if (!ign) {   // out of range: NaN row, flag
+                loss = A = B = NAN;
+                L2 = v.x + log2f(v.y);
+                lse = L2 * RP_LN2;
+            }
+            if (rank == 0) {
+                if (!ign && !valid) tgt_flag(a);
+                if (a.lse) a.lse[r] = lse;
+                if (a.none) { if (a.loss) a.loss[r] = loss; }
+                else a.rowloss[r] = loss;
+            }
+            bc = make_float4(L2, A, B, 0.0f);
+        }
+        __syncthreads();   // why: bc written; sm free again
+
+        if (FUSED) {
+            T* drow = (T*)a.dx + r * a.ld;
+            const float gr = ign ? 0.0f : tgt_grad(a, r);
+            const float L2 = bc.x, gA = gr * bc.y, gB = gr * bc.z;
+#pragma unroll
+            for (int k = 0; k < TS_NS; k++) {
+                const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
+#pragma unroll 2
+                for (int q = k * sub + tid; q < qhi; q += TS_THREADS) {
+                    float z[VEC];
+                    rp_unpack<T>(ts_buf[q], z);
+                    const int64_t c0 = (int64_t)(lo + q) * VEC;
+                    if (ign) {
+#pragma unroll
+                        for (int v2 = 0; v2 < VEC; v2++) z[v2] = 0.0f;
+                    } else {
+#pragma unroll
+                        for (int v2 = 0; v2 < VEC; v2++) z[v2] = c0 + v2 == y ? gB : gA * exp2f(z[v2] * k2 - L2);
+                    }
+                    rp_vstore<T, VEC>(drow + c0, z);
+                }
+                issue(rn, k);
+            }
+            if (has_x)
+                drow[xcol] = from_float<T>(ign ? 0.0f : xcol == y ? gB : gA * exp2f(rp_sload(xrow + xcol) * k2 - L2));
+        }
+    }
+    cp_wait(0);
+    if (xch) cg::this_cluster().sync();   // why: this CTA's own st.async to the others may be in flight
+#else
+    __trap();  // chosen only on sm_90+
+#endif
 }
 
 // ---- positions: one thread per (n, k), the C classes at stride d --------------------------------------
@@ -396,6 +575,52 @@ static tk_fn pick(fl_dtype dt, int mode, bool rows, bool fused, int64_t C) {
 }
 static int g_occ[3][2][2][2][2];   // dtype, mode, rows, fused, register kernel
 
+template <typename T>
+static const void* pick_staged_t(int mode, bool fused) {
+    if (mode == TC_MARGIN)
+        return fused ? (const void*)tgt_staged_kernel<T, TC_MARGIN, true> : (const void*)tgt_staged_kernel<T, TC_MARGIN, false>;
+    return fused ? (const void*)tgt_staged_kernel<T, TC_FOCAL, true> : (const void*)tgt_staged_kernel<T, TC_FOCAL, false>;
+}
+
+// The staged kernel's plan (0: not taken): FUSEDLOSS_TGT_STAGED=1 (experimental, default off),
+// sm_90, rows whose body is 16-byte aligned with >= 1024 vectors, <= FUSEDLOSS_TGT_STAGED_KB (72)
+// of a row per CTA in clusters of <= 16. Returns the resident clusters; knobs read on every call.
+struct TsPlan { int cs, per, nv; size_t smem; const void* fn; };
+static int ts_plan(const TArgs& a, int mode, bool fused, fl_dtype dt, TsPlan* out) {
+    const char* knob = getenv("FUSEDLOSS_TGT_STAGED");
+    if (!(knob && atoi(knob) > 0) || a.nrows <= 0) return 0;
+    DevInfo d;
+    if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return 0; }
+    const int64_t es = (int64_t)fl__dtype_size(dt), VEC = 16 / es;
+    if (((uintptr_t)a.x & 15u) || (a.dx && ((uintptr_t)a.dx & 15u)) || (a.ld * es) % 16) return 0;
+    const int64_t nv = a.V / VEC;
+    if (nv < 4 * TS_THREADS) return 0;
+    int kb = (int)rp_env_i64("FUSEDLOSS_TGT_STAGED_KB", 72);
+    if (kb < 8 || kb > 200) kb = 72;
+    const int64_t chunk = (int64_t)kb * 1024 / 16;
+    int cs = 1;
+    while ((int64_t)cs * chunk < nv && cs < TS_MAX_CLUSTER) cs *= 2;
+    if ((int64_t)cs * chunk < nv) return 0;
+    out->cs = cs;
+    out->nv = (int)nv;
+    out->per = (int)((nv + cs - 1) / cs);
+    out->smem = (size_t)out->per * 16u;
+    switch (dt) {
+        case FL_DTYPE_F32: out->fn = pick_staged_t<float>(mode, fused); break;
+        case FL_DTYPE_F16: out->fn = pick_staged_t<__half>(mode, fused); break;
+        default: out->fn = pick_staged_t<__nv_bfloat16>(mode, fused); break;
+    }
+    int n = 0;
+    if (fl__cluster_occupancy(out->fn, cs, TS_THREADS, out->smem, d.sms, (int)rp_env_i64("FUSEDLOSS_DEBUG", 0),
+                              "staged target-loss kernel", &n) != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    const int gcap = (int)rp_env_i64("FUSEDLOSS_TGT_STAGED_GRID", 0);   // tests: several rows per cluster
+    if (gcap > 0 && n > gcap) n = gcap;
+    return n;
+}
+
 // The common launch of both losses. nrows: rows (N) or positions (N d); rows: the chunked kernel.
 static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fused, fl_dtype dt,
                           fl_reduction red, float* loss, const void* x, const void* dx, void* workspace,
@@ -424,6 +649,17 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     }
     if (red == FL_REDUCTION_MEAN) {
         FL_CUDA_TRY(rp_count(a.tg, a.lab64, a.ignore, n, a.part, Dslot, stream));
+    }
+    TsPlan tp;
+    const int ncl = rows ? ts_plan(a, mode, fused, dt, &tp) : 0;
+    if (ncl) {
+        const int64_t G = n < ncl ? n : ncl;   // clusters: one per row up to what is resident
+        void* args[] = {&a, &tp.cs, &tp.per, &tp.nv};
+        FL_CUDA_TRY(fl__launch_clusters(tp.fn, args, G, tp.cs, TS_THREADS, tp.smem, stream));
+        if (!none && loss) {
+            FL_CUDA_TRY(rp_reduce(a.rowloss, n, a.part, a.Ddev, 1.0f, loss, stream));
+        }
+        return FL_OK;
     }
     const tk_fn kfn = pick(dt, mode, rows, fused, a.V);
     const int reg = mode == TC_FOCAL && !rows && a.V <= 64;
