@@ -23,6 +23,15 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
     return __float2bfloat16_rn(x);
 }
 
+// 2^x on the SFU alone (ex2.approx.ftz): max relative error ~2^-22 (PTX ISA), results below
+// 2^-126 flushed to zero; -inf -> +0, NaN -> NaN. exp2f adds its denormal handling (FSETP + two
+// predicated FMUL around the MUFU.EX2 in SASS).
+__device__ __forceinline__ float fexp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 #define FL_CUDA_TRY(expr)                                                                   \
     do {                                                                                    \
         cudaError_t fl__e_ = (expr);                                                        \

@@ -105,13 +105,7 @@ enum { F_ZMAP = 1, F_SMOOTH = 2 };
 
 #define FL_LOG2E 1.4426950408889634f
 
-// 2^x on the SFU. Max relative error ~2^-22 (PTX ISA), far below the output dtypes' ulp except
-// fp32, where expf's own ~1 ulp and the lse rounding dominate anyway. -inf -> +0, NaN -> NaN.
-__device__ __forceinline__ float fexp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
+// fexp2 (2^x on the SFU alone): common.cuh
 
 // z of raw logit x in column j (j indexes a.offset: local to a vocabulary shard)
 template <int F>

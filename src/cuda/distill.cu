@@ -90,6 +90,24 @@ __device__ __forceinline__ Stat1 combine1(const Stat1& a, const Stat1& b) {
     return r;
 }
 
+// raise st's maxima to gs / gt (scaled, log2 units) where larger, rescaling the sums (u rides with
+// the teacher max for FKL, the student max for RKL); FAST: the SFU's 2^x alone (fexp2)
+template <int MODE, bool FAST>
+__device__ __forceinline__ void raise1(Stat1& st, float gs, float gt) {
+    if (gs > st.ms) {
+        const float f = st.ms == -INFINITY ? 0.0f : FAST ? fexp2(st.ms - gs) : exp2f(st.ms - gs);
+        st.Ss *= f;
+        if (MODE == FL__DISTILL_RKL) st.u *= f;
+        st.ms = gs;
+    }
+    if (gt > st.mt) {
+        const float f = st.mt == -INFINITY ? 0.0f : FAST ? fexp2(st.mt - gt) : exp2f(st.mt - gt);
+        st.St *= f;
+        if (MODE == FL__DISTILL_FKL) st.u *= f;
+        st.mt = gt;
+    }
+}
+
 __device__ __forceinline__ Stat1 shfl1(const Stat1& a, int off) {
     Stat1 r;
     r.ms = __shfl_xor_sync(0xffffffffu, a.ms, off);
@@ -189,18 +207,7 @@ __global__ void __launch_bounds__(RP_THREADS, 2) distill_kernel(DArgs a) {
                                     gs = fmaxf(gs, xs[u][e]); gt = fmaxf(gt, xt[u][e]);
                                 }
                             }
-                            if (gs > st.ms) {
-                                const float f = rp_rescale(st.ms, gs);
-                                st.Ss *= f;
-                                if (MODE == FL__DISTILL_RKL) st.u *= f;
-                                st.ms = gs;
-                            }
-                            if (gt > st.mt) {
-                                const float f = rp_rescale(st.mt, gt);
-                                st.St *= f;
-                                if (MODE == FL__DISTILL_FKL) st.u *= f;
-                                st.mt = gt;
-                            }
+                            raise1<MODE, false>(st, gs, gt);
 #pragma unroll
                             for (int u = 0; u < U; u++) {
                                 if (!in[u]) continue;
@@ -368,16 +375,6 @@ __global__ void __launch_bounds__(RP_THREADS, 2) distill_kernel(DArgs a) {
 #define DC_NS 2            // sub-chunks per CTA piece (each a cp.async group)
 #define DC_MAX_CLUSTER 16
 
-// 2^x on the MUFU alone (results below 2^-126 flushed to zero): exp2f's denormal range
-// handling costs three more instructions an element per exponential (SASS: FSETP + two FMUL)
-__device__ __forceinline__ float dc_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ float dc_rescale(float m_old, float m_new) {
-    return m_old == -INFINITY ? 0.0f : dc_exp2(m_old - m_new);
-}
 
 template <typename TS, typename TT>
 __device__ __forceinline__ void dc_unpack(const uint4* sb, const uint4* tb, int q, float (&xs)[RpT<TS>::VEC],
@@ -471,22 +468,11 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
 #pragma unroll
                 for (int v = 1; v < VEC; v++) { gs = fmaxf(gs, xs[v]); gt = fmaxf(gt, xt[v]); }
                 gs *= k2; gt *= k2;   // k2 > 0: the max of the scaled values
-                if (gs > st.ms) {
-                    const float f = dc_rescale(st.ms, gs);
-                    st.Ss *= f;
-                    if (MODE == FL__DISTILL_RKL) st.u *= f;
-                    st.ms = gs;
-                }
-                if (gt > st.mt) {
-                    const float f = dc_rescale(st.mt, gt);
-                    st.St *= f;
-                    if (MODE == FL__DISTILL_FKL) st.u *= f;
-                    st.mt = gt;
-                }
+                raise1<MODE, true>(st, gs, gt);
                 float ss = 0.0f, stt = 0.0f, su = 0.0f;
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
-                    const float es = dc_exp2(fmaf(xs[v], k2, -st.ms)), et = dc_exp2(fmaf(xt[v], k2, -st.mt));
+                    const float es = fexp2(fmaf(xs[v], k2, -st.ms)), et = fexp2(fmaf(xt[v], k2, -st.mt));
                     ss += es;
                     stt += et;
                     if (MODE == FL__DISTILL_FKL) su = fmaf(et, xt[v] - xs[v], su);
@@ -555,7 +541,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
             float2 acc = make_float2(0.0f, 0.0f);
             auto elem = [&](float xs, float xt) {
                 const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);   // log2 q, log2 p
-                const float q = dc_exp2(ls2), p = dc_exp2(lt2);
+                const float q = fexp2(ls2), p = fexp2(lt2);
                 const float lm = log2f(beta * p + omb * q);   // p = q = 0: -inf, and neither term is added
                 if (p > 0.0f) acc.x = fmaf(p, lt2 - lm, acc.x);
                 if (q > 0.0f) acc.y = fmaf(q, ls2 - lm, acc.y);
@@ -605,10 +591,10 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
             const float G = ign ? 0.0f : row_grad(a, r);
             auto grad = [&](float xs, float xt) -> float {
                 const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);
-                const float q = dc_exp2(ls2);
-                if (MODE == FL__DISTILL_FKL) return G * (q - dc_exp2(lt2));
+                const float q = fexp2(ls2);
+                if (MODE == FL__DISTILL_FKL) return G * (q - fexp2(lt2));
                 if (MODE == FL__DISTILL_RKL) return G * (q * (RP_LN2 * (ls2 - lt2) - l));
-                const float p = dc_exp2(lt2);
+                const float p = fexp2(lt2);
                 const float hq = q > 0.0f ? omb * q * (RP_LN2 * (ls2 - log2f(beta * p + omb * q))) : 0.0f;
                 return G * (hq - q * sh);
             };
