@@ -448,11 +448,11 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                 echo "### FUSEDLOSS_DISTILL_STAGED=0 $t --small"
                 FUSEDLOSS_DISTILL_STAGED=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
             fi
-            if [ "$t" = test_margin_ce_cuda ] || [ "$t" = test_softmax_focal_cuda ]; then   # the experimental staged rows kernel
-                echo "### FUSEDLOSS_TGT_STAGED=1 $t"
-                FUSEDLOSS_TGT_STAGED=1 timeout 150 build/$t 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
-                echo "### FUSEDLOSS_TGT_STAGED=1 FUSEDLOSS_TGT_STAGED_GRID=3 $t --small"
-                FUSEDLOSS_TGT_STAGED=1 FUSEDLOSS_TGT_STAGED_GRID=3 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
+            if [ "$t" = test_margin_ce_cuda ] || [ "$t" = test_softmax_focal_cuda ]; then   # the staged rows kernel (default) and the ticket one
+                echo "### FUSEDLOSS_TGT_STAGED=0 $t --small"   # the ticket kernel (the staged one is the default)
+                FUSEDLOSS_TGT_STAGED=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
+                echo "### FUSEDLOSS_TGT_STAGED_GRID=3 $t --small"
+                FUSEDLOSS_TGT_STAGED_GRID=3 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
             fi
             if [ "$t" = test_elementwise_loss_cuda ]; then   # the exact 16-bit forms (the fast ones are the default)
                 echo "### FUSEDLOSS_EW_EXACT16=1 $t --small"
@@ -462,7 +462,7 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                 for tool in memcheck racecheck; do
                     echo "### $tool $t --small"
                     # distillation: 2 clusters at most, so the staged kernel walks rows (exchanges, prefetch)
-                    FUSEDLOSS_TGT_STAGED=1 FUSEDLOSS_TGT_STAGED_GRID=2 FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_GRID=2 timeout 90 "$SANITIZER" --tool $tool --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
+                    FUSEDLOSS_TGT_STAGED_GRID=2 FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_GRID=2 timeout 90 "$SANITIZER" --tool $tool --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
                 done
             fi
         done

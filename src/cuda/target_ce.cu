@@ -282,10 +282,11 @@ __global__ void __launch_bounds__(RP_THREADS, 2) tgt_rows_kernel(TArgs a) {
     }
 }
 
-// ---- rows, sm_90: the staged one-read kernel (as distill.cu's; EXPERIMENTAL, off by default) ------
-// FUSEDLOSS_TGT_STAGED=1 turns it on for aligned rows of >= 1024 16-byte vectors (written after the
-// H200 run of 2026-12-02 that measured the distillation's staged kernel; NOT yet run on a GPU). A
-// thread-block cluster of cs CTAs owns a row at a time; CTA `rank` stages vectors [rank * per,
+// ---- rows, sm_90: the staged one-read kernel (as distill.cu's) ------------------------------------
+// The default for aligned rows of >= 1024 16-byte vectors (FUSEDLOSS_TGT_STAGED=0: the ticket
+// kernel). H200 2026-12-02, session 4 run 1, ArcFace + CE 4096x100000 fp32 fwd + bwd: 1.768 ms
+// (2.26x the floor) vs 2.248 ms on the ticket kernel; then the per-element column compare replaced
+// by the owner's -inf lane (below), ex2.approx.ftz and two accumulators. A thread-block cluster of cs CTAs owns a row at a time; CTA `rank` stages vectors [rank * per,
 // rank * per + n) of it in shared memory with per-thread cp.async (each thread reads only what it
 // copied: no CTA barrier for the data), the next row's copies refill sub-chunk k once the thread is
 // done with it. Per row: the non-target statistics (m, S) of the piece, one exchange over DSMEM
@@ -337,45 +338,72 @@ __global__ void __launch_bounds__(TS_THREADS, 3) tgt_staged_kernel(TArgs a, int 
 
     int64_t r = cid;
     for (int k = 0; k < TS_NS; k++) issue(r, k);
+    // the row's scalars a row ahead (the target), or at the row's start (x_y, the upstream
+    // gradient; the denominator once): their load latency behind the sweeps, not before them
+    const float Dd = a.Ddev ? __ldcg(a.Ddev) : 1.0f;   // tgt_grad's denominator (reductions)
+    int64_t y_next = r < a.nrows ? rp_label(a.tg, a.lab64, r) : 0;
     int e = 0;
     for (; r < a.nrows; r += ncl) {
         const int64_t rn = r + ncl;
         const T* xrow = (const T*)a.x + r * a.ld;
-        const int64_t y = rp_label(a.tg, a.lab64, r);
+        const int64_t y = y_next;
+        if (rn < a.nrows) y_next = rp_label(a.tg, a.lab64, rn);
         const bool ign = y == a.ignore;
         const bool valid = y >= 0 && y < a.V;
         const float xy = (tid == 0 && !ign && valid) ? rp_sload(xrow + y) : 0.0f;   // before the exchange
+        float gr0 = FUSED ? a.gscale * (a.gl ? __ldg(a.gl + (a.none ? r : 0)) : 1.0f) : 0.0f;   // = tgt_grad(a, r)
+        if (!a.none) gr0 = gr0 / Dd;
         const int x = e & 1;
         const uint32_t xpar = (uint32_t)((e >> 1) & 1);
         e++;
 
         // ---- non-target statistics of the piece
-        float m = -INFINITY, S = 0.0f;
-        auto acc = [&](float z) {   // z in log2 units, -inf for the target column
+        // the target column: its vector qy (if this CTA holds it) is copied, and then read, by one
+        // thread only (`own`), which overwrites the target lane vy with -inf in shared memory once
+        // the copy has landed, so neither sweep compares columns: the statistics sweep adds 0 for it,
+        // the gradient sweep writes 0 there and the owner then stores the target's gradient over it
+        const int64_t qy64 = valid ? y / VEC - lo : -1;
+        const int qy = qy64 >= 0 && qy64 < n ? (int)qy64 : -1;
+        const int vy = valid ? (int)(y % VEC) : 0;
+        const int ky = qy >= 0 ? qy / sub : -1;   // its sub-chunk
+        const bool own = qy >= 0 && (qy - ky * sub) % TS_THREADS == tid;
+        // two (m, S) accumulators (even / odd vectors): two independent chains
+        float m = -INFINITY, S = 0.0f, m1 = -INFINITY, S1 = 0.0f;
+        auto acc = [&](float z) {   // z in log2 units (a scalar column of the tail)
             if (z > m) { S *= rp_rescale(m, z); m = z; }
             S += exp2f(z - m);
+        };
+        auto accv = [&](float& m, float& S, int q) {
+            float z[VEC];
+            rp_unpack<T>(ts_buf[q], z);
+            float gm = z[0];
+#pragma unroll
+            for (int v = 1; v < VEC; v++) gm = fmaxf(gm, z[v]);
+            gm *= k2;   // k2 > 0: the max of the scaled values (-inf stays -inf)
+            if (gm > m) { S *= rp_rescale(m, gm); m = gm; }
+            const float mu = m == -INFINITY ? 0.0f : m;   // -inf columns (masked logits) add 0, not NaN
+            float t0 = 0.0f, t1 = 0.0f;
+#pragma unroll
+            for (int v = 0; v < VEC; v += 2) {
+                t0 += fexp2(fmaf(z[v], k2, -mu));
+                t1 += fexp2(fmaf(z[v + 1], k2, -mu));
+            }
+            S += t0 + t1;
         };
 #pragma unroll
         for (int k = 0; k < TS_NS; k++) {
             cp_wait(FUSED ? TS_NS - 1 - k : TS_NS - 1);
+            if (own && k == ky) reinterpret_cast<T*>(ts_buf + qy)[vy] = from_float<T>(-INFINITY);
             const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
-            for (int q = k * sub + tid; q < qhi; q += TS_THREADS) {
-                float z[VEC];
-                rp_unpack<T>(ts_buf[q], z);
-                const int64_t c0 = (int64_t)(lo + q) * VEC;
-                float gm = -INFINITY;
-#pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    z[v] = c0 + v == y ? -INFINITY : z[v] * k2;
-                    gm = fmaxf(gm, z[v]);
-                }
-                if (gm > m) { S *= rp_rescale(m, gm); m = gm; }
-                float t = 0.0f;
-#pragma unroll
-                for (int v = 0; v < VEC; v++) t += exp2f(z[v] - m);
-                S += t;
-            }
+            int q = k * sub + tid;
+            for (; q + TS_THREADS < qhi; q += 2 * TS_THREADS) { accv(m, S, q); accv(m1, S1, q + TS_THREADS); }
+            if (q < qhi) accv(m, S, q);
             if (!FUSED) issue(rn, k);
+        }
+        {
+            const float M = fmaxf(m, m1);
+            S = M == -INFINITY ? 0.0f : S * rp_rescale(m, M) + S1 * rp_rescale(m1, M);
+            m = M;
         }
         if (has_x && xcol != y) acc(rp_sload(xrow + xcol) * k2);
         float2 v = tgt_block_ms(make_float2(m, S), sm);
@@ -416,27 +444,33 @@ __global__ void __launch_bounds__(TS_THREADS, 3) tgt_staged_kernel(TArgs a, int 
 
         if (FUSED) {
             T* drow = (T*)a.dx + r * a.ld;
-            const float gr = ign ? 0.0f : tgt_grad(a, r);
+            const float gr = ign ? 0.0f : gr0;   // tgt_grad(a, r), loaded at the row's start
             const float L2 = bc.x, gA = gr * bc.y, gB = gr * bc.z;
+            // every element as a non-target one (one FFMA + ex2 + FMUL; the target lane reads -inf and
+            // gives 0), the target's gradient stored over it by its owner after the sweep; an ignored
+            // row writes zeros (a uniform branch per vector)
+            auto one = [&](int q) {
+                float z[VEC];
+                rp_unpack<T>(ts_buf[q], z);
+                if (ign) {
+#pragma unroll
+                    for (int v2 = 0; v2 < VEC; v2++) z[v2] = 0.0f;
+                } else {
+#pragma unroll
+                    for (int v2 = 0; v2 < VEC; v2++) z[v2] = gA * fexp2(fmaf(z[v2], k2, -L2));
+                }
+                rp_vstore<T, VEC>(drow + (int64_t)(lo + q) * VEC, z);
+            };
 #pragma unroll
             for (int k = 0; k < TS_NS; k++) {
                 const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
-#pragma unroll 2
-                for (int q = k * sub + tid; q < qhi; q += TS_THREADS) {
-                    float z[VEC];
-                    rp_unpack<T>(ts_buf[q], z);
-                    const int64_t c0 = (int64_t)(lo + q) * VEC;
-                    if (ign) {
-#pragma unroll
-                        for (int v2 = 0; v2 < VEC; v2++) z[v2] = 0.0f;
-                    } else {
-#pragma unroll
-                        for (int v2 = 0; v2 < VEC; v2++) z[v2] = c0 + v2 == y ? gB : gA * exp2f(z[v2] * k2 - L2);
-                    }
-                    rp_vstore<T, VEC>(drow + c0, z);
-                }
+                int q = k * sub + tid;
+                // two vectors an iteration: two shared loads in flight behind each other's math
+                for (; q + TS_THREADS < qhi; q += 2 * TS_THREADS) { one(q); one(q + TS_THREADS); }
+                if (q < qhi) one(q);
                 issue(rn, k);
             }
+            if (own && !ign) drow[y] = from_float<T>(gB);   // after this thread's store of its vector
             if (has_x)
                 drow[xcol] = from_float<T>(ign ? 0.0f : xcol == y ? gB : gA * exp2f(rp_sload(xrow + xcol) * k2 - L2));
         }
@@ -582,13 +616,13 @@ static const void* pick_staged_t(int mode, bool fused) {
     return fused ? (const void*)tgt_staged_kernel<T, TC_FOCAL, true> : (const void*)tgt_staged_kernel<T, TC_FOCAL, false>;
 }
 
-// The staged kernel's plan (0: not taken): FUSEDLOSS_TGT_STAGED=1 (experimental, default off),
-// sm_90, rows whose body is 16-byte aligned with >= 1024 vectors, <= FUSEDLOSS_TGT_STAGED_KB (72)
+// The staged kernel's plan (0: not taken): on by default (FUSEDLOSS_TGT_STAGED=0 off), sm_90,
+// rows whose body is 16-byte aligned with >= 1024 vectors, <= FUSEDLOSS_TGT_STAGED_KB (72)
 // of a row per CTA in clusters of <= 16. Returns the resident clusters; knobs read on every call.
 struct TsPlan { int cs, per, nv; size_t smem; const void* fn; };
 static int ts_plan(const TArgs& a, int mode, bool fused, fl_dtype dt, TsPlan* out) {
     const char* knob = getenv("FUSEDLOSS_TGT_STAGED");
-    if (!(knob && atoi(knob) > 0) || a.nrows <= 0) return 0;
+    if ((knob && *knob && atoi(knob) <= 0) || a.nrows <= 0) return 0;
     DevInfo d;
     if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return 0; }
     const int64_t es = (int64_t)fl__dtype_size(dt), VEC = 16 / es;
@@ -601,6 +635,8 @@ static int ts_plan(const TArgs& a, int mode, bool fused, fl_dtype dt, TsPlan* ou
     int cs = 1;
     while ((int64_t)cs * chunk < nv && cs < TS_MAX_CLUSTER) cs *= 2;
     if ((int64_t)cs * chunk < nv) return 0;
+    const int fcs = (int)rp_env_i64("FUSEDLOSS_TGT_STAGED_CS", 0);   // A/B: any cluster size 2..16
+    if (fcs >= 2 && fcs <= TS_MAX_CLUSTER && (nv + fcs - 1) / fcs * 16 <= 200 * 1024) cs = fcs;
     out->cs = cs;
     out->nv = (int)nv;
     out->per = (int)((nv + cs - 1) / cs);
