@@ -2021,6 +2021,9 @@ int main(int argc, char** argv) {
     /* (a) graphs */
     test_graph(g_small ? 33 : 257, g_small ? 3000 : 50257, FL_DTYPE_BF16, FL_REDUCTION_MEAN, 0.1f, 1e-4f);
     test_graph(7, 3, FL_DTYPE_F32, FL_REDUCTION_NONE, 0.0f, 0.0f);
+    /* the one-launch small kernel (sm_90, reduced, N <= 128 short rows): one and 8 CTA clusters */
+    test_graph(128, 1000, FL_DTYPE_F32, FL_REDUCTION_MEAN, 0.0f, 0.0f);
+    test_graph(13, 2000, FL_DTYPE_BF16, FL_REDUCTION_SUM, 0.1f, 1e-4f);
     /* (b) determinism */
     test_determinism(7, g_small ? 8003 : 256000, FL_DTYPE_F32, FL_REDUCTION_SUM, 0.0f, 0.0f);
     test_determinism(129, 8003, FL_DTYPE_F16, FL_REDUCTION_MEAN, 0.1f, 1e-4f);

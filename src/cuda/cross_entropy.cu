@@ -881,17 +881,40 @@ __device__ __forceinline__ void small_load_row(const CeArgs& a, int64_t i, int l
 }
 
 template <typename T, int PASS, int F>
-__global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, int C) {
+__global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, int Cf) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Cf: the cluster size C in the low 8 bits, the FUSEDLOSS_CE_SMALL_OPT bits above (A/B):
+    //   1 each warp's first row loaded before the denominators (its latency behind theirs)
+    //   2 the loss sums sent to rank 0 by st.async + mbarrier, a relaxed cluster barrier at the end
+    //     (instead of cluster.sync(), whose release fence waits for the gradient stores to drain)
+    //   4 programmatic dependent launch (the launch carries the attribute): this grid may start
+    //     while the previous kernel on the stream finishes, and waits for it (its memory visible)
+    //     here, before any global access; it lets the next one start at once in turn (the next
+    //     kernel, if launched so, waits for this grid's completion in its own griddepcontrol.wait)
+    const int C = Cf & 0xff, opt = Cf >> 8;
+    if (opt & 4) {
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+    }
     cg::cluster_group cluster = cg::this_cluster();
     __shared__ double wsum[3][SMALL_WARPS];
-    __shared__ double cta_l[8][2];  // rank 0's copy receives every CTA's loss sums (DSMEM)
+    __shared__ __align__(16) double cta_l[8][2];  // rank 0's copy receives every CTA's loss sums (DSMEM)
+    __shared__ __align__(8) uint64_t fin_bar;     // opt 2: rank 0's barrier for them
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int rank = (int)cluster.block_rank();
     const int V = (int)a.V;
+    if ((opt & 2) && threadIdx.x == 0) {
+        mbar_init(&fin_bar, 1u);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
     // why: a CTA may touch another's shared memory only once that CTA has started; arrive now,
     // wait just before the remote store in step 3, so the barrier's latency hides behind the rows
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    const int gw = rank * SMALL_WARPS + warp, nw = C * SMALL_WARPS;
+    Pack<T> x[SMALL_KW];
+    float xs = 0.0f;
+    bool pre = false;
+    if ((opt & 1) && gw < a.N) { small_load_row<T>(a, gw, lane, x, xs); pre = true; }
 
     // 1. denominators, computed redundantly by every CTA (N <= SMALL_MAX_ROWS targets from L2):
     //    no cluster barrier needed before the rows. Fixed striding + fixed-order sums: every CTA
@@ -922,8 +945,9 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
 
     // 2. rows: warp gw handles rows gw, gw + C*WARPS, ...; its lane 0 sums their losses in row order
     double acc_a = 0.0, acc_b = 0.0;
-    const int gw = rank * SMALL_WARPS + warp, nw = C * SMALL_WARPS;
     for (int64_t i = gw; i < a.N; i += nw) {
+        const bool have = pre;   // this row already in x (opt 1, the warp's first row)
+        pre = false;
         const T* row = (const T*)a.logits + i * a.ld;
         T* drow = (T*)a.dlogits + i * a.ld;
         const int64_t t64 = load_target(a, i);
@@ -951,9 +975,7 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
         // (loading each warp's first row before step 1, to overlap its latency with the target
         // loads there, measured 6.54 us instead of 6.25 for 128x1000 f32 (H200 2026-12-01 run 4,
         // a run where unrelated small launches were also slower): not kept)
-        Pack<T> x[SMALL_KW];
-        float xs;
-        small_load_row<T>(a, i, lane, x, xs);
+        if (!have) small_load_row<T>(a, i, lane, x, xs);
         // target logit read by lane 0 here; the __syncwarp() before the gradient stores below
         // orders this read before any other lane's (in-place) store (shuffles alone give no
         // memory ordering: the compiler could sink this load into the lane-0 block)
@@ -1000,6 +1022,32 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
     if (lane == 0) { wsum[0][warp] = acc_a; wsum[1][warp] = acc_b; }
     __syncthreads();  // why: warp sums visible to thread 0
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // pairs with the arrive at entry
+    if (opt & 2) {
+        if (threadIdx.x == 0) {
+            double A = 0, B = 0;
+            for (int w = 0; w < SMALL_WARPS; w++) { A += wsum[0][w]; B += wsum[1][w]; }
+            // rank 0 arms for C x 16 bytes (a remote st.async may land first: the tx count then
+            // goes negative until this expect_tx)
+            if (rank == 0) mbar_arrive_tx(&fin_bar, (uint32_t)C * 16u);
+            const unsigned long long ua = (unsigned long long)__double_as_longlong(A);
+            const unsigned long long ub = (unsigned long long)__double_as_longlong(B);
+            const float4 v = make_float4(__uint_as_float((unsigned)ua), __uint_as_float((unsigned)(ua >> 32)),
+                                         __uint_as_float((unsigned)ub), __uint_as_float((unsigned)(ub >> 32)));
+            st_async_f4(mapa_shared(smem_addr(&cta_l[rank][0]), 0), v, mapa_shared(smem_addr(&fin_bar), 0));
+            if (rank == 0) {
+                mbar_wait_cluster(&fin_bar, 0u);
+                double At = 0, Bt = 0;
+                for (int c = 0; c < C; c++) { At += cta_l[c][0]; Bt += cta_l[c][1]; }
+                double total = a.reduction == FL_REDUCTION_MEAN ? At / d.Dw + (a.zeta > 0.0f ? Bt / d.Dn : 0.0) : At + Bt;
+                a.loss[0] = (float)total;
+            }
+        }
+        // no CTA exits while its st.async may be in flight: rank 0 arrives once all have landed
+        // (relaxed: the data is ordered by the mbarrier, no fence over the gradient stores)
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+        asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+        return;
+    }
     if (threadIdx.x == 0) {
         double A = 0, B = 0;
         for (int w = 0; w < SMALL_WARPS; w++) { A += wsum[0][w]; B += wsum[1][w]; }
@@ -1588,6 +1636,12 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 // Knobs for A/B runs on the GPU, read from the environment once (all experimental):
 //   FUSEDLOSS_CE_CHUNK_THREADS = 64|128|256|512   chunk CTA size of the two-pass path (below)
 //   FUSEDLOSS_CE_SMALL_MAX_ROWS                    rows up to which the small kernel runs
+//   FUSEDLOSS_CE_SMALL_OPT = 0..7                  small kernel bits (default 7): 1 first row
+//                                                  loaded early, 2 st.async loss sums, 4
+//                                                  programmatic dependent launch (ce_small_kernel;
+//                                                  H200 2026-12-02 s4 run 2, 128x1000 f32 fused
+//                                                  per call in a graph: 0: 6.78 / 6.79 us, 4: 6.48
+//                                                  / 6.48, 7: 6.36 / 6.36)
 //   FUSEDLOSS_CE_STREAM=0|1|2                      streaming kernel off / forward (default) /
 //                                                  forward and backward (chunk kernels otherwise)
 //   FUSEDLOSS_CE_STREAM_KB                         bytes per streaming unit (KB, 8..1024; 256:
@@ -1608,7 +1662,7 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  2026-12-02 run 7, fused 8192x128256 bf16 1.32x -> 1.23x),
 //                                                  0 = DSMEM stores + a cluster barrier per row
 //   FUSEDLOSS_DEBUG=1                              print each new staged launch plan to stderr
-struct Knobs { int chunk_threads, small_rows, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync; };
+struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -1622,6 +1676,7 @@ static const Knobs* knobs(void) {
         Knobs n;
         n.chunk_threads = env_int("FUSEDLOSS_CE_CHUNK_THREADS", 0);
         n.small_rows = env_int("FUSEDLOSS_CE_SMALL_MAX_ROWS", 128);
+        n.small_opt = env_int("FUSEDLOSS_CE_SMALL_OPT", 7) & 7;
         n.stream = env_int("FUSEDLOSS_CE_STREAM", 1);
         n.stream_kb = env_int("FUSEDLOSS_CE_STREAM_KB", 256);
         n.on = env_int("FUSEDLOSS_CE_TMA", 1);
@@ -1866,9 +1921,16 @@ static cudaError_t launch_small(const CeArgs& a, int C, cudaStream_t s) {
     cfg.gridDim = dim3((unsigned)C, 1, 1);
     cfg.blockDim = dim3(SMALL_WARPS * 32, 1, 1);
     cfg.stream = s;
-    cudaLaunchAttribute attr;
-    set_cluster(&cfg, &attr, (unsigned)C);
-    return cudaLaunchKernelEx(&cfg, ce_small_kernel<T, PASS == PASS_FUSED ? PASS_FUSED : PASS_FORWARD, F>, a, C);
+    cudaLaunchAttribute attr[2];
+    set_cluster(&cfg, &attr[0], (unsigned)C);
+    // one-CTA clusters: no st.async (it needs >= 2 CTAs), the cluster.sync() path
+    const int opt = C > 1 ? knobs()->small_opt : knobs()->small_opt & 5;
+    if (opt & 4) {
+        attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[1].val.programmaticStreamSerializationAllowed = 1;
+        cfg.numAttrs = 2;
+    }
+    return cudaLaunchKernelEx(&cfg, ce_small_kernel<T, PASS == PASS_FUSED ? PASS_FUSED : PASS_FORWARD, F>, a, C | (opt << 8));
 }
 
 // Vocab-parallel step 1's main kernel: the per-chunk (max, sum-exp, sum w z, z_t) of every row
