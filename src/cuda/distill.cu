@@ -446,12 +446,20 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
         for (int k = 0; k < DC_NS; k++) issue(r + b * ncl, k, b);
     const int npend = nb * DC_NS - 1;   // groups issued after a row's first one, until it is swept
     int e = 0;   // rows done = exchanges done (the same count in every CTA of the cluster)
+    // the row's scalars a row ahead (the label) or at the row's start (the upstream gradient; the
+    // denominator once): their load latency behind the sweeps, not in front of the gradient's
+    const float Dd = a.Ddev ? __ldcg(a.Ddev) : a.Dhost;   // row_grad's denominator
+    bool ign_next = a.labels && r < a.sc.N && rp_label(a.labels, a.lab64, r) == a.ignore;
     for (; r < a.sc.N; r += ncl) {
         const int64_t rn = r + nb * ncl;   // the row that refills this row's buffer
         const int buf = nb > 1 ? (e & 1) : 0;
         sb = dc_buf + buf * bstride;
         tb = sb + per;
-        const bool ign = a.labels && rp_label(a.labels, a.lab64, r) == a.ignore;
+        const bool ign = ign_next;
+        if (a.labels && r + ncl < a.sc.N) ign_next = rp_label(a.labels, a.lab64, r + ncl) == a.ignore;
+        float G0 = FUSED ? a.gscale * (a.gl ? __ldg(a.gl + (a.none ? r : 0)) : 1.0f) : 0.0f;   // = row_grad(a, r)
+        if (!a.none) G0 = G0 / Dd;
+        G0 = G0 * a.loss_scale * a.inv_T;
         const TS* srow = (const TS*)a.s + r * a.lds;
         const TT* trow = (const TT*)a.t + r * a.ldt;
         const int x = e & 1;
@@ -588,7 +596,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
         if (FUSED) {
             // ---- the student gradient, from shared memory, written once
             TS* drow = (TS*)a.ds + r * a.lds;
-            const float G = ign ? 0.0f : row_grad(a, r);
+            const float G = ign ? 0.0f : G0;   // row_grad(a, r), loaded at the row's start
             auto grad = [&](float xs, float xt) -> float {
                 const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);
                 const float q = fexp2(ls2);
