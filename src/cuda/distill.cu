@@ -696,7 +696,9 @@ static const void* pick_staged(fl_dtype sdt, fl_dtype tdt, int mode, bool fused)
 // (<= 16 CTAs); FUSEDLOSS_DISTILL_STAGED_GRID caps the clusters launched (tests: the row loop and
 // its cross-row prefetch at small N); FUSEDLOSS_DISTILL_STAGED_ROWS=2 gives each CTA two row buffers
 // in the same KB (so clusters twice as large): the next row's copies then also overlap this row's
-// statistics sweep (NOT yet measured or run on the GPU: an experiment for the next device run);
+// statistics sweep (H200 2026-12-02 session 4 run 1: correct, --small 4668/0 and memcheck 0, but
+// SLOWER: KL T=2 4096x128256 bf16 2.54 ms vs 1.84 with one buffer; clusters of 16 halve each CTA's
+// share of a row and double the per-row fixed cost per byte; kept as a knob, not the default);
 // FUSEDLOSS_DEBUG=1 prints the occupancy of each new plan.
 struct DcPlan { int cs, per, nv, nb; size_t smem; const void* fn; };
 
