@@ -77,19 +77,29 @@ __device__ __forceinline__ void margin_phi(const TArgs& a, float x, float& phi, 
     }
 }
 
-// From the non-target statistics (m, S: log2 units) and the target logit: loss, lse (natural), the
-// coefficients A, B of the gradient and, for the rows kernel, L2 = log2 of the row's sum.
+// The target's own terms, which do not depend on the row's statistics: its logit zy2 (log2 units),
+// the margin's derivative dphi, the focal's alpha_y (the staged kernel computes them while its
+// partials are in flight).
 template <int MODE>
-__device__ __forceinline__ void tgt_finish(const TArgs& a, float m, float S, float xy, int64_t y, float& loss,
-                                           float& lse, float& A, float& B, float& L2) {
-    float zy2, dphi = 1.0f;
+__device__ __forceinline__ void tgt_target(const TArgs& a, float xy, int64_t y, float& zy2, float& dphi, float& al) {
+    dphi = 1.0f;
+    al = 1.0f;
     if (MODE == TC_MARGIN) {
         float phi;
         margin_phi(a, xy, phi, dphi);
         zy2 = a.s * phi * RP_LOG2E;
     } else {
         zy2 = xy * RP_LOG2E;
+        if (a.alpha) al = __ldg(a.alpha + y);
     }
+}
+
+// From the non-target statistics (m, S: log2 units) and the target's terms (tgt_target): loss, lse
+// (natural), the coefficients A, B of the gradient and, for the rows kernel, L2 = log2 of the
+// row's sum.
+template <int MODE>
+__device__ __forceinline__ void tgt_finish_t(const TArgs& a, float m, float S, float zy2, float dphi, float al,
+                                             float& loss, float& lse, float& A, float& B, float& L2) {
     const float M = fmaxf(m, zy2);
     const float Sx = S * rp_rescale(m, M), ey = exp2f(zy2 - M);
     const float tot = Sx + ey;
@@ -102,7 +112,6 @@ __device__ __forceinline__ void tgt_finish(const TArgs& a, float m, float S, flo
         A = a.s;
         B = -a.s * q * dphi;
     } else {
-        const float al = a.alpha ? __ldg(a.alpha + y) : 1.0f;
         const float g = a.gamma;
         const float qg = g == 0.0f ? 1.0f : (g == 1.0f ? q : (g == 2.0f ? q * q : powf(q, g)));
         const float lp = -ce;                                   // log p_y
@@ -112,6 +121,14 @@ __device__ __forceinline__ void tgt_finish(const TArgs& a, float m, float S, flo
         A = -al * F;
         B = al * F * q;
     }
+}
+
+template <int MODE>
+__device__ __forceinline__ void tgt_finish(const TArgs& a, float m, float S, float xy, int64_t y, float& loss,
+                                           float& lse, float& A, float& B, float& L2) {
+    float zy2, dphi, al;
+    tgt_target<MODE>(a, xy, y, zy2, dphi, al);
+    tgt_finish_t<MODE>(a, m, S, zy2, dphi, al, loss, lse, A, B, L2);
 }
 
 __device__ __forceinline__ float tgt_grad(const TArgs& a, int64_t r) {
@@ -413,6 +430,12 @@ __global__ void __launch_bounds__(TS_THREADS, 3) tgt_staged_kernel(TArgs a, int 
                 const uint32_t ls = smem_addr(&sl[x][rank]), lb = smem_addr(&xb[x]);
                 const float4 mine = make_float4(v.x, v.y, 0.0f, 0.0f);
                 for (int c = 0; c < cs; c++) st_async_f4(mapa_shared(ls, c), mine, mapa_shared(lb, c));
+            }
+            // the target's terms while the partials are in flight (margin: acos / cos / sin; focal:
+            // the alpha_y load), off the path from the exchange to the gradient sweep
+            float zy2 = 0.0f, dphi = 1.0f, al = 1.0f;
+            if (!ign && valid) tgt_target<MODE>(a, xy, y, zy2, dphi, al);
+            if (xch) {
                 // slot x is next written two rows later, which no CTA starts before it has this CTA's
                 // partial of the row in between, sent after the reads below
                 mbar_wait_cluster(&xb[x], xpar);
@@ -426,7 +449,7 @@ __global__ void __launch_bounds__(TS_THREADS, 3) tgt_staged_kernel(TArgs a, int 
             }
             float loss = 0.0f, lse = 0.0f, A = 0.0f, B = 0.0f, L2 = 0.0f;
             if (!ign && valid) {
-                tgt_finish<MODE>(a, v.x, v.y, xy, y, loss, lse, A, B, L2);
+                tgt_finish_t<MODE>(a, v.x, v.y, zy2, dphi, al, loss, lse, A, B, L2);
             } else if (!ign) {   // out of range: NaN row, flag
                 loss = A = B = NAN;
                 L2 = v.x + log2f(v.y);
