@@ -152,6 +152,11 @@ __device__ __forceinline__ float2 block_sum2(float2 v, float2* sm) {
     return v;
 }
 
+// -FLT_MAX: a difference of logits clamped to it below, so that a masked column (-inf in both
+// inputs: difference NaN, or -inf in the weighting input: weight exactly 0) adds 0 * -FLT_MAX = 0
+// instead of 0 * NaN; +inf (mass where the other input has none) stays +inf (header section 13)
+#define DS_NEG_BIG (-3.402823466e+38f)
+
 // the row's upstream gradient times loss_scale / T
 __device__ __forceinline__ float row_grad(const DArgs& a, int64_t r) {
     float g = a.gscale * (a.gl ? __ldg(a.gl + (a.none ? r : 0)) : 1.0f);
@@ -208,16 +213,18 @@ __global__ void __launch_bounds__(RP_THREADS, 2) distill_kernel(DArgs a) {
                                 }
                             }
                             raise1<MODE, false>(st, gs, gt);
+                            // a max still -inf (every column so far masked): the exps of -inf are 0
+                            const float mus = st.ms == -INFINITY ? 0.0f : st.ms, mut = st.mt == -INFINITY ? 0.0f : st.mt;
 #pragma unroll
                             for (int u = 0; u < U; u++) {
                                 if (!in[u]) continue;
 #pragma unroll
                                 for (int e = 0; e < VEC; e++) {
-                                    const float es = exp2f(xs[u][e] - st.ms), et = exp2f(xt[u][e] - st.mt);
+                                    const float es = exp2f(xs[u][e] - mus), et = exp2f(xt[u][e] - mut);
                                     st.Ss += es;
                                     st.St += et;
-                                    if (MODE == FL__DISTILL_FKL) st.u += et * (xt[u][e] - xs[u][e]);
-                                    if (MODE == FL__DISTILL_RKL) st.u += es * (xs[u][e] - xt[u][e]);
+                                    if (MODE == FL__DISTILL_FKL) st.u += et * fmaxf(xt[u][e] - xs[u][e], DS_NEG_BIG);
+                                    if (MODE == FL__DISTILL_RKL) st.u += es * fmaxf(xs[u][e] - xt[u][e], DS_NEG_BIG);
                                 }
                             }
                         });
@@ -225,8 +232,8 @@ __global__ void __launch_bounds__(RP_THREADS, 2) distill_kernel(DArgs a) {
                     rp_scalars(g, [&](int64_t col) {
                         const float xs = rp_sload(srow + col) * k2, xt = rp_sload(trow + col) * k2;
                         Stat1 one = {xs, 1.0f, xt, 1.0f, 0.0f};
-                        if (MODE == FL__DISTILL_FKL) one.u = xt - xs;
-                        if (MODE == FL__DISTILL_RKL) one.u = xs - xt;
+                        if (MODE == FL__DISTILL_FKL) one.u = fmaxf(xt - xs, DS_NEG_BIG);
+                        if (MODE == FL__DISTILL_RKL) one.u = fmaxf(xs - xt, DS_NEG_BIG);
                         st = combine1<MODE>(st, one);
                     });
                 }
@@ -333,7 +340,7 @@ __global__ void __launch_bounds__(RP_THREADS, 2) distill_kernel(DArgs a) {
                         const float ls2 = xs * k2 - L2s, lt2 = xt * k2 - L2t;
                         const float q = exp2f(ls2);
                         if (MODE == FL__DISTILL_FKL) return G * (q - exp2f(lt2));
-                        if (MODE == FL__DISTILL_RKL) return G * (q * (RP_LN2 * (ls2 - lt2) - l));
+                        if (MODE == FL__DISTILL_RKL) return G * (q * (RP_LN2 * fmaxf(ls2 - lt2, DS_NEG_BIG) - l));
                         const float p = exp2f(lt2);
                         const float hq = q > 0.0f ? omb * q * (RP_LN2 * (ls2 - log2f(beta * p + omb * q))) : 0.0f;
                         return G * (hq - q * sh);
@@ -500,11 +507,42 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
             if (LAST == 0) issue(rn, k, buf);
         }
         st = combine1<MODE>(st, st1);
+        if (isnan(st.Ss) || isnan(st.St) || isnan(st.u)) {
+            // masked classes (-inf in both inputs; header section 13): the sweep above gives NaN for
+            // them (-inf - -inf, 0 * -inf) and is kept free of guards; this thread redoes its own
+            // vectors with them, from global memory (the row is intact there: the gradient is
+            // written later, and a forward-only sweep may already have refilled shared memory).
+            // NaN inputs give NaN again, as they should.
+            const uint4* gsb = reinterpret_cast<const uint4*>(srow) + lo;
+            const uint4* gtb = reinterpret_cast<const uint4*>(trow) + (int64_t)lo * NT;
+            st = Stat1{-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
+            // exactly the vectors of this thread's sweep (sub-chunk by sub-chunk, as above)
+            for (int k = 0; k < DC_NS; k++)
+            for (int q = k * sub + tid, qhi = (k + 1) * sub < n ? (k + 1) * sub : n; q < qhi; q += DC_THREADS) {
+                float xs[VEC], xt[VEC];
+                dc_unpack<TS, TT>(gsb, gtb, q, xs, xt);
+                float gs = xs[0], gt = xt[0];
+#pragma unroll
+                for (int v = 1; v < VEC; v++) { gs = fmaxf(gs, xs[v]); gt = fmaxf(gt, xt[v]); }
+                raise1<MODE, false>(st, gs * k2, gt * k2);
+                const float mus = st.ms == -INFINITY ? 0.0f : st.ms, mut = st.mt == -INFINITY ? 0.0f : st.mt;
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    const float es = exp2f(fmaf(xs[v], k2, -mus)), et = exp2f(fmaf(xt[v], k2, -mut));
+                    st.Ss += es;
+                    st.St += et;
+                    // (et k2) first: a 0 weight times the clamped difference is 0 (k2 > 1 could make
+                    // -FLT_MAX k2 = -inf)
+                    if (MODE == FL__DISTILL_FKL) st.u = fmaf(et * k2, fmaxf(xt[v] - xs[v], DS_NEG_BIG), st.u);
+                    if (MODE == FL__DISTILL_RKL) st.u = fmaf(es * k2, fmaxf(xs[v] - xt[v], DS_NEG_BIG), st.u);
+                }
+            }
+        }
         if (has_x) {
             const float xs = rp_sload(srow + xcol) * k2, xt = rp_sload(trow + xcol) * k2;
             Stat1 one = {xs, 1.0f, xt, 1.0f, 0.0f};
-            if (MODE == FL__DISTILL_FKL) one.u = xt - xs;
-            if (MODE == FL__DISTILL_RKL) one.u = xs - xt;
+            if (MODE == FL__DISTILL_FKL) one.u = fmaxf(xt - xs, DS_NEG_BIG);
+            if (MODE == FL__DISTILL_RKL) one.u = fmaxf(xs - xt, DS_NEG_BIG);
             st = combine1<MODE>(st, one);
         }
         st = block_reduce1<MODE>(st, sm1);
@@ -601,7 +639,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
                 const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);
                 const float q = fexp2(ls2);
                 if (MODE == FL__DISTILL_FKL) return G * (q - fexp2(lt2));
-                if (MODE == FL__DISTILL_RKL) return G * (q * (RP_LN2 * (ls2 - lt2) - l));
+                if (MODE == FL__DISTILL_RKL) return G * (q * (RP_LN2 * fmaxf(ls2 - lt2, DS_NEG_BIG) - l));
                 const float p = fexp2(lt2);
                 const float hq = q > 0.0f ? omb * q * (RP_LN2 * (ls2 - log2f(beta * p + omb * q))) : 0.0f;
                 return G * (hq - q * sh);

@@ -211,18 +211,19 @@ __global__ void __launch_bounds__(RP_THREADS, 2) tgt_rows_kernel(TArgs a) {
                                 }
                             }
                             if (gm > m) { S *= rp_rescale(m, gm); m = gm; }
+                            const float mu = m == -INFINITY ? 0.0f : m;   // -inf logits add 0, not NaN
 #pragma unroll
                             for (int u = 0; u < U; u++) {
                                 if (!in[u]) continue;
 #pragma unroll
-                                for (int e = 0; e < VEC; e++) S += exp2f(xs[u][e] - m);
+                                for (int e = 0; e < VEC; e++) S += exp2f(xs[u][e] - mu);
                             }
                         });
                     rp_scalars(g, [&](int64_t col) {
                         if (col == y) return;
                         const float z = rp_sload(xrow + col) * k2;
                         if (z > m) { S *= rp_rescale(m, z); m = z; }
-                        S += exp2f(z - m);
+                        if (m != -INFINITY) S += exp2f(z - m);   // m = -inf: z = -inf too, adds 0
                     });
                 }
                 const float2 v = tgt_block_ms(make_float2(m, S), sm);
@@ -388,7 +389,7 @@ __global__ void __launch_bounds__(TS_THREADS, 3) tgt_staged_kernel(TArgs a, int 
         float m = -INFINITY, S = 0.0f, m1 = -INFINITY, S1 = 0.0f;
         auto acc = [&](float z) {   // z in log2 units (a scalar column of the tail)
             if (z > m) { S *= rp_rescale(m, z); m = z; }
-            S += exp2f(z - m);
+            if (m != -INFINITY) S += exp2f(z - m);   // m = -inf: z = -inf too, adds 0
         };
         auto accv = [&](float& m, float& S, int q) {
             float z[VEC];
@@ -532,7 +533,7 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_kernel(TArgs a) {
                 if (c == y) continue;
                 const float z = to_float(xp[c * a.d]) * a.k2;
                 if (z > m) { S *= rp_rescale(m, z); m = z; }
-                S += exp2f(z - m);
+                if (m != -INFINITY) S += exp2f(z - m);   // m = -inf: z = -inf too, adds 0
             }
             float lse, A, B, L2;
             tgt_finish<MODE>(a, m, S, to_float(xp[y * a.d]), y, loss, lse, A, B, L2);
@@ -581,9 +582,10 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_reg_kernel(TArgs a) {
                 if (c < C && c != y) m = fmaxf(m, v[c] * a.k2);
             }
             float S = 0.0f;
+            const float mu = m == -INFINITY ? 0.0f : m;   // every non-target -inf: S = 0, not NaN
 #pragma unroll
             for (int c = 0; c < CMAX; c++)
-                if (c < C && c != y) S += exp2f(v[c] * a.k2 - m);
+                if (c < C && c != y) S += exp2f(v[c] * a.k2 - mu);
             float lse, A, B, L2;
             tgt_finish<TC_FOCAL>(a, m, S, xy, y, loss, lse, A, B, L2);
             if (FUSED) {
