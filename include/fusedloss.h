@@ -1157,7 +1157,8 @@ FL_API fl_status fl_margin_ce_fused_cuda(float* loss, float* lse, void* dlogits,
  *  finite 0, not autograd's 0 * inf = NaN for gamma < 1); g as section 5 (grad_loss [N * d] for
  *  NONE). alpha values are not checked.
  *  Numerics, dtypes, aliasing (dlogits == logits allowed), workspace, determinism and the CUDA
- *  behaviour as section 10; out-of-range targets as section 11.
+ *  behaviour as section 10; out-of-range targets as section 11. Infinite logits: a -inf non-target
+ *  logit is a masked class (p_c = 0, gradient 0, no NaN: both backends, as PyTorch's log_softmax).
  ******************************************************************************/
 typedef struct fl_focal_options {
     size_t        struct_size;   /* = sizeof(fl_focal_options); set by FL_FOCAL_OPTIONS_INIT */

@@ -414,6 +414,37 @@ def test_focal_confident_positions(device, gamma):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(5, 300), (3, 9000), (2, 19, 8, 16)])
+def test_focal_masked_classes(device, dtype, shape):
+    """-inf non-target logits are masked classes (the header's softmax focal section): p_c = 0, gradient 0, finite
+    loss, as log_softmax; runs of 32 masked columns cover whole 16-byte vectors and the first
+    vector of every thread of a row (the NaN the CUDA kernels gave before 2026-12-02). (3, 9000)
+    fp32 rows take the staged kernel on sm_90."""
+    x, t = make_focal(shape, dtype, device, seed=31, ignored=(1,))
+    x = x.clone()
+    C = shape[1]
+    if len(shape) == 2:
+        cols = torch.tensor([(k // 32) % 3 == 0 for k in range(C)], device=device)
+        for i, ti in enumerate(t.tolist()):
+            if ti < 0:   # ignored rows stay finite (the float64 reference gathers column 0 there)
+                continue
+            m = cols.clone()
+            m[ti] = False
+            x[i, m] = float("-inf")
+    else:
+        tt = t.clone()
+        for k in range(6):   # classes 0..5 masked wherever they are not the target (not ignored)
+            x[:, k][(tt != k) & (tt >= 0)] = float("-inf")
+    for reduction in ("none", "mean"):
+        loss, g, ref, rg = focal_run(x, t, "rand", gamma=2.0, reduction=reduction)
+        assert torch.isfinite(loss).all() and torch.isfinite(g).all()
+        close(loss, ref, TOL[dtype]["loss"], f"loss {reduction}")
+        close(g, rg, TOL[dtype]["grad"], f"dlogits {reduction}")
+        assert (g[torch.isinf(x)] == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("reduction", REDS)
 def test_focal_all_ignored(device, reduction):
     x, t = make_focal((2, 5, 3, 4), torch.float32, device, seed=23, ignored=())
