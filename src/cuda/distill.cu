@@ -158,8 +158,11 @@ __device__ __forceinline__ float2 block_sum2(float2 v, float2* sm) {
 #define DS_NEG_BIG (-3.402823466e+38f)
 
 // the row's upstream gradient times loss_scale / T
+__device__ __forceinline__ float row_upstream(const DArgs& a, int64_t r) {   // before / D
+    return a.gscale * (a.gl ? __ldg(a.gl + (a.none ? r : 0)) : 1.0f);
+}
 __device__ __forceinline__ float row_grad(const DArgs& a, int64_t r) {
-    float g = a.gscale * (a.gl ? __ldg(a.gl + (a.none ? r : 0)) : 1.0f);
+    float g = row_upstream(a, r);
     if (!a.none) g = g / (a.Ddev ? __ldcg(a.Ddev) : a.Dhost);
     return g * a.loss_scale * a.inv_T;
 }
@@ -469,7 +472,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
         tb = sb + per;
         const bool ign = ign_next;
         if (a.labels && r + ncl < a.sc.N) ign_next = rp_label(a.labels, a.lab64, r + ncl) == a.ignore;
-        float G0 = FUSED ? a.gscale * (a.gl ? __ldg(a.gl + (a.none ? r : 0)) : 1.0f) : 0.0f;   // = row_grad(a, r)
+        float G0 = FUSED ? row_upstream(a, r) : 0.0f;   // = row_grad(a, r)
         if (!a.none) G0 = G0 / Dd;
         G0 = G0 * a.loss_scale * a.inv_T;
         const TS* srow = (const TS*)a.s + r * a.lds;
@@ -639,7 +642,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
         if (FUSED) {
             // ---- the student gradient, from shared memory, written once
             TS* drow = (TS*)a.ds + r * a.lds;
-            const float G = ign ? 0.0f : G0;   // row_grad(a, r), loaded at the row's start
+            const float G = ign ? 0.0f : G0;   // loaded at the row's start
             auto grad = [&](float xs, float xt) -> float {
                 const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);
                 const float q = fexp2(ls2);

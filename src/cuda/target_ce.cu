@@ -131,10 +131,20 @@ __device__ __forceinline__ void tgt_finish(const TArgs& a, float m, float S, flo
     tgt_finish_t<MODE>(a, m, S, zy2, dphi, al, loss, lse, A, B, L2);
 }
 
+// the row's upstream gradient before the reduction's denominator, and with it
+__device__ __forceinline__ float tgt_upstream(const TArgs& a, int64_t r) {
+    return a.gscale * (a.gl ? __ldg(a.gl + (a.none ? r : 0)) : 1.0f);
+}
 __device__ __forceinline__ float tgt_grad(const TArgs& a, int64_t r) {
-    float g = a.gscale * (a.gl ? __ldg(a.gl + (a.none ? r : 0)) : 1.0f);
+    float g = tgt_upstream(a, r);
     if (!a.none) g = g / (a.Ddev ? __ldcg(a.Ddev) : 1.0f);
     return g;
+}
+
+// one scalar column z (log2 units) into the online (m, S); m = -inf: z = -inf too, adds 0 (not NaN)
+__device__ __forceinline__ void tgt_online(float& m, float& S, float z) {
+    if (z > m) { S *= rp_rescale(m, z); m = z; }
+    if (m != -INFINITY) S += exp2f(z - m);
 }
 
 __device__ __forceinline__ void tgt_flag(const TArgs& a) {
@@ -221,9 +231,7 @@ __global__ void __launch_bounds__(RP_THREADS, 2) tgt_rows_kernel(TArgs a) {
                         });
                     rp_scalars(g, [&](int64_t col) {
                         if (col == y) return;
-                        const float z = rp_sload(xrow + col) * k2;
-                        if (z > m) { S *= rp_rescale(m, z); m = z; }
-                        if (m != -INFINITY) S += exp2f(z - m);   // m = -inf: z = -inf too, adds 0
+                        tgt_online(m, S, rp_sload(xrow + col) * k2);
                     });
                 }
                 const float2 v = tgt_block_ms(make_float2(m, S), sm);
@@ -304,8 +312,8 @@ __global__ void __launch_bounds__(RP_THREADS, 2) tgt_rows_kernel(TArgs a) {
 // The default for aligned rows of >= 1024 16-byte vectors (FUSEDLOSS_TGT_STAGED=0: the ticket
 // kernel). H200 2026-12-02, session 4 run 1, ArcFace + CE 4096x100000 fp32 fwd + bwd: 1.768 ms
 // (2.26x the floor) vs 2.248 ms on the ticket kernel; then the per-element column compare replaced
-// by the owner's -inf lane (below), ex2.approx.ftz and two accumulators. A thread-block cluster of cs CTAs owns a row at a time; CTA `rank` stages vectors [rank * per,
-// rank * per + n) of it in shared memory with per-thread cp.async (each thread reads only what it
+// by the owner's -inf lane (below), ex2.approx.ftz and two accumulators. A thread-block cluster of
+// cs CTAs owns a row at a time; CTA `rank` stages vectors [rank * per, rank * per + n) of it in shared memory with per-thread cp.async (each thread reads only what it
 // copied: no CTA barrier for the data), the next row's copies refill sub-chunk k once the thread is
 // done with it. Per row: the non-target statistics (m, S) of the piece, one exchange over DSMEM
 // (st.async + mbarrier), a rank-order merge (the same bits in every CTA), tgt_finish in every CTA
@@ -370,7 +378,7 @@ __global__ void __launch_bounds__(TS_THREADS, 3) tgt_staged_kernel(TArgs a, int 
         const bool ign = y == a.ignore;
         const bool valid = y >= 0 && y < a.V;
         const float xy = (tid == 0 && !ign && valid) ? rp_sload(xrow + y) : 0.0f;   // before the exchange
-        float gr0 = FUSED ? a.gscale * (a.gl ? __ldg(a.gl + (a.none ? r : 0)) : 1.0f) : 0.0f;   // = tgt_grad(a, r)
+        float gr0 = FUSED ? tgt_upstream(a, r) : 0.0f;   // = tgt_grad(a, r)
         if (!a.none) gr0 = gr0 / Dd;
         const int x = e & 1;
         const uint32_t xpar = (uint32_t)((e >> 1) & 1);
@@ -388,10 +396,6 @@ __global__ void __launch_bounds__(TS_THREADS, 3) tgt_staged_kernel(TArgs a, int 
         const bool own = qy >= 0 && (qy - ky * sub) % TS_THREADS == tid;
         // two (m, S) accumulators (even / odd vectors): two independent chains
         float m = -INFINITY, S = 0.0f, m1 = -INFINITY, S1 = 0.0f;
-        auto acc = [&](float z) {   // z in log2 units (a scalar column of the tail)
-            if (z > m) { S *= rp_rescale(m, z); m = z; }
-            if (m != -INFINITY) S += exp2f(z - m);   // m = -inf: z = -inf too, adds 0
-        };
         auto accv = [&](float& m, float& S, int q) {
             float z[VEC];
             rp_unpack<T>(ts_buf[q], z);
@@ -424,7 +428,7 @@ __global__ void __launch_bounds__(TS_THREADS, 3) tgt_staged_kernel(TArgs a, int 
             S = M == -INFINITY ? 0.0f : S * rp_rescale(m, M) + S1 * rp_rescale(m1, M);
             m = M;
         }
-        if (has_x && xcol != y) acc(rp_sload(xrow + xcol) * k2);
+        if (has_x && xcol != y) tgt_online(m, S, rp_sload(xrow + xcol) * k2);
         float2 v = tgt_block_ms(make_float2(m, S), sm);
         if (tid == 0) {
             if (xch) {
@@ -469,7 +473,7 @@ __global__ void __launch_bounds__(TS_THREADS, 3) tgt_staged_kernel(TArgs a, int 
 
         if (FUSED) {
             T* drow = (T*)a.dx + r * a.ld;
-            const float gr = ign ? 0.0f : gr0;   // tgt_grad(a, r), loaded at the row's start
+            const float gr = ign ? 0.0f : gr0;   // loaded at the row's start
             const float L2 = bc.x, gA = gr * bc.y, gB = gr * bc.z;
             // every element as a non-target one (one FFMA + ex2 + FMUL; the target lane reads -inf and
             // gives 0), the target's gradient stored over it by its owner after the sweep; an ignored
@@ -535,9 +539,7 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_kernel(TArgs a) {
             float m = -INFINITY, S = 0.0f;
             for (int64_t c = 0; c < a.V; c++) {
                 if (c == y) continue;
-                const float z = to_float(xp[c * a.d]) * a.k2;
-                if (z > m) { S *= rp_rescale(m, z); m = z; }
-                if (m != -INFINITY) S += exp2f(z - m);   // m = -inf: z = -inf too, adds 0
+                tgt_online(m, S, to_float(xp[c * a.d]) * a.k2);
             }
             float lse, A, B, L2;
             tgt_finish<MODE>(a, m, S, to_float(xp[y * a.d]), y, loss, lse, A, B, L2);
@@ -652,7 +654,7 @@ static const void* pick_staged_t(int mode, bool fused, bool l2g) {
 // The staged kernel's plan (0: not taken): on by default (FUSEDLOSS_TGT_STAGED=0 off), sm_90,
 // rows whose body is 16-byte aligned with >= 1024 vectors, <= FUSEDLOSS_TGT_STAGED_KB (72)
 // of a row per CTA in clusters of <= 16. Returns the resident clusters; knobs read on every call.
-struct TsPlan { int cs, per, nv, l2g; size_t smem; const void* fn; };
+struct TsPlan { int cs, per, nv; size_t smem; const void* fn; };
 static int ts_plan(const TArgs& a, int mode, bool fused, fl_dtype dt, TsPlan* out) {
     const char* knob = getenv("FUSEDLOSS_TGT_STAGED");
     if ((knob && *knob && atoi(knob) <= 0) || a.nrows <= 0) return 0;
@@ -673,7 +675,7 @@ static int ts_plan(const TArgs& a, int mode, bool fused, fl_dtype dt, TsPlan* ou
     // (an L2 hit if the ~2 rows per cluster in flight stay resident), so the next row's HBM read
     // overlaps this row's exchange and gradient sweep (NOTES.md, session 4: the staged kernel is
     // neither issue- nor MUFU-bound; its phases do not overlap)
-    out->l2g = fused && rp_env_i64("FUSEDLOSS_TGT_STAGED_L2G", 0) > 0;
+    const bool l2g = fused && rp_env_i64("FUSEDLOSS_TGT_STAGED_L2G", 0) > 0;
     const int fcs = (int)rp_env_i64("FUSEDLOSS_TGT_STAGED_CS", 0);   // A/B: any cluster size 2..16
     if (fcs >= 2 && fcs <= TS_MAX_CLUSTER && (nv + fcs - 1) / fcs * 16 <= 200 * 1024) cs = fcs;
     out->cs = cs;
@@ -681,9 +683,9 @@ static int ts_plan(const TArgs& a, int mode, bool fused, fl_dtype dt, TsPlan* ou
     out->per = (int)((nv + cs - 1) / cs);
     out->smem = (size_t)out->per * 16u;
     switch (dt) {
-        case FL_DTYPE_F32: out->fn = pick_staged_t<float>(mode, fused, out->l2g); break;
-        case FL_DTYPE_F16: out->fn = pick_staged_t<__half>(mode, fused, out->l2g); break;
-        default: out->fn = pick_staged_t<__nv_bfloat16>(mode, fused, out->l2g); break;
+        case FL_DTYPE_F32: out->fn = pick_staged_t<float>(mode, fused, l2g); break;
+        case FL_DTYPE_F16: out->fn = pick_staged_t<__half>(mode, fused, l2g); break;
+        default: out->fn = pick_staged_t<__nv_bfloat16>(mode, fused, l2g); break;
     }
     int n = 0;
     if (fl__cluster_occupancy(out->fn, cs, TS_THREADS, out->smem, d.sms, (int)rp_env_i64("FUSEDLOSS_DEBUG", 0),
