@@ -194,6 +194,17 @@ __device__ __forceinline__ float mills_fwd(float t) {
     m = __fmaf_rn(m, t, 0x1.47be4ep-2f);
     return __fmul_rn(m, t);
 }
+// mills_fwd(t) * 2^-64: the same coefficients scaled by 2^-64 (every intermediate stays normal:
+// the result's mantissa is mills_fwd's, bit for bit)
+__device__ __forceinline__ float mills_fwd_s64(float t) {
+    float m = -0x1.561938p-67f;
+    m = __fmaf_rn(m, t, 0x1.654a46p-66f);
+    m = __fmaf_rn(m, t, 0x1.00d60ep-67f);
+    m = __fmaf_rn(m, t, 0x1.3b5214p-66f);
+    m = __fmaf_rn(m, t, 0x1.45a830p-66f);
+    m = __fmaf_rn(m, t, 0x1.47be4ep-66f);
+    return __fmul_rn(m, t);
+}
 __device__ __forceinline__ float mills_bwd(float t) {
     float m = 0x1.5ffdc4p-4f;
     m = __fmaf_rn(m, t, -0x1.37ce0cp-2f);
@@ -209,25 +220,41 @@ __device__ __forceinline__ float mills_bwd(float t) {
 // tanh mode: 0.5 u (1 + tanh(v)) = u sigmoid(2v) exactly; with e = 2^-|z2| (z2 = 2v log2 e) and
 // r = 1 / (1 + e): sigmoid(2v) = r for u >= 0, e r for u < 0: no cancellation on either side.
 // erf mode: Phi(u) = 1 - Q (u >= 0) or Q (u < 0), Q = Phi(-|u|) = phi(|u|) R(|u|).
-template <int A>
+// Both: y = u P, P the selected factor (one select, one multiply: +inf -> +inf, -inf -> NaN as
+// PyTorch (-inf * 0), NaN -> NaN, -0 -> -0). The 2^-64 that keeps ex2's result off the ftz
+// flush is taken out before the select: by one multiply (tanh, e = e64 2^-64, exact while e is
+// normal) or inside the Mills coefficients (erf: R 2^-64 computed directly, its mantissa the same
+// as R's). OLD = the formulas measured until 2026-12-02 session 5 (one product per sign, selected after
+// them: 2 more instructions per element; FUSEDLOSS_GELU_FWD_OLD=1, A/B only).
+template <int A, bool OLD>
 __device__ __forceinline__ float gelu_f_fast(float u) {
     if (A == FL_GELU_TANH) {
         const float u2 = __fmul_rn(u, u);
         const float z2 = __fmul_rn(__fmaf_rn(FG_C1K, u2, FG_C1), u);
         const float e64 = ex2_approx(__fadd_rn(64.0f, -fabsf(z2)));   // e * 2^64
-        const float r = rcp_approx(__fmaf_rn(e64, FG_S64, 1.0f));
-        const float yp = __fmul_rn(u, r);
-        const float yn = __fmul_rn(__fmul_rn(__fmul_rn(u, e64), r), FG_S64);
-        return u >= 0.0f ? yp : yn;   // NaN: yn (NaN); -0: yp = -0
+        if (OLD) {
+            const float r = rcp_approx(__fmaf_rn(e64, FG_S64, 1.0f));
+            const float yp = __fmul_rn(u, r);
+            const float yn = __fmul_rn(__fmul_rn(__fmul_rn(u, e64), r), FG_S64);
+            return u >= 0.0f ? yp : yn;   // NaN: yn (NaN); -0: yp = -0
+        }
+        const float e = __fmul_rn(e64, FG_S64);
+        const float r = rcp_approx(__fadd_rn(e, 1.0f));
+        const float P = u >= 0.0f ? r : __fmul_rn(e, r);
+        return __fmul_rn(u, P);
     }
     const float a = fabsf(u);
     const float t = rcp_approx(__fmaf_rn(a, FG_ALPHA, 1.0f));
-    const float R = mills_fwd(t);
     const float e0 = ex2_approx(__fmaf_rn(__fmul_rn(a, FG_NH), a, FG_C0));  // phi(a) * 2^64
-    const float q64 = __fmul_rn(e0, R);                                      // Q * 2^64
-    const float yp = __fmul_rn(u, __fmaf_rn(q64, -FG_S64, 1.0f));
-    const float yn = __fmul_rn(__fmul_rn(u, q64), FG_S64);
-    return u >= 0.0f ? yp : yn;
+    if (OLD) {
+        const float q64 = __fmul_rn(e0, mills_fwd(t));                      // Q * 2^64
+        const float yp = __fmul_rn(u, __fmaf_rn(q64, -FG_S64, 1.0f));
+        const float yn = __fmul_rn(__fmul_rn(u, q64), FG_S64);
+        return u >= 0.0f ? yp : yn;
+    }
+    const float q = __fmul_rn(e0, mills_fwd_s64(t));                         // Q
+    const float P = u >= 0.0f ? __fadd_rn(1.0f, -q) : q;
+    return __fmul_rn(u, P);
 }
 
 // d = gelu'(u) (times dy). tanh: d = s + u q s (1 - s), s (1 - s) = e r^2, s = r (u >= 0) or
@@ -269,7 +296,7 @@ __device__ __forceinline__ void store_bias_dt(void* dbias, int dt, int64_t j, fl
 // One vector of one row: u = x (+ b) in fp32 (not rounded: see the header), the activation or
 // its gradient, rounded once. acc += du over the n valid elements (BWD with bias).
 // FAST: the 16-bit formulas above (never instantiated for fp32).
-template <typename T, int V, bool BWD, bool BIAS, bool SUM, int A, bool FAST, bool FULL>
+template <typename T, int V, bool BWD, bool BIAS, bool SUM, int A, int FAST, bool FULL>
 __device__ __forceinline__ Vec<T, V> compute_vec(const Vec<T, V>& xv, const Vec<T, V>& gv, const float (&b)[V],
                                                  float (&acc)[V], int n) {
     Vec<T, V> o;
@@ -283,7 +310,7 @@ __device__ __forceinline__ Vec<T, V> compute_vec(const Vec<T, V>& xv, const Vec<
             // masked elements (zero-filled) are left out: with an inf/NaN bias 0 * gelu'(b) is NaN
             if (SUM && (FULL || v < n)) acc[v] += r;
         } else {
-            r = FAST ? gelu_f_fast<A>(u) : gelu_f<A>(u);
+            r = FAST ? gelu_f_fast<A, FAST == 2>(u) : gelu_f<A>(u);
         }
         o.v[v] = from_float<T>(r);
     }
@@ -535,7 +562,7 @@ __device__ __forceinline__ unsigned add_mod(unsigned c, unsigned step, unsigned 
     return c >= m ? c - m : c;
 }
 
-template <typename T, int V, int MODE, int A, bool FAST, int U>
+template <typename T, int V, int MODE, int A, int FAST, int U>
 __global__ void __launch_bounds__(256) gelu_stream_kernel(const GeluStream s) {
     constexpr bool BWD = MODE >= M_BWD, BIAS = MODE == M_FWD_BIAS || MODE == M_BWD_BIAS;
     static_assert(MODE != M_BWD_DBIAS && V > 1, "the stream path has no dbias and no scalar width");
@@ -619,6 +646,8 @@ static fl__gelu_path choose_path(int64_t N, int64_t F, size_t es, const void* co
 //                                 runs 1-2, 8192x16384 bf16 tanh forward 1.19x -> 1.06-1.09x, with
 //                                 dbias 1.23x -> 1.13x), 1 = the exact fp32 PyTorch operations
 //                                 (bitwise eager PyTorch on the same toolkit)
+//   FUSEDLOSS_GELU_FWD_OLD=0|1    fast fp16/bf16 forward, STREAM path only: 1 = the formulas
+//                                 measured until 2026-12-02 session 5 (2 more instructions per element), A/B
 //   FUSEDLOSS_GELU_ROWS=4|8       rows in flight per thread, vector paths, no dbias (default 4)
 //   FUSEDLOSS_GELU_DBIAS_ROWS=2|4 the same with dbias (default 2 for fp16/bf16: 64 registers with
 //                                 4 rows spill; 2 rows x 2 inputs x 16 B x 1024 threads = 64 KiB in
@@ -636,7 +665,7 @@ static fl__gelu_path choose_path(int64_t N, int64_t F, size_t es, const void* co
 //   FUSEDLOSS_GELU_DBIAS_CTAS=C   with dbias: target CTAs (device-independent: fixes dbias's summation
 //                                 order), 1..2048 (default 528 = 4 x 132 SMs: one full wave on an H200)
 struct GeluKnobs {
-    int exact16, unroll, dbias_rows, tx_dbias, tx_plain, dbias_ctas, ldhint, stream;
+    int exact16, fwd_old, unroll, dbias_rows, tx_dbias, tx_plain, dbias_ctas, ldhint, stream;
     double waves, stream_waves;
 };
 static long env_long(const char* name, long dflt, long lo, long hi) {
@@ -649,6 +678,7 @@ static long env_long(const char* name, long dflt, long lo, long hi) {
 static GeluKnobs read_knobs() {
     GeluKnobs k;
     k.exact16 = (int)env_long("FUSEDLOSS_GELU_EXACT16", 0, 0, 1);
+    k.fwd_old = (int)env_long("FUSEDLOSS_GELU_FWD_OLD", 0, 0, 1);
     k.unroll = (int)env_long("FUSEDLOSS_GELU_ROWS", 4, 4, 8);
     if (k.unroll != 4 && k.unroll != 8) k.unroll = 4;
     k.dbias_rows = (int)env_long("FUSEDLOSS_GELU_DBIAS_ROWS", 0, 2, 4);
@@ -745,11 +775,15 @@ static KSel ksel_t(int vec, int mode, int approx, int fast, int unroll) {
 #define GELU_STREAM_U 4
 template <typename T, int MODE, int A, int V = 16 / (int)sizeof(T)>
 static KSel stream_fn_a(int fast) {
-    static int occ_fast = 0, occ_exact = 0;  // benign race: every writer stores the same value
+    static int occ_fast = 0, occ_old = 0, occ_exact = 0;  // benign race: every writer stores the same value
     if constexpr (sizeof(T) == 2) {
-        if (fast) return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, true, GELU_STREAM_U>, &occ_fast};
+        // fast == 2: the forward formulas measured until 2026-12-02 session 5 (FUSEDLOSS_GELU_FWD_OLD=1, A/B)
+        if constexpr (MODE == M_FWD || MODE == M_FWD_BIAS) {
+            if (fast == 2) return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, 2, GELU_STREAM_U>, &occ_old};
+        }
+        if (fast) return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, 1, GELU_STREAM_U>, &occ_fast};
     }
-    return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, false, GELU_STREAM_U>, &occ_exact};
+    return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, 0, GELU_STREAM_U>, &occ_exact};
 }
 template <typename T, int MODE>
 static KSel stream_fn_m(int approx, int fast) {
@@ -822,8 +856,8 @@ static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, cons
         KSel ks;
         switch (dt) {
             case FL_DTYPE_F32: ks = stream_fn<float>(mode, approx, 0); break;
-            case FL_DTYPE_F16: ks = stream_fn<__half>(mode, approx, fast); break;
-            default: ks = stream_fn<__nv_bfloat16>(mode, approx, fast); break;
+            case FL_DTYPE_F16: ks = stream_fn<__half>(mode, approx, fast && kn.fwd_old ? 2 : fast); break;
+            default: ks = stream_fn<__nv_bfloat16>(mode, approx, fast && kn.fwd_old ? 2 : fast); break;
         }
         // G: ceil(nvec / (256 U)) CTAs, one iteration each (default, stream_waves = 0); else
         // stream_waves x the resident CTAs, at most ceil(nvec / 256)
