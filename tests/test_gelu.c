@@ -618,20 +618,20 @@ static float fx_mills_bwd(float t) {
     m = fmaf(m, t, 0x1.47ade4p-2f);
     return m * t;
 }
-static float fx_mills_fwd_s64(float t) {   /* fx_mills_fwd(t) * 2^-64, the kernel's coefficients */
-    float m = -0x1.561938p-67f;
-    m = fmaf(m, t, 0x1.654a46p-66f); m = fmaf(m, t, 0x1.00d60ep-67f); m = fmaf(m, t, 0x1.3b5214p-66f);
-    m = fmaf(m, t, 0x1.45a830p-66f); m = fmaf(m, t, 0x1.47be4ep-66f);
+static float fx_mills_fwd5_s64(float t) {   /* the kernel's mills_fwd5_s64: 5 terms, scaled by 2^-64 */
+    float m = -0x1.d26e12p-67f;
+    m = fmaf(m, t, 0x1.fe2486p-66f); m = fmaf(m, t, 0x1.b2dc30p-67f); m = fmaf(m, t, 0x1.95556ap-66f);
+    m = fmaf(m, t, 0x1.7fad4cp-66f);
     return m * t;
 }
 static float fx_gelu(float u, int tanh_mode) {
     if (tanh_mode) {
         const float u2 = u * u, z2 = fmaf(0x1.a5a7d0p-4f, u2, 0x1.26aec2p+1f) * u;
-        const float e64 = fx_ex2(64.0f - fabsf(z2)), e = e64 * 0x1p-64f, r = fx_rcp(e + 1.0f);
-        return u * (u >= 0.0f ? r : e * r);
+        const float e64 = fx_ex2(64.0f - fabsf(z2)), r = fx_rcp(fmaf(e64, 0x1p-64f, 1.0f));
+        return u >= 0.0f ? u * r : ((u * e64) * r) * 0x1p-64f;
     }
-    const float a = fabsf(u), t = fx_rcp(fmaf(a, 0x1.47ae14p-2f, 1.0f));
-    const float e0 = fx_ex2(fmaf(a * -0x1.715476p-1f, a, 0x1.f564dep+5f)), q = e0 * fx_mills_fwd_s64(t);
+    const float a = fabsf(u), t = fx_rcp(fmaf(a, 0x1.810624p-2f, 1.0f));
+    const float e0 = fx_ex2(fmaf(a * -0x1.715476p-1f, a, 0x1.f564dep+5f)), q = e0 * fx_mills_fwd5_s64(t);
     return u * (u >= 0.0f ? 1.0f - q : q);
 }
 static float fx_dgelu(float u, int tanh_mode) {

@@ -891,6 +891,9 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
     //     while the previous kernel on the stream finishes, and waits for it (its memory visible)
     //     here, before any global access; it lets the next one start at once in turn (the next
     //     kernel, if launched so, waits for this grid's completion in its own griddepcontrol.wait)
+    //   8 the target logit taken from the registers that hold the row (the owner lane found by a
+    //     ballot, one shuffle) instead of a load of row[t] after the target's load; with 1, the
+    //     warp's first target is loaded with its first row
     const int C = Cf & 0xff, opt = Cf >> 8;
     if (opt & 4) {
         asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -914,7 +917,12 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
     Pack<T> x[SMALL_KW];
     float xs = 0.0f;
     bool pre = false;
-    if ((opt & 1) && gw < a.N) { small_load_row<T>(a, gw, lane, x, xs); pre = true; }
+    int64_t t_pre = 0;
+    if ((opt & 1) && gw < a.N) {
+        if (opt & 8) t_pre = load_target(a, gw);
+        small_load_row<T>(a, gw, lane, x, xs);
+        pre = true;
+    }
 
     // 1. denominators, computed redundantly by every CTA (N <= SMALL_MAX_ROWS targets from L2):
     //    no cluster barrier needed before the rows. Fixed striding + fixed-order sums: every CTA
@@ -950,7 +958,7 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
         pre = false;
         const T* row = (const T*)a.logits + i * a.ld;
         T* drow = (T*)a.dlogits + i * a.ld;
-        const int64_t t64 = load_target(a, i);
+        const int64_t t64 = (have && (opt & 8)) ? t_pre : load_target(a, i);
         const bool ignored = t64 == a.ignore_index;
         const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
         const int t = bad ? -1 : (int)t64;
@@ -979,7 +987,28 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
         // target logit read by lane 0 here; the __syncwarp() before the gradient stores below
         // orders this read before any other lane's (in-place) store (shuffles alone give no
         // memory ordering: the compiler could sink this load into the lane-0 block)
-        const float zt = (lane == 0 && !bad) ? zval<F>(a, to_float(row[t]), t) : 0.0f;
+        float zt = 0.0f;
+        if (opt & 8) {
+            // the one lane whose vector (or head/tail element) holds column t; none when bad
+            float zr = 0.0f;
+            bool own = false;
+#pragma unroll
+            for (int k = 0; k < SMALL_KW; k++) {
+                const unsigned d = (unsigned)(t - g.vec_elem(lane + 32 * k));
+                if (lane + 32 * k < g.nfull && d < (unsigned)Pack<T>::VEC) {
+                    own = true;
+#pragma unroll
+                    for (int v = 0; v < Pack<T>::VEC; v++)
+                        if (d == (unsigned)v) zr = to_float(x[k].v[v]);
+                }
+            }
+            if (lane < g.nextra && g.extra_elem(lane) == t) { own = true; zr = xs; }
+            const unsigned who = __ballot_sync(0xffffffffu, own);
+            zr = __shfl_sync(0xffffffffu, zr, who ? __ffs(who) - 1 : 0);
+            if (lane == 0 && !bad) zt = zval<F>(a, zr, t);
+        } else if (lane == 0 && !bad) {
+            zt = zval<F>(a, to_float(row[t]), t);
+        }
         float m = has_x ? zval<F>(a, xs, ex) : -INFINITY;
 #pragma unroll
         for (int k = 0; k < SMALL_KW; k++)
@@ -1636,9 +1665,10 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 // Knobs for A/B runs on the GPU, read from the environment once (all experimental):
 //   FUSEDLOSS_CE_CHUNK_THREADS = 64|128|256|512   chunk CTA size of the two-pass path (below)
 //   FUSEDLOSS_CE_SMALL_MAX_ROWS                    rows up to which the small kernel runs
-//   FUSEDLOSS_CE_SMALL_OPT = 0..7                  small kernel bits (default 7): 1 first row
+//   FUSEDLOSS_CE_SMALL_OPT = 0..15                 small kernel bits (default 7): 1 first row
 //                                                  loaded early, 2 st.async loss sums, 4
-//                                                  programmatic dependent launch (ce_small_kernel;
+//                                                  programmatic dependent launch, 8 target logit
+//                                                  from registers (ce_small_kernel;
 //                                                  H200 2026-12-02 s4 run 2, 128x1000 f32 fused
 //                                                  per call in a graph: 0: 6.78 / 6.79 us, 4: 6.48
 //                                                  / 6.48, 7: 6.36 / 6.36)
@@ -1676,7 +1706,7 @@ static const Knobs* knobs(void) {
         Knobs n;
         n.chunk_threads = env_int("FUSEDLOSS_CE_CHUNK_THREADS", 0);
         n.small_rows = env_int("FUSEDLOSS_CE_SMALL_MAX_ROWS", 128);
-        n.small_opt = env_int("FUSEDLOSS_CE_SMALL_OPT", 7) & 7;
+        n.small_opt = env_int("FUSEDLOSS_CE_SMALL_OPT", 7) & 15;
         n.stream = env_int("FUSEDLOSS_CE_STREAM", 1);
         n.stream_kb = env_int("FUSEDLOSS_CE_STREAM_KB", 256);
         n.on = env_int("FUSEDLOSS_CE_TMA", 1);
@@ -1924,7 +1954,7 @@ static cudaError_t launch_small(const CeArgs& a, int C, cudaStream_t s) {
     cudaLaunchAttribute attr[2];
     set_cluster(&cfg, &attr[0], (unsigned)C);
     // one-CTA clusters: no st.async (it needs >= 2 CTAs), the cluster.sync() path
-    const int opt = C > 1 ? knobs()->small_opt : knobs()->small_opt & 5;
+    const int opt = C > 1 ? knobs()->small_opt : knobs()->small_opt & 13;
     if (opt & 4) {
         attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[1].val.programmaticStreamSerializationAllowed = 1;

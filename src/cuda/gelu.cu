@@ -194,15 +194,16 @@ __device__ __forceinline__ float mills_fwd(float t) {
     m = __fmaf_rn(m, t, 0x1.47be4ep-2f);
     return __fmul_rn(m, t);
 }
-// mills_fwd(t) * 2^-64: the same coefficients scaled by 2^-64 (every intermediate stays normal:
-// the result's mantissa is mills_fwd's, bit for bit)
-__device__ __forceinline__ float mills_fwd_s64(float t) {
-    float m = -0x1.561938p-67f;
-    m = __fmaf_rn(m, t, 0x1.654a46p-66f);
-    m = __fmaf_rn(m, t, 0x1.00d60ep-67f);
-    m = __fmaf_rn(m, t, 0x1.3b5214p-66f);
-    m = __fmaf_rn(m, t, 0x1.45a830p-66f);
-    m = __fmaf_rn(m, t, 0x1.47be4ep-66f);
+// The forward's Mills ratio since 2026-12-02 session 5: 5 terms with t = 1 / (1 + ALPHA_F |u|)
+// (ALPHA_F refitted for 5 terms: relative error 2.9e-5, against 1.4e-5 with 6 terms at ALPHA),
+// scaled by 2^-64 (every intermediate stays normal; the 2^64 of phi cancels in the product)
+#define FG_ALPHA_F 0x1.810624p-2f
+__device__ __forceinline__ float mills_fwd5_s64(float t) {
+    float m = -0x1.d26e12p-67f;
+    m = __fmaf_rn(m, t, 0x1.fe2486p-66f);
+    m = __fmaf_rn(m, t, 0x1.b2dc30p-67f);
+    m = __fmaf_rn(m, t, 0x1.95556ap-66f);
+    m = __fmaf_rn(m, t, 0x1.7fad4cp-66f);
     return __fmul_rn(m, t);
 }
 __device__ __forceinline__ float mills_bwd(float t) {
@@ -220,39 +221,35 @@ __device__ __forceinline__ float mills_bwd(float t) {
 // tanh mode: 0.5 u (1 + tanh(v)) = u sigmoid(2v) exactly; with e = 2^-|z2| (z2 = 2v log2 e) and
 // r = 1 / (1 + e): sigmoid(2v) = r for u >= 0, e r for u < 0: no cancellation on either side.
 // erf mode: Phi(u) = 1 - Q (u >= 0) or Q (u < 0), Q = Phi(-|u|) = phi(|u|) R(|u|).
-// Both: y = u P, P the selected factor (one select, one multiply: +inf -> +inf, -inf -> NaN as
-// PyTorch (-inf * 0), NaN -> NaN, -0 -> -0). The 2^-64 that keeps ex2's result off the ftz
-// flush is taken out before the select: by one multiply (tanh, e = e64 2^-64, exact while e is
-// normal) or inside the Mills coefficients (erf: R 2^-64 computed directly, its mantissa the same
-// as R's). OLD = the formulas measured until 2026-12-02 session 5 (one product per sign, selected after
-// them: 2 more instructions per element; FUSEDLOSS_GELU_FWD_OLD=1, A/B only).
+// erf: y = u P, P the selected factor (one select, one multiply: +inf -> +inf, -inf -> NaN as
+// PyTorch (-inf * 0), NaN -> NaN, -0 -> -0); the 2^-64 that keeps ex2's result off the ftz flush
+// is inside the Mills coefficients, and the Mills polynomial has 5 terms (see mills_fwd5_s64).
+// OLD = the erf formula measured until 2026-12-02 session 5 (6 terms, one product per sign,
+// selected after them: 3 more instructions per element; FUSEDLOSS_GELU_FWD_OLD=1, A/B only).
 template <int A, bool OLD>
 __device__ __forceinline__ float gelu_f_fast(float u) {
     if (A == FL_GELU_TANH) {
         const float u2 = __fmul_rn(u, u);
         const float z2 = __fmul_rn(__fmaf_rn(FG_C1K, u2, FG_C1), u);
         const float e64 = ex2_approx(__fadd_rn(64.0f, -fabsf(z2)));   // e * 2^64
-        if (OLD) {
-            const float r = rcp_approx(__fmaf_rn(e64, FG_S64, 1.0f));
-            const float yp = __fmul_rn(u, r);
-            const float yn = __fmul_rn(__fmul_rn(__fmul_rn(u, e64), r), FG_S64);
-            return u >= 0.0f ? yp : yn;   // NaN: yn (NaN); -0: yp = -0
-        }
-        const float e = __fmul_rn(e64, FG_S64);
-        const float r = rcp_approx(__fadd_rn(e, 1.0f));
-        const float P = u >= 0.0f ? r : __fmul_rn(e, r);
-        return __fmul_rn(u, P);
+        // (y = u P here too, e = e64 2^-64 first, measured 1.3% SLOWER: H200 2026-12-02 session 5
+        // run 1, 8192x16384 bf16 forward 1.099-1.101x vs 1.086x: one more operation before the rcp)
+        const float r = rcp_approx(__fmaf_rn(e64, FG_S64, 1.0f));
+        const float yp = __fmul_rn(u, r);
+        const float yn = __fmul_rn(__fmul_rn(__fmul_rn(u, e64), r), FG_S64);
+        return u >= 0.0f ? yp : yn;   // NaN: yn (NaN); -0: yp = -0
     }
     const float a = fabsf(u);
-    const float t = rcp_approx(__fmaf_rn(a, FG_ALPHA, 1.0f));
     const float e0 = ex2_approx(__fmaf_rn(__fmul_rn(a, FG_NH), a, FG_C0));  // phi(a) * 2^64
     if (OLD) {
+        const float t = rcp_approx(__fmaf_rn(a, FG_ALPHA, 1.0f));
         const float q64 = __fmul_rn(e0, mills_fwd(t));                      // Q * 2^64
         const float yp = __fmul_rn(u, __fmaf_rn(q64, -FG_S64, 1.0f));
         const float yn = __fmul_rn(__fmul_rn(u, q64), FG_S64);
         return u >= 0.0f ? yp : yn;
     }
-    const float q = __fmul_rn(e0, mills_fwd_s64(t));                         // Q
+    const float t = rcp_approx(__fmaf_rn(a, FG_ALPHA_F, 1.0f));
+    const float q = __fmul_rn(e0, mills_fwd5_s64(t));                        // Q
     const float P = u >= 0.0f ? __fadd_rn(1.0f, -q) : q;
     return __fmul_rn(u, P);
 }
