@@ -251,13 +251,20 @@ __device__ __forceinline__ float target_weight(const CeArgs& a, int t, bool bad)
     return (a.weight && !bad) ? a.weight[t] : 1.0f;
 }
 
-__device__ __forceinline__ GradCoef make_coef_v(const CeArgs& a, const Denoms& d, float G, int t, bool bad,
-                                                float w_t, float lse) {
-    float g_a = G, g_b = G;
+// g_a, g_b: the upstream gradient over MEAN's denominators (make_coef_v), computed once per
+// thread by the small kernel (one upstream gradient for every row of a reduced loss)
+__device__ __forceinline__ void upstream_over_denoms(const CeArgs& a, const Denoms& d, float G, float& g_a,
+                                                     float& g_b) {
+    g_a = G;
+    g_b = G;
     if (a.reduction == FL_REDUCTION_MEAN) {
         g_a = (float)((double)G / d.Dw);
         g_b = (float)((double)G / d.Dn);
     }
+}
+
+__device__ __forceinline__ GradCoef make_coef_g(const CeArgs& a, const Denoms& d, float g_a, float g_b, int t,
+                                                bool bad, float w_t, float lse) {
     if (bad) g_a = g_b = __int_as_float(0x7fc00000);  // out-of-range target: NaN gradient row
     const float c_t = (1.0f - a.eps) * w_t, c_s = a.eps / (float)a.Vg;
     GradCoef c;
@@ -267,6 +274,13 @@ __device__ __forceinline__ GradCoef make_coef_v(const CeArgs& a, const Denoms& d
     c.lseL = lse * FL_LOG2E;
     c.t = t;
     return c;
+}
+
+__device__ __forceinline__ GradCoef make_coef_v(const CeArgs& a, const Denoms& d, float G, int t, bool bad,
+                                                float w_t, float lse) {
+    float g_a, g_b;
+    upstream_over_denoms(a, d, G, g_a, g_b);
+    return make_coef_g(a, d, g_a, g_b, t, bad, w_t, lse);
 }
 
 __device__ __forceinline__ GradCoef make_coef(const CeArgs& a, const Denoms& d, int64_t i, int t, bool bad,
@@ -891,9 +905,8 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
     //     while the previous kernel on the stream finishes, and waits for it (its memory visible)
     //     here, before any global access; it lets the next one start at once in turn (the next
     //     kernel, if launched so, waits for this grid's completion in its own griddepcontrol.wait)
-    //   8 the target logit taken from the registers that hold the row (the owner lane found by a
-    //     ballot, one shuffle) instead of a load of row[t] after the target's load; with 1, the
-    //     warp's first target is loaded with its first row
+    //   8 the row's statistics max-first (a warp max, then a plain warp sum) instead of merging
+    //     per-lane (max, sum-exp) pairs
     const int C = Cf & 0xff, opt = Cf >> 8;
     if (opt & 4) {
         asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -917,18 +930,30 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
     Pack<T> x[SMALL_KW];
     float xs = 0.0f;
     bool pre = false;
-    int64_t t_pre = 0;
-    if ((opt & 1) && gw < a.N) {
-        if (opt & 8) t_pre = load_target(a, gw);
-        small_load_row<T>(a, gw, lane, x, xs);
-        pre = true;
-    }
+    if ((opt & 1) && gw < a.N) { small_load_row<T>(a, gw, lane, x, xs); pre = true; }
 
     // 1. denominators, computed redundantly by every CTA (N <= SMALL_MAX_ROWS targets from L2):
     //    no cluster barrier needed before the rows. Fixed striding + fixed-order sums: every CTA
     //    gets the same bits.
     Denoms d;
-    {
+    const bool mean = a.reduction == FL_REDUCTION_MEAN;
+    if (!a.weight) {
+        // no class weights: D_w = D_n = the count of non-ignored targets, an integer (exact, the
+        // same bits as the sum below); one __syncthreads_count per 512 targets instead of three
+        // warp-shuffle reductions and 48 serial double adds: the kernel's time is its warps'
+        // instruction chains (ncu, H200 2026-12-02 s5 run 2: ~900 instructions per warp, ~10
+        // cycles each). SUM needs no count.
+        d.Dw = d.Dn = 1.0;
+        if (mean) {
+            int cnt = 0;
+            for (int64_t i0 = 0; i0 < a.N; i0 += blockDim.x) {
+                const int64_t i = i0 + threadIdx.x;
+                cnt += __syncthreads_count(i < a.N && load_target(a, i) != a.ignore_index);
+            }
+            d.Dw = d.Dn = (double)cnt;
+        }
+        d.W = 0.0;
+    } else {
         double dw = 0.0, dn = 0.0, W = 0.0;
         for (int64_t i = threadIdx.x; i < a.N; i += blockDim.x) {
             int64_t t = load_target(a, i);
@@ -948,8 +973,13 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
         d.Dw = 0.0; d.Dn = 0.0; d.W = 0.0;
         for (int w = 0; w < SMALL_WARPS; w++) { d.Dw += wsum[0][w]; d.Dn += wsum[1][w]; d.W += wsum[2][w]; }
     }
-    if (a.reduction != FL_REDUCTION_MEAN) { d.Dw = 1.0; d.Dn = 1.0; }
+    if (!mean) { d.Dw = 1.0; d.Dn = 1.0; }
     d.W = a.eps > 0.0f ? (a.weight ? d.W : (double)a.V) : 0.0;
+    // one upstream gradient for every row (reduced loss): over the denominators once, here,
+    // where its load and the two double divisions overlap the rows' loads (per row they were on
+    // every lane's path between the row's statistics and its gradient)
+    float g_a, g_b;
+    upstream_over_denoms(a, d, row_upstream(a, 0), g_a, g_b);
 
     // 2. rows: warp gw handles rows gw, gw + C*WARPS, ...; its lane 0 sums their losses in row order
     double acc_a = 0.0, acc_b = 0.0;
@@ -958,7 +988,7 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
         pre = false;
         const T* row = (const T*)a.logits + i * a.ld;
         T* drow = (T*)a.dlogits + i * a.ld;
-        const int64_t t64 = (have && (opt & 8)) ? t_pre : load_target(a, i);
+        const int64_t t64 = load_target(a, i);
         const bool ignored = t64 == a.ignore_index;
         const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
         const int t = bad ? -1 : (int)t64;
@@ -987,32 +1017,19 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
         // target logit read by lane 0 here; the __syncwarp() before the gradient stores below
         // orders this read before any other lane's (in-place) store (shuffles alone give no
         // memory ordering: the compiler could sink this load into the lane-0 block)
-        float zt = 0.0f;
-        if (opt & 8) {
-            // the one lane whose vector (or head/tail element) holds column t; none when bad
-            float zr = 0.0f;
-            bool own = false;
-#pragma unroll
-            for (int k = 0; k < SMALL_KW; k++) {
-                const unsigned d = (unsigned)(t - g.vec_elem(lane + 32 * k));
-                if (lane + 32 * k < g.nfull && d < (unsigned)Pack<T>::VEC) {
-                    own = true;
-#pragma unroll
-                    for (int v = 0; v < Pack<T>::VEC; v++)
-                        if (d == (unsigned)v) zr = to_float(x[k].v[v]);
-                }
-            }
-            if (lane < g.nextra && g.extra_elem(lane) == t) { own = true; zr = xs; }
-            const unsigned who = __ballot_sync(0xffffffffu, own);
-            zr = __shfl_sync(0xffffffffu, zr, who ? __ffs(who) - 1 : 0);
-            if (lane == 0 && !bad) zt = zval<F>(a, zr, t);
-        } else if (lane == 0 && !bad) {
-            zt = zval<F>(a, to_float(row[t]), t);
-        }
+        // (taking it from the registers instead, the owner lane found by a ballot and one shuffle,
+        // measured SLOWER: 6.58 vs 6.37 us, H200 2026-12-02 s5 run 2; the kernel's time is its
+        // warps' instruction chains (ncu: ~900 instructions per warp at ~10 cycles each), and the
+        // owner search adds ~70 to every lane while this load hides behind the row's reductions)
+        const float zt = (lane == 0 && !bad) ? zval<F>(a, to_float(row[t]), t) : 0.0f;
         float m = has_x ? zval<F>(a, xs, ex) : -INFINITY;
 #pragma unroll
         for (int k = 0; k < SMALL_KW; k++)
             if (lane + 32 * k < g.nfull) m = vec_max<F>(a, x[k], g.vec_elem(lane + 32 * k), m);
+        // opt 8: the row's max first (5 shuffles + fmaxf), then every lane's exponentials against
+        // it and a plain warp sum: no (max, sum) merges (two exponentials and branches per level)
+        if (opt & 8)
+            for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
         const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
         float s = 0.0f, wz = 0.0f;
 #pragma unroll
@@ -1024,7 +1041,14 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
             if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
         }
         RowStats r = {m, s, wz};
-        r = warp_reduce_stats(r);
+        if (opt & 8) {
+            for (int o = 16; o > 0; o >>= 1) {
+                r.s += __shfl_xor_sync(0xffffffffu, r.s, o);
+                if (F & F_SMOOTH) r.wz += __shfl_xor_sync(0xffffffffu, r.wz, o);
+            }
+        } else {
+            r = warp_reduce_stats(r);
+        }
         const float lse = (r.m == -INFINITY) ? -INFINITY : r.m + logf(r.s);
         if (lane == 0) {
             float ai, bi;
@@ -1034,7 +1058,7 @@ __global__ void __launch_bounds__(SMALL_WARPS * 32) ce_small_kernel(CeArgs a, in
         }
         if (PASS != PASS_FORWARD) {
             __syncwarp();   // lane 0's read of row[t] above happens before these stores
-            const GradCoef cf = make_coef(a, d, i, t, bad, lse);
+            const GradCoef cf = make_coef_g(a, d, g_a, g_b, t, bad, target_weight(a, t, bad), lse);
 #pragma unroll
             for (int k = 0; k < SMALL_KW; k++) {
                 int q = lane + 32 * k;
@@ -1667,8 +1691,8 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //   FUSEDLOSS_CE_SMALL_MAX_ROWS                    rows up to which the small kernel runs
 //   FUSEDLOSS_CE_SMALL_OPT = 0..15                 small kernel bits (default 7): 1 first row
 //                                                  loaded early, 2 st.async loss sums, 4
-//                                                  programmatic dependent launch, 8 target logit
-//                                                  from registers (ce_small_kernel;
+//                                                  programmatic dependent launch, 8 max-first row
+//                                                  statistics (ce_small_kernel;
 //                                                  H200 2026-12-02 s4 run 2, 128x1000 f32 fused
 //                                                  per call in a graph: 0: 6.78 / 6.79 us, 4: 6.48
 //                                                  / 6.48, 7: 6.36 / 6.36)
