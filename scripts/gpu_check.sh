@@ -445,16 +445,12 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                 FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 echo "### FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_ROWS=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 $t --small"
                 FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_ROWS=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
-                echo "### FUSEDLOSS_DISTILL_STAGED_L2G=1 FUSEDLOSS_DISTILL_STAGED_GRID=3 $t --small"   # experimental
-                FUSEDLOSS_DISTILL_STAGED_L2G=1 FUSEDLOSS_DISTILL_STAGED_GRID=3 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 echo "### FUSEDLOSS_DISTILL_STAGED=0 $t --small"
                 FUSEDLOSS_DISTILL_STAGED=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
             fi
             if [ "$t" = test_margin_ce_cuda ] || [ "$t" = test_softmax_focal_cuda ]; then   # the staged rows kernel (default) and the ticket one
                 echo "### FUSEDLOSS_TGT_STAGED=0 $t --small"   # the ticket kernel (the staged one is the default)
                 FUSEDLOSS_TGT_STAGED=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
-                echo "### FUSEDLOSS_TGT_STAGED_L2G=1 FUSEDLOSS_TGT_STAGED_GRID=3 $t --small"   # experimental
-                FUSEDLOSS_TGT_STAGED_L2G=1 FUSEDLOSS_TGT_STAGED_GRID=3 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 echo "### FUSEDLOSS_TGT_STAGED_GRID=3 $t --small"
                 FUSEDLOSS_TGT_STAGED_GRID=3 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
             fi

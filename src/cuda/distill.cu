@@ -395,19 +395,17 @@ __device__ __forceinline__ void dc_unpack(const uint4* sb, const uint4* tb, int 
     for (int k = 0; k < NT; k++) rp_unpack<TT>(tb[q * NT + k], xt + k * (VEC / NT));
 }
 
-template <typename TS, typename TT, int MODE, bool FUSED, bool L2G>
+template <typename TS, typename TT, int MODE, bool FUSED>
 __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, int cs, int per, int nv, int nb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int VEC = RpT<TS>::VEC;
     constexpr int NT = (int)(VEC * sizeof(TT) / 16);
     constexpr bool JSD = MODE == FL__DISTILL_JSD;
-    // FUSEDLOSS_DISTILL_STAGED_L2G=1 (EXPERIMENTAL, NOT run on a GPU; forward / reverse KL, fused):
-    // the buffer is refilled with the next row during the statistics sweep and the gradient reads
-    // the row from global memory (an L2 hit if it stays resident), so the next row's HBM read
-    // overlaps this row's exchange and gradient sweep
-    constexpr bool l2g = L2G && FUSED && !JSD;
-    // the sweep that frees the buffer (its sub-chunks are refilled with the next row as it goes)
-    constexpr int LAST = FUSED && !l2g ? 2 : (JSD ? 1 : 0);   // 0 statistics, 1 JSD sums, 2 gradient
+    // the sweep that frees the buffer (its sub-chunks are refilled with the next row as it goes).
+    // (Refilling it during the statistics sweep and reading the row for the gradient from L2,
+    // FUSEDLOSS_DISTILL_STAGED_L2G, measured 18% SLOWER: KL T=2 2.23 vs 1.88 ms, H200 2026-12-02
+    // s5 run 2; removed)
+    constexpr int LAST = FUSED ? 2 : (JSD ? 1 : 0);   // 0 statistics, 1 JSD sums, 2 gradient
     // nb (1 or 2) row buffers, each [per] student vectors then [per * NT] teacher: with 2, the
     // copies of row j + 2 are in flight while row j + 1 is swept (FUSEDLOSS_DISTILL_STAGED_ROWS)
     extern __shared__ __align__(16) uint4 dc_buf[];
@@ -652,19 +650,9 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
                 const float hq = q > 0.0f ? omb * q * (RP_LN2 * (ls2 - log2f(beta * p + omb * q))) : 0.0f;
                 return G * (hq - q * sh);
             };
-            const uint4* gsb = reinterpret_cast<const uint4*>(srow) + lo;            // l2g: the row
-            const uint4* gtb = reinterpret_cast<const uint4*>(trow) + (int64_t)lo * NT;   // in global memory
             auto one = [&](int q) {
                 float xs[VEC], xt[VEC];
-                if (l2g) {
-                    uint4 sv[1], tv[NT];
-                    sv[0] = __ldcg(gsb + q);
-#pragma unroll
-                    for (int c = 0; c < NT; c++) tv[c] = __ldcg(gtb + (int64_t)q * NT + c);
-                    dc_unpack<TS, TT>(sv, tv, 0, xs, xt);
-                } else {
-                    dc_unpack<TS, TT>(sb, tb, q, xs, xt);
-                }
+                dc_unpack<TS, TT>(sb, tb, q, xs, xt);
                 if (ign) {   // zeros (the row is not finite-checked: its values are never used)
 #pragma unroll
                     for (int v = 0; v < VEC; v++) xs[v] = 0.0f;
@@ -725,26 +713,24 @@ static int kernel_index(fl_dtype sdt, fl_dtype tdt, int mode, bool fused) {
 }
 
 template <typename TS, typename TT>
-static const void* pick_staged2(int mode, bool fused, bool l2g) {
+static const void* pick_staged2(int mode, bool fused) {
     switch (mode) {
-        case FL__DISTILL_FKL: return !fused ? (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_FKL, false, false>
-                                     : l2g ? (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_FKL, true, true>
-                                           : (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_FKL, true, false>;
-        case FL__DISTILL_RKL: return !fused ? (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_RKL, false, false>
-                                     : l2g ? (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_RKL, true, true>
-                                           : (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_RKL, true, false>;
-        default: return fused ? (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_JSD, true, false>
-                              : (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_JSD, false, false>;
+        case FL__DISTILL_FKL: return fused ? (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_FKL, true>
+                                           : (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_FKL, false>;
+        case FL__DISTILL_RKL: return fused ? (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_RKL, true>
+                                           : (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_RKL, false>;
+        default: return fused ? (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_JSD, true>
+                              : (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_JSD, false>;
     }
 }
 
-static const void* pick_staged(fl_dtype sdt, fl_dtype tdt, int mode, bool fused, bool l2g) {
+static const void* pick_staged(fl_dtype sdt, fl_dtype tdt, int mode, bool fused) {
     const bool t32 = tdt == FL_DTYPE_F32;
     switch (sdt) {
-        case FL_DTYPE_F32: return pick_staged2<float, float>(mode, fused, l2g);
-        case FL_DTYPE_F16: return t32 ? pick_staged2<__half, float>(mode, fused, l2g) : pick_staged2<__half, __half>(mode, fused, l2g);
-        default: return t32 ? pick_staged2<__nv_bfloat16, float>(mode, fused, l2g)
-                            : pick_staged2<__nv_bfloat16, __nv_bfloat16>(mode, fused, l2g);
+        case FL_DTYPE_F32: return pick_staged2<float, float>(mode, fused);
+        case FL_DTYPE_F16: return t32 ? pick_staged2<__half, float>(mode, fused) : pick_staged2<__half, __half>(mode, fused);
+        default: return t32 ? pick_staged2<__nv_bfloat16, float>(mode, fused)
+                            : pick_staged2<__nv_bfloat16, __nv_bfloat16>(mode, fused);
     }
 }
 
@@ -796,8 +782,7 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
     out->per = (int)((nv + cs - 1) / cs);
     out->nb = nb;
     out->smem = (size_t)nb * (size_t)out->per * (size_t)vb;
-    const bool l2g = rp_env_i64("FUSEDLOSS_DISTILL_STAGED_L2G", 0) > 0;   // experimental (see the kernel)
-    out->fn = pick_staged(p->dtype, p->teacher_dtype, (int)p->mode, fused, l2g);
+    out->fn = pick_staged(p->dtype, p->teacher_dtype, (int)p->mode, fused);
     int n = 0;
     if (fl__cluster_occupancy(out->fn, cs, DC_THREADS, out->smem, d.sms, debug, "staged distillation kernel", &n) !=
             cudaSuccess || n <= 0) {

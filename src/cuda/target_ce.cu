@@ -324,10 +324,9 @@ __global__ void __launch_bounds__(RP_THREADS, 2) tgt_rows_kernel(TArgs a) {
 #define TS_NS 2
 #define TS_MAX_CLUSTER 16
 
-template <typename T, int MODE, bool FUSED, bool L2G>
+template <typename T, int MODE, bool FUSED>
 __global__ void __launch_bounds__(TS_THREADS, 3) tgt_staged_kernel(TArgs a, int cs, int per, int nv) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr bool l2g = FUSED && L2G;   // FUSEDLOSS_TGT_STAGED_L2G (experimental, see ts_plan)
     constexpr int VEC = RpT<T>::VEC;
     extern __shared__ __align__(16) uint4 ts_buf[];   // [per] vectors of the row
     __shared__ __align__(8) uint64_t xb[2];
@@ -415,13 +414,13 @@ __global__ void __launch_bounds__(TS_THREADS, 3) tgt_staged_kernel(TArgs a, int 
         };
 #pragma unroll
         for (int k = 0; k < TS_NS; k++) {
-            cp_wait(FUSED && !l2g ? TS_NS - 1 - k : TS_NS - 1);
+            cp_wait(FUSED ? TS_NS - 1 - k : TS_NS - 1);
             if (own && k == ky) reinterpret_cast<T*>(ts_buf + qy)[vy] = from_float<T>(-INFINITY);
             const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
             int q = k * sub + tid;
             for (; q + TS_THREADS < qhi; q += 2 * TS_THREADS) { accv(m, S, q); accv(m1, S1, q + TS_THREADS); }
             if (q < qhi) accv(m, S, q);
-            if (!FUSED || l2g) issue(rn, k);
+            if (!FUSED) issue(rn, k);
         }
         {
             const float M = fmaxf(m, m1);
@@ -480,10 +479,7 @@ __global__ void __launch_bounds__(TS_THREADS, 3) tgt_staged_kernel(TArgs a, int 
             // row writes zeros (a uniform branch per vector)
             auto one = [&](int q) {
                 float z[VEC];
-                // l2g: the row from global memory (L2: its copy into shared memory was the HBM read;
-                // the buffer already holds the next row); the target lane then reads x_y, not -inf,
-                // and is overwritten by the owner's store below either way
-                rp_unpack<T>(l2g ? __ldcg(reinterpret_cast<const uint4*>(xrow) + lo + q) : ts_buf[q], z);
+                rp_unpack<T>(ts_buf[q], z);
                 if (ign) {
 #pragma unroll
                     for (int v2 = 0; v2 < VEC; v2++) z[v2] = 0.0f;
@@ -500,7 +496,7 @@ __global__ void __launch_bounds__(TS_THREADS, 3) tgt_staged_kernel(TArgs a, int 
                 // two vectors an iteration: two shared loads in flight behind each other's math
                 for (; q + TS_THREADS < qhi; q += 2 * TS_THREADS) { one(q); one(q + TS_THREADS); }
                 if (q < qhi) one(q);
-                if (!l2g) issue(rn, k);
+                issue(rn, k);
             }
             if (own && !ign) drow[y] = from_float<T>(gB);   // after this thread's store of its vector
             if (has_x)
@@ -641,14 +637,10 @@ static tk_fn pick(fl_dtype dt, int mode, bool rows, bool fused, int64_t C) {
 static int g_occ[3][2][2][2][2];   // dtype, mode, rows, fused, register kernel
 
 template <typename T>
-static const void* pick_staged_t(int mode, bool fused, bool l2g) {
+static const void* pick_staged_t(int mode, bool fused) {
     if (mode == TC_MARGIN)
-        return !fused ? (const void*)tgt_staged_kernel<T, TC_MARGIN, false, false>
-                      : l2g ? (const void*)tgt_staged_kernel<T, TC_MARGIN, true, true>
-                            : (const void*)tgt_staged_kernel<T, TC_MARGIN, true, false>;
-    return !fused ? (const void*)tgt_staged_kernel<T, TC_FOCAL, false, false>
-                  : l2g ? (const void*)tgt_staged_kernel<T, TC_FOCAL, true, true>
-                        : (const void*)tgt_staged_kernel<T, TC_FOCAL, true, false>;
+        return fused ? (const void*)tgt_staged_kernel<T, TC_MARGIN, true> : (const void*)tgt_staged_kernel<T, TC_MARGIN, false>;
+    return fused ? (const void*)tgt_staged_kernel<T, TC_FOCAL, true> : (const void*)tgt_staged_kernel<T, TC_FOCAL, false>;
 }
 
 // The staged kernel's plan (0: not taken): on by default (FUSEDLOSS_TGT_STAGED=0 off), sm_90,
@@ -670,12 +662,9 @@ static int ts_plan(const TArgs& a, int mode, bool fused, fl_dtype dt, TsPlan* ou
     int cs = 1;
     while ((int64_t)cs * chunk < nv && cs < TS_MAX_CLUSTER) cs *= 2;
     if ((int64_t)cs * chunk < nv) return 0;
-    // FUSEDLOSS_TGT_STAGED_L2G=1 (EXPERIMENTAL, NOT run on a GPU): fused calls refill the buffer with
-    // the next row during the statistics sweep and read the row for the gradient from global memory
-    // (an L2 hit if the ~2 rows per cluster in flight stay resident), so the next row's HBM read
-    // overlaps this row's exchange and gradient sweep (NOTES.md, session 4: the staged kernel is
-    // neither issue- nor MUFU-bound; its phases do not overlap)
-    const bool l2g = fused && rp_env_i64("FUSEDLOSS_TGT_STAGED_L2G", 0) > 0;
+    // (a variant that refilled the buffer with the next row during the statistics sweep and read
+    // the row for the gradient from L2, FUSEDLOSS_TGT_STAGED_L2G, measured 27% SLOWER: ArcFace
+    // 1.87 vs 1.47 ms, H200 2026-12-02 s5 run 1; removed)
     const int fcs = (int)rp_env_i64("FUSEDLOSS_TGT_STAGED_CS", 0);   // A/B: any cluster size 2..16
     if (fcs >= 2 && fcs <= TS_MAX_CLUSTER && (nv + fcs - 1) / fcs * 16 <= 200 * 1024) cs = fcs;
     out->cs = cs;
@@ -683,9 +672,9 @@ static int ts_plan(const TArgs& a, int mode, bool fused, fl_dtype dt, TsPlan* ou
     out->per = (int)((nv + cs - 1) / cs);
     out->smem = (size_t)out->per * 16u;
     switch (dt) {
-        case FL_DTYPE_F32: out->fn = pick_staged_t<float>(mode, fused, l2g); break;
-        case FL_DTYPE_F16: out->fn = pick_staged_t<__half>(mode, fused, l2g); break;
-        default: out->fn = pick_staged_t<__nv_bfloat16>(mode, fused, l2g); break;
+        case FL_DTYPE_F32: out->fn = pick_staged_t<float>(mode, fused); break;
+        case FL_DTYPE_F16: out->fn = pick_staged_t<__half>(mode, fused); break;
+        default: out->fn = pick_staged_t<__nv_bfloat16>(mode, fused); break;
     }
     int n = 0;
     if (fl__cluster_occupancy(out->fn, cs, TS_THREADS, out->smem, d.sms, (int)rp_env_i64("FUSEDLOSS_DEBUG", 0),
