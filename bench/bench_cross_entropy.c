@@ -154,25 +154,10 @@ static float graph_ms_per_call(const ctx_t* c, int pass, int* k) {
     }
     CK(cudaStreamEndCapture(g_stream, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
-    enum { REPS = 20 };
-    cudaEvent_t e0[REPS], e1[REPS];
-    float ms[REPS];
-    CK(cudaGraphLaunch(ge, g_stream)); /* warm-up */
-    for (int r = 0; r < REPS; r++) { CK(cudaEventCreate(&e0[r])); CK(cudaEventCreate(&e1[r])); }
-    for (int r = 0; r < REPS; r++) {
-        CK(cudaEventRecord(e0[r], g_stream));
-        CK(cudaGraphLaunch(ge, g_stream));
-        CK(cudaEventRecord(e1[r], g_stream));
-    }
-    CK(cudaStreamSynchronize(g_stream));
-    for (int r = 0; r < REPS; r++) {
-        CK(cudaEventElapsedTime(&ms[r], e0[r], e1[r]));
-        CK(cudaEventDestroy(e0[r]));
-        CK(cudaEventDestroy(e1[r]));
-    }
+    const float ms = bench_graph_replay_ms(ge, g_stream, 20, NULL);
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(g));
-    return median(ms, REPS) / (float)GRAPH_CALLS;
+    return ms / (float)GRAPH_CALLS;
 }
 
 typedef struct {

@@ -19,15 +19,7 @@
 #include <stdlib.h>
 #include <stdint.h>
 #include "fusedloss.h"
-
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "bench_util.h"   /* CK, bench_graph_replay_ms */
 
 enum { CALLS = 100, REPS = 20, ROT = 64 };
 
@@ -85,11 +77,6 @@ static cudaError_t launch(int which, int cluster, int pdl, const float* x, float
     return cudaLaunchKernelEx(&cfg, k_touch, x, y, N, V);
 }
 
-static int cmpf(const void* a, const void* b) {
-    float x = *(const float*)a, y = *(const float*)b;
-    return (x > y) - (x < y);
-}
-
 int main(int argc, char** argv) {
     const int N = argc > 2 ? atoi(argv[1]) : 128, V = argc > 2 ? atoi(argv[2]) : 1000;
     if (N < 1 || V < 4 || V % 4 || V / 4 > 256) { fprintf(stderr, "N >= 1, V a multiple of 4 in [4, 1024]\n"); return 2; }
@@ -141,22 +128,9 @@ int main(int argc, char** argv) {
         }
         CK(cudaStreamEndCapture(g_s, &g));
         CK(cudaGraphInstantiate(&ge, g, 0));
-        CK(cudaGraphLaunch(ge, g_s));
-        cudaEvent_t e0[REPS], e1[REPS];
-        float ms[REPS];
-        for (int r = 0; r < REPS; r++) { CK(cudaEventCreate(&e0[r])); CK(cudaEventCreate(&e1[r])); }
-        for (int r = 0; r < REPS; r++) {
-            CK(cudaEventRecord(e0[r], g_s));
-            CK(cudaGraphLaunch(ge, g_s));
-            CK(cudaEventRecord(e1[r], g_s));
-        }
-        CK(cudaStreamSynchronize(g_s));
-        for (int r = 0; r < REPS; r++) {
-            CK(cudaEventElapsedTime(&ms[r], e0[r], e1[r]));
-            CK(cudaEventDestroy(e0[r])); CK(cudaEventDestroy(e1[r]));
-        }
-        qsort(ms, REPS, sizeof(float), cmpf);
-        printf("%-14s %7.2f us per launch (min %.2f)\n", names[c], (double)ms[REPS / 2] * 1e3 / CALLS, (double)ms[0] * 1e3 / CALLS);
+        float mn = 0.0f;
+        const float med = bench_graph_replay_ms(ge, g_s, REPS, &mn);
+        printf("%-14s %7.2f us per launch (min %.2f)\n", names[c], (double)med * 1e3 / CALLS, (double)mn * 1e3 / CALLS);
         CK(cudaGraphExecDestroy(ge));
         CK(cudaGraphDestroy(g));
     }

@@ -158,6 +158,29 @@ static inline float bench_time_median(void (*f)(void*), void* arg, cudaStream_t 
     return m;
 }
 
+/* Median ms of `reps` replays of an instantiated CUDA graph on `stream` (CUDA events around each
+ * replay), after one untimed replay; *min_ms (if not NULL) gets the fastest. */
+static inline float bench_graph_replay_ms(cudaGraphExec_t ge, cudaStream_t stream, int reps, float* min_ms) {
+    cudaEvent_t* e = (cudaEvent_t*)malloc(sizeof(cudaEvent_t) * 2 * (size_t)reps);
+    float* ms = (float*)malloc(sizeof(float) * (size_t)reps);
+    if (!e || !ms) { fprintf(stderr, "host OOM\n"); exit(1); }
+    CK(cudaGraphLaunch(ge, stream)); /* warm-up */
+    for (int r = 0; r < 2 * reps; r++) CK(cudaEventCreate(&e[r]));
+    for (int r = 0; r < reps; r++) {
+        CK(cudaEventRecord(e[2 * r], stream));
+        CK(cudaGraphLaunch(ge, stream));
+        CK(cudaEventRecord(e[2 * r + 1], stream));
+    }
+    CK(cudaStreamSynchronize(stream));
+    for (int r = 0; r < reps; r++) CK(cudaEventElapsedTime(&ms[r], e[2 * r], e[2 * r + 1]));
+    for (int r = 0; r < 2 * reps; r++) CK(cudaEventDestroy(e[r]));
+    const float m = median(ms, reps);  /* sorts ms */
+    if (min_ms) *min_ms = ms[0];
+    free(e);
+    free(ms);
+    return m;
+}
+
 /* The start every benchmark makes: a CUDA device and backend (else "SKIP" and return 0, or
  * return 1 without a CUDA backend), a non-blocking stream, the commit (FL_COMMIT) and UTC date,
  * the device's properties, the copy bandwidth, and the header lines with them. Returns -1 when the benchmark should run. */

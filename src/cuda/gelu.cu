@@ -179,24 +179,15 @@ __device__ __forceinline__ float rcp_approx(float x) {
 #define FG_Q1 0x1.988454p+0f    // 2 kB:  q = d(2v)/du = Q1 + Q3 u^2
 #define FG_Q3 0x1.b6676cp-3f    // 2 kB * 3 kK
 #define FG_S64 0x1p-64f         // the tail is computed scaled by 2^64 (no ftz underflow before 2^-190)
-#define FG_ALPHA 0x1.47ae14p-2f // erf mode: t = 1 / (1 + ALPHA |u|)
+#define FG_ALPHA 0x1.47ae14p-2f // erf mode, backward: t = 1 / (1 + ALPHA |u|)
 #define FG_NH (-0x1.715476p-1f) // -log2(e) / 2
 #define FG_C0 0x1.f564dep+5f    // 64 + log2(1 / sqrt(2 pi))
-// Mills ratio Phi(-a) / phi(a) = t * M(t), M a fitted polynomial (relative error 1.4e-5 with 6
-// terms for the forward, 4.7e-7 with 8 terms for the backward, whose d = phi (a - R) cancels
-// near gelu's minimum u = -0.75)
-__device__ __forceinline__ float mills_fwd(float t) {
-    float m = -0x1.561938p-3f;
-    m = __fmaf_rn(m, t, 0x1.654a46p-2f);
-    m = __fmaf_rn(m, t, 0x1.00d60ep-3f);
-    m = __fmaf_rn(m, t, 0x1.3b5214p-2f);
-    m = __fmaf_rn(m, t, 0x1.45a830p-2f);
-    m = __fmaf_rn(m, t, 0x1.47be4ep-2f);
-    return __fmul_rn(m, t);
-}
-// The forward's Mills ratio since 2026-12-02 session 5: 5 terms with t = 1 / (1 + ALPHA_F |u|)
-// (ALPHA_F refitted for 5 terms: relative error 2.9e-5, against 1.4e-5 with 6 terms at ALPHA),
-// scaled by 2^-64 (every intermediate stays normal; the 2^64 of phi cancels in the product)
+// Mills ratio Phi(-a) / phi(a) = t * M(t), M a fitted polynomial. Forward: 5 terms with t = 1 /
+// (1 + ALPHA_F |u|), relative error 2.9e-5 (since 2026-12-02 session 5; the 6 terms at ALPHA
+// before, 1.4e-5, cost one more FFMA per element: bf16 erf forward 1.138x -> 1.098x the floor
+// with the select below), scaled by 2^-64 (every intermediate stays normal; the 2^64 of phi
+// cancels in the product). Backward: 8 terms at ALPHA, 4.7e-7 (its d = phi (a - R) cancels near
+// gelu's minimum u = -0.75).
 #define FG_ALPHA_F 0x1.810624p-2f
 __device__ __forceinline__ float mills_fwd5_s64(float t) {
     float m = -0x1.d26e12p-67f;
@@ -224,9 +215,8 @@ __device__ __forceinline__ float mills_bwd(float t) {
 // erf: y = u P, P the selected factor (one select, one multiply: +inf -> +inf, -inf -> NaN as
 // PyTorch (-inf * 0), NaN -> NaN, -0 -> -0); the 2^-64 that keeps ex2's result off the ftz flush
 // is inside the Mills coefficients, and the Mills polynomial has 5 terms (see mills_fwd5_s64).
-// OLD = the erf formula measured until 2026-12-02 session 5 (6 terms, one product per sign,
-// selected after them: 3 more instructions per element; FUSEDLOSS_GELU_FWD_OLD=1, A/B only).
-template <int A, bool OLD>
+// (It was one product per sign, selected after them: 2 more instructions per element.)
+template <int A>
 __device__ __forceinline__ float gelu_f_fast(float u) {
     if (A == FL_GELU_TANH) {
         const float u2 = __fmul_rn(u, u);
@@ -241,13 +231,6 @@ __device__ __forceinline__ float gelu_f_fast(float u) {
     }
     const float a = fabsf(u);
     const float e0 = ex2_approx(__fmaf_rn(__fmul_rn(a, FG_NH), a, FG_C0));  // phi(a) * 2^64
-    if (OLD) {
-        const float t = rcp_approx(__fmaf_rn(a, FG_ALPHA, 1.0f));
-        const float q64 = __fmul_rn(e0, mills_fwd(t));                      // Q * 2^64
-        const float yp = __fmul_rn(u, __fmaf_rn(q64, -FG_S64, 1.0f));
-        const float yn = __fmul_rn(__fmul_rn(u, q64), FG_S64);
-        return u >= 0.0f ? yp : yn;
-    }
     const float t = rcp_approx(__fmaf_rn(a, FG_ALPHA_F, 1.0f));
     const float q = __fmul_rn(e0, mills_fwd5_s64(t));                        // Q
     const float P = u >= 0.0f ? __fadd_rn(1.0f, -q) : q;
@@ -293,7 +276,7 @@ __device__ __forceinline__ void store_bias_dt(void* dbias, int dt, int64_t j, fl
 // One vector of one row: u = x (+ b) in fp32 (not rounded: see the header), the activation or
 // its gradient, rounded once. acc += du over the n valid elements (BWD with bias).
 // FAST: the 16-bit formulas above (never instantiated for fp32).
-template <typename T, int V, bool BWD, bool BIAS, bool SUM, int A, int FAST, bool FULL>
+template <typename T, int V, bool BWD, bool BIAS, bool SUM, int A, bool FAST, bool FULL>
 __device__ __forceinline__ Vec<T, V> compute_vec(const Vec<T, V>& xv, const Vec<T, V>& gv, const float (&b)[V],
                                                  float (&acc)[V], int n) {
     Vec<T, V> o;
@@ -307,7 +290,7 @@ __device__ __forceinline__ Vec<T, V> compute_vec(const Vec<T, V>& xv, const Vec<
             // masked elements (zero-filled) are left out: with an inf/NaN bias 0 * gelu'(b) is NaN
             if (SUM && (FULL || v < n)) acc[v] += r;
         } else {
-            r = FAST ? gelu_f_fast<A, FAST == 2>(u) : gelu_f<A>(u);
+            r = FAST ? gelu_f_fast<A>(u) : gelu_f<A>(u);
         }
         o.v[v] = from_float<T>(r);
     }
@@ -559,7 +542,7 @@ __device__ __forceinline__ unsigned add_mod(unsigned c, unsigned step, unsigned 
     return c >= m ? c - m : c;
 }
 
-template <typename T, int V, int MODE, int A, int FAST, int U>
+template <typename T, int V, int MODE, int A, bool FAST, int U>
 __global__ void __launch_bounds__(256) gelu_stream_kernel(const GeluStream s) {
     constexpr bool BWD = MODE >= M_BWD, BIAS = MODE == M_FWD_BIAS || MODE == M_BWD_BIAS;
     static_assert(MODE != M_BWD_DBIAS && V > 1, "the stream path has no dbias and no scalar width");
@@ -643,8 +626,6 @@ static fl__gelu_path choose_path(int64_t N, int64_t F, size_t es, const void* co
 //                                 runs 1-2, 8192x16384 bf16 tanh forward 1.19x -> 1.06-1.09x, with
 //                                 dbias 1.23x -> 1.13x), 1 = the exact fp32 PyTorch operations
 //                                 (bitwise eager PyTorch on the same toolkit)
-//   FUSEDLOSS_GELU_FWD_OLD=0|1    fast fp16/bf16 forward, STREAM path only: 1 = the formulas
-//                                 measured until 2026-12-02 session 5 (2 more instructions per element), A/B
 //   FUSEDLOSS_GELU_ROWS=4|8       rows in flight per thread, vector paths, no dbias (default 4)
 //   FUSEDLOSS_GELU_DBIAS_ROWS=2|4 the same with dbias (default 2 for fp16/bf16: 64 registers with
 //                                 4 rows spill; 2 rows x 2 inputs x 16 B x 1024 threads = 64 KiB in
@@ -662,7 +643,7 @@ static fl__gelu_path choose_path(int64_t N, int64_t F, size_t es, const void* co
 //   FUSEDLOSS_GELU_DBIAS_CTAS=C   with dbias: target CTAs (device-independent: fixes dbias's summation
 //                                 order), 1..2048 (default 528 = 4 x 132 SMs: one full wave on an H200)
 struct GeluKnobs {
-    int exact16, fwd_old, unroll, dbias_rows, tx_dbias, tx_plain, dbias_ctas, ldhint, stream;
+    int exact16, unroll, dbias_rows, tx_dbias, tx_plain, dbias_ctas, ldhint, stream;
     double waves, stream_waves;
 };
 static long env_long(const char* name, long dflt, long lo, long hi) {
@@ -675,7 +656,6 @@ static long env_long(const char* name, long dflt, long lo, long hi) {
 static GeluKnobs read_knobs() {
     GeluKnobs k;
     k.exact16 = (int)env_long("FUSEDLOSS_GELU_EXACT16", 0, 0, 1);
-    k.fwd_old = (int)env_long("FUSEDLOSS_GELU_FWD_OLD", 0, 0, 1);
     k.unroll = (int)env_long("FUSEDLOSS_GELU_ROWS", 4, 4, 8);
     if (k.unroll != 4 && k.unroll != 8) k.unroll = 4;
     k.dbias_rows = (int)env_long("FUSEDLOSS_GELU_DBIAS_ROWS", 0, 2, 4);
@@ -772,15 +752,11 @@ static KSel ksel_t(int vec, int mode, int approx, int fast, int unroll) {
 #define GELU_STREAM_U 4
 template <typename T, int MODE, int A, int V = 16 / (int)sizeof(T)>
 static KSel stream_fn_a(int fast) {
-    static int occ_fast = 0, occ_old = 0, occ_exact = 0;  // benign race: every writer stores the same value
+    static int occ_fast = 0, occ_exact = 0;  // benign race: every writer stores the same value
     if constexpr (sizeof(T) == 2) {
-        // fast == 2: the forward formulas measured until 2026-12-02 session 5 (FUSEDLOSS_GELU_FWD_OLD=1, A/B)
-        if constexpr (MODE == M_FWD || MODE == M_FWD_BIAS) {
-            if (fast == 2) return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, 2, GELU_STREAM_U>, &occ_old};
-        }
-        if (fast) return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, 1, GELU_STREAM_U>, &occ_fast};
+        if (fast) return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, true, GELU_STREAM_U>, &occ_fast};
     }
-    return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, 0, GELU_STREAM_U>, &occ_exact};
+    return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, false, GELU_STREAM_U>, &occ_exact};
 }
 template <typename T, int MODE>
 static KSel stream_fn_m(int approx, int fast) {
@@ -853,8 +829,8 @@ static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, cons
         KSel ks;
         switch (dt) {
             case FL_DTYPE_F32: ks = stream_fn<float>(mode, approx, 0); break;
-            case FL_DTYPE_F16: ks = stream_fn<__half>(mode, approx, fast && kn.fwd_old ? 2 : fast); break;
-            default: ks = stream_fn<__nv_bfloat16>(mode, approx, fast && kn.fwd_old ? 2 : fast); break;
+            case FL_DTYPE_F16: ks = stream_fn<__half>(mode, approx, fast); break;
+            default: ks = stream_fn<__nv_bfloat16>(mode, approx, fast); break;
         }
         // G: ceil(nvec / (256 U)) CTAs, one iteration each (default, stream_waves = 0); else
         // stream_waves x the resident CTAs, at most ceil(nvec / 256)
