@@ -205,10 +205,14 @@ fi
 if want test-knobs && have build/test_cross_entropy_cuda test-knobs; then
     run_step test-knobs 240 '
         rc=0
-        echo "### FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_BWD=1"
-        FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_BWD=1 build/test_cross_entropy_cuda --no-big || rc=1
-        echo "### FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NSUB=1 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128"
-        FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NSUB=1 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128 \
+        echo "### FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_BWD=1"
+        FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_BWD=1 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_KB=4 FUSEDLOSS_CE_PIPE_NBUF=2 FUSEDLOSS_CE_PIPE_THREADS=128"
+        FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_KB=4 FUSEDLOSS_CE_PIPE_NBUF=2 FUSEDLOSS_CE_PIPE_THREADS=128 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_KB=5 FUSEDLOSS_CE_PIPE_NBUF=4 FUSEDLOSS_CE_PIPE_THREADS=256 FUSEDLOSS_CE_PIPE_STATS=64"
+        FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_KB=5 FUSEDLOSS_CE_PIPE_NBUF=4 FUSEDLOSS_CE_PIPE_THREADS=256 FUSEDLOSS_CE_PIPE_STATS=64 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NSUB=1 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128"
+        FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NSUB=1 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128 \
             build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_TMA_KB=4 FUSEDLOSS_CE_TMA_NSUB=8 FUSEDLOSS_CE_STREAM=2 FUSEDLOSS_CE_STREAM_KB=8"
         FUSEDLOSS_CE_TMA_KB=4 FUSEDLOSS_CE_TMA_NSUB=8 FUSEDLOSS_CE_STREAM=2 FUSEDLOSS_CE_STREAM_KB=8 \
@@ -237,13 +241,13 @@ if want sanitize && have build/test_cross_entropy_cuda sanitize; then
                 build/test_cross_entropy_cuda --small --stride 6 || rc2=$?
             echo "### racecheck exit $rc2"
             rc3=0
-            echo "### memcheck, staged kernel forced + streaming backward (FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_STREAM=2 FUSEDLOSS_CE_STREAM_KB=8)"
-            FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_STREAM=2 FUSEDLOSS_CE_STREAM_KB=8 timeout 60 "$SANITIZER" --tool memcheck --print-limit 20 \
+            echo "### memcheck, staged kernel forced + streaming backward (FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_STREAM=2 FUSEDLOSS_CE_STREAM_KB=8)"
+            FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_STREAM=2 FUSEDLOSS_CE_STREAM_KB=8 timeout 60 "$SANITIZER" --tool memcheck --print-limit 20 \
                 --error-exitcode 99 build/test_cross_entropy_cuda --small --stride 3 || rc3=$?
             echo "### memcheck-staged exit $rc3"
             rc4=0
-            echo "### racecheck, staged kernel forced (FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1)"
-            FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 timeout 45 "$SANITIZER" --tool racecheck --print-limit 20 \
+            echo "### racecheck, staged kernel forced (FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1)"
+            FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 timeout 45 "$SANITIZER" --tool racecheck --print-limit 20 \
                 --error-exitcode 99 build/test_cross_entropy_cuda --small --stride 7 || rc4=$?
             echo "### racecheck-staged exit $rc4"
             [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ] && [ $rc4 -eq 0 ]

@@ -1422,6 +1422,223 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
 #endif
 }
 
+// sm_90, fused: the staged kernel with WARP-SPECIALISED roles (FUSEDLOSS_CE_PIPE=1, experimental).
+// Why: the one-buffer kernel above runs each CTA's row as load -> statistics -> exchange ->
+// gradient sweep + stores, so a CTA that stores is not computing statistics, and the SM's
+// overlap of the two depends on its 3 CTAs being out of phase (fused 8192x128256 bf16 1.23x).
+// A stores-only phase is bound by the SM's share of the write bandwidth: a single pipelined CTA
+// alternating statistics and stores measured 1.82x (H200 2026-12-02 s6 run 1). Here one CTA holds
+// `nbuf` row chunks in shared memory and its warps split in two groups that run concurrently on
+// different rows: the STATISTICS group (threads [0, Ts)) sweeps row k's (max, sum-exp) as soon as
+// its chunk has landed and sends its partial (max, sum-exp, sum w z, target logit) to every CTA
+// of the cluster (st.async into slot k % PIPE_XSLOTS, counted on that slot's mbarrier; cs == 1: a
+// local store + arrive); the GRADIENT group (the rest) waits for row k's partials, merges them in
+// rank order, sweeps row k's gradient from shared memory with streaming stores, and refills the
+// chunk with row k + nbuf. Every row, ignored ones too, goes through both barriers once, so the
+// phase parities are (k / nbuf) & 1 and (k / PIPE_XSLOTS) & 1.
+// Slot reuse: a remote statistics group sends row k + X only once its chunk of that row has been
+// refilled, i.e. after its gradient group finished row k + X - nbuf, which needed THIS CTA's partial
+// of that row, sent once this CTA's chunk of it landed, i.e. after this CTA's gradient group
+// finished row k + X - 2 nbuf. X >= 2 nbuf keeps this CTA's reads of row k's slot before that.
+#define PIPE_MAX_BUF 4
+#define PIPE_XSLOTS 8
+
+__device__ __forceinline__ void group_bar(int id, int n) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
+// block_reduce_ms over one warp group (threads [base, base + n), named barrier `id`): same fixed
+// order as the CTA version. Valid in every thread of the group.
+template <int F>
+__device__ __forceinline__ RowStats group_reduce_ms(RowStats r, float* sh, int gtid, int n, int id) {
+    const int lane = gtid & 31, warp = gtid >> 5, nwarps = n >> 5;
+    float m = r.m;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    group_bar(id, n);  // why: `sh` may still be read by the group's previous reduction
+    if (lane == 0) sh[warp] = m;
+    group_bar(id, n);  // why: the warp maxima visible to the group
+    float M = sh[0];
+    for (int w = 1; w < nwarps; w++) M = fmaxf(M, sh[w]);
+    float s = r.m == M ? r.s : r.s * fexp2((r.m - M) * FL_LOG2E), wz = r.wz;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (F & F_SMOOTH) wz += __shfl_xor_sync(0xffffffffu, wz, o);
+    }
+    if (lane == 0) { sh[32 + warp] = s; sh[64 + warp] = wz; }
+    group_bar(id, n);  // why: the warp sums visible to the group
+    RowStats t = {M, sh[32], (F & F_SMOOTH) ? sh[64] : 0.0f};
+    for (int w = 1; w < nwarps; w++) {
+        t.s += sh[32 + w];
+        if (F & F_SMOOTH) t.wz += sh[64 + w];
+    }
+    return t;
+}
+
+template <typename T, int F>
+__global__ void __launch_bounds__(512, 1) ce_pipe_kernel(CeArgs a, int cs, int per, int nbuf, int Ts) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) uint4 pipe_buf[];  // [nbuf][per] 16-byte vectors
+    __shared__ __align__(8) uint64_t full[PIPE_MAX_BUF];  // chunk b landed
+    __shared__ __align__(8) uint64_t xbar[PIPE_XSLOTS];   // slot x's cs partials landed
+    __shared__ float4 slot[PIPE_XSLOTS][TMA_MAX_CLUSTER];
+    __shared__ float sh[96];
+    const int tid = (int)threadIdx.x;
+    const int V = (int)a.V;
+    int crank = 0;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(crank));
+    if (tid == 0) {
+        for (int k = 0; k < nbuf; k++) mbar_init(&full[k], 1u);
+        for (int k = 0; k < PIPE_XSLOTS; k++) mbar_init(&xbar[k], 1u);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();  // why: barriers initialised before any copy is issued or waited on
+    if (cs > 1) cg::this_cluster().sync();  // why: st.async into a CTA needs it started, its barriers initialised
+    const int64_t ngrp = gridDim.x / cs;
+    const int64_t row0 = (int64_t)(blockIdx.x / cs);
+    if (tid < Ts) {
+        // ---------------- statistics group ----------------
+        const int n = Ts;
+        for (int64_t it = 0;; it++) {
+            const int64_t i = row0 + it * ngrp;
+            if (i >= a.N) break;
+            const int64_t t64 = load_target(a, i);
+            const T* row = (const T*)a.logits + i * a.ld;
+            const bool ignored = t64 == a.ignore_index;
+            const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
+            const RowGrid<T> g(row, V);
+            const TmaChunk ch = tma_chunk(g.nfull, cs, crank);
+            const bool has_x = !ignored && crank == 0 && tid < g.nextra;
+            const int ex = has_x ? g.extra_elem(tid) : 0;
+            const float xs = has_x ? to_float(row[ex]) : 0.0f;
+            const float zraw = (!ignored && !bad && crank == 0 && tid == 0) ? to_float(row[t64]) : 0.0f;
+            const int b = (int)(it % nbuf);
+            const uint4* buf = pipe_buf + (size_t)b * per;
+            mbar_wait(&full[b], (uint32_t)((it / nbuf) & 1));
+            RowStats r = {-INFINITY, 0.0f, 0.0f};
+            if (!ignored) {
+                float m = has_x ? zval<F>(a, xs, ex) : -INFINITY;
+                float s_ = has_x ? 1.0f : 0.0f, wz = 0.0f;
+                if (has_x && (F & F_SMOOTH)) wz = (a.weight ? __ldg(a.weight + ex) : 1.0f) * m;
+                const int hi = ch.n;
+                float m0 = -INFINITY, m1 = -INFINITY;
+                int q = tid;
+#pragma unroll 2
+                for (; q + n < hi; q += 2 * n) {
+                    m0 = vec_max<F>(a, lds_pack<T>(buf + q), g.vec_elem(ch.lo + q), m0);
+                    m1 = vec_max<F>(a, lds_pack<T>(buf + q + n), g.vec_elem(ch.lo + q + n), m1);
+                }
+                if (q < hi) m0 = vec_max<F>(a, lds_pack<T>(buf + q), g.vec_elem(ch.lo + q), m0);
+                const float bm = fmaxf(m0, m1);
+                if (bm > m) {  // false for NaN (skipped, as fmaxf does)
+                    s_ = (m == -INFINITY) ? 0.0f : s_ * fexp2((m - bm) * FL_LOG2E);
+                    m = bm;
+                }
+                const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
+                float s0 = 0.0f, s1 = 0.0f;
+                q = tid;
+#pragma unroll 2
+                for (; q + n < hi; q += 2 * n) {
+                    vec_sum<F>(a, lds_pack<T>(buf + q), g.vec_elem(ch.lo + q), mL, s0, wz);
+                    vec_sum<F>(a, lds_pack<T>(buf + q + n), g.vec_elem(ch.lo + q + n), mL, s1, wz);
+                }
+                if (q < hi) vec_sum<F>(a, lds_pack<T>(buf + q), g.vec_elem(ch.lo + q), mL, s0, wz);
+                s_ += s0 + s1;
+                r.m = m; r.s = s_; r.wz = wz;
+                r = group_reduce_ms<F>(r, sh, tid, n, 1);
+            }
+            if (tid == 0) {
+                const int x = (int)(it % PIPE_XSLOTS);
+                const float zt = (!ignored && !bad && crank == 0) ? zval<F>(a, zraw, (int)t64) : 0.0f;
+                const float4 mine = make_float4(r.m, r.s, r.wz, zt);
+                if (cs > 1) {
+                    // arm for the cs partials (a remote one may land first: the tx count then goes
+                    // negative until this expect_tx)
+                    mbar_arrive_tx(&xbar[x], (uint32_t)cs * 16u);
+                    const uint32_t ls = smem_addr(&slot[x][crank]), lb = smem_addr(&xbar[x]);
+                    for (int c = 0; c < cs; c++) st_async_f4(mapa_shared(ls, c), mine, mapa_shared(lb, c));
+                } else {
+                    slot[x][0] = mine;
+                    mbar_arrive(&xbar[x]);  // release: the store above is visible to the waiters
+                }
+            }
+        }
+    } else {
+        // ---------------- gradient group ----------------
+        const int gt = tid - Ts, n = (int)blockDim.x - Ts;
+        const Denoms dn = load_denoms(a);
+        const float Gs = a.reduction != FL_REDUCTION_NONE ? row_upstream(a, 0) : 0.0f;
+        if (gt < 32)  // prologue: every chunk's first row
+            for (int b = 0; b < nbuf; b++) {
+                const int64_t i = row0 + b * ngrp;
+                if (i < a.N) tma_issue_sub<T>(a, i, crank, cs, load_target(a, i), per, 0, pipe_buf + (size_t)b * per, &full[b]);
+            }
+        for (int64_t it = 0;; it++) {
+            const int64_t i = row0 + it * ngrp;
+            if (i >= a.N) break;
+            const int64_t inext = row0 + (it + nbuf) * ngrp;  // the row this chunk is refilled with
+            const int64_t tnext = (gt < 32 && inext < a.N) ? load_target(a, inext) : 0;
+            const int64_t t64 = load_target(a, i);
+            const T* row = (const T*)a.logits + i * a.ld;
+            T* drow = (T*)a.dlogits + i * a.ld;
+            const bool ignored = t64 == a.ignore_index;
+            const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
+            const int t = bad ? -1 : (int)t64;
+            const RowGrid<T> g(row, V);
+            const TmaChunk ch = tma_chunk(g.nfull, cs, crank);
+            const bool has_x = crank == 0 && gt < g.nextra;
+            const int ex = has_x ? g.extra_elem(gt) : 0;
+            const float xs = (has_x && !ignored) ? to_float(row[ex]) : 0.0f;
+            const float w_t = (!ignored && !bad && a.weight) ? __ldg(a.weight + t64) : 1.0f;
+            const float G = a.reduction == FL_REDUCTION_NONE ? a.grad_scale * (a.grad_loss ? a.grad_loss[i] : 1.0f) : Gs;
+            const int b = (int)(it % nbuf);
+            const uint4* buf = pipe_buf + (size_t)b * per;
+            const int x = (int)(it % PIPE_XSLOTS);
+            // every row's exchange completes one phase (ignored rows send empty partials)
+            if (cs > 1) mbar_wait_cluster(&xbar[x], (uint32_t)((it / PIPE_XSLOTS) & 1));
+            else mbar_wait(&xbar[x], (uint32_t)((it / PIPE_XSLOTS) & 1));
+            if (ignored) {  // not read; dlogits zero-filled; loss/lse 0
+                if (crank == 0 && gt == 0) ignored_row_outputs(a, i, PASS_FUSED);
+                Pack<T> zero;
+#pragma unroll
+                for (int v = 0; v < Pack<T>::VEC; v++) zero.v[v] = from_float<T>(0.0f);
+                for (int q = gt; q < ch.n; q += n) store_vec(zero, drow, g.vec_elem(ch.lo + q));
+                if (has_x) drow[ex] = from_float<T>(0.0f);
+            } else {
+                if (bad && crank == 0 && gt == 0 && a.error_flag) *a.error_flag = 1;
+                float4 p0 = slot[x][0];
+                float M = p0.x, S = p0.y, WZ = p0.z;
+                for (int c = 1; c < cs; c++) {  // rank order: the same bits in every CTA
+                    float4 pc = slot[x][c];
+                    ms_merge(M, S, pc.x, pc.y);
+                    WZ += pc.z;
+                }
+                const float lse = (M == -INFINITY) ? -INFINITY : M + logf(S);
+                if (crank == 0 && gt == 0) finish_row_w(a, dn, i, bad, w_t, lse, p0.w, WZ, NULL, NULL);
+                const GradCoef c = make_coef_v(a, dn, G, t, bad, w_t, lse);
+#pragma unroll 4
+                for (int q = gt; q < ch.n; q += n) {
+                    const int e0 = g.vec_elem(ch.lo + q);
+                    store_vec(vec_grad<F>(a, c, lds_pack<T>(buf + q), e0), drow, e0);
+                }
+                if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, xs, ex), ex));
+            }
+            // why: every gradient thread has read chunk b (the statistics group was done with it
+            // before it sent this row's partial) and slot x
+            group_bar(2, n);
+            if (gt < 32 && inext < a.N)
+                tma_issue_sub<T>(a, inext, crank, cs, tnext, per, 0, pipe_buf + (size_t)b * per, &full[b]);
+        }
+    }
+    // every partial sent to this CTA has landed (waited above), but its own st.async to the others
+    // may still be in flight: no CTA exits before all have passed their last exchange
+    if (cs > 1) cg::this_cluster().sync();
+#else
+    __trap();  // chosen only on sm_90+
+#endif
+}
+
 // D_w and D_n of MEAN over the whole batch, summed by one CTA of 1024 threads in a fixed order
 // (per-thread striding, shuffle tree, warps in order): the setup and the reduce kernel give the
 // same bits. Valid in thread 0. `sh` >= 2 x 32 doubles.
@@ -1684,7 +1901,8 @@ __global__ void __launch_bounds__(256) vp_combine_kernel(CeArgs a, const float* 
 // ---------------------------------------------------------------------------------------------
 // launchers
 
-struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t tsmem; int stream, sC, scv; };
+struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t tsmem; int stream, sC, scv;
+                int pipe, pcs, pper, pnb, pT, pTs; size_t psmem; };
 
 // Knobs for A/B runs on the GPU, read from the environment once (all experimental):
 //   FUSEDLOSS_CE_CHUNK_THREADS = 64|128|256|512   chunk CTA size of the two-pass path (below)
@@ -1718,8 +1936,14 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  + mbarrier (default; no MEMBAR.ALL.GPU per row: H200
 //                                                  2026-12-02 run 7, fused 8192x128256 bf16 1.32x -> 1.23x),
 //                                                  0 = DSMEM stores + a cluster barrier per row
+//   FUSEDLOSS_CE_PIPE=0|1|2                        fused: the warp-specialised kernel (ce_pipe_kernel)
+//                                                  off / where rows fit 1-2 CTAs (default) / always
+//   FUSEDLOSS_CE_PIPE_KB, _THREADS, _NBUF, _STATS  its chunk cap per buffer (KB; the cluster size follows),
+//                                                  CTA size (128..512), buffers per CTA (2..4), threads
+//                                                  of the statistics group (default half)
 //   FUSEDLOSS_DEBUG=1                              print each new staged launch plan to stderr
-struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync; };
+struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync;
+               int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -1746,6 +1970,18 @@ static const Knobs* knobs(void) {
         n.grid = env_int("FUSEDLOSS_CE_TMA_GRID", 0);
         n.debug = env_int("FUSEDLOSS_DEBUG", 0);
         n.group_rows = env_int("FUSEDLOSS_CE_GROUP_ROWS", 512);
+        n.pipe = env_int("FUSEDLOSS_CE_PIPE", 1);
+        n.pipe_kb = env_int("FUSEDLOSS_CE_PIPE_KB", 72);
+        n.pipe_threads = env_int("FUSEDLOSS_CE_PIPE_THREADS", 512);
+        n.pipe_nbuf = env_int("FUSEDLOSS_CE_PIPE_NBUF", 3);
+        if (n.pipe_kb < 4 || n.pipe_kb > 112) n.pipe_kb = 72;
+        if (n.pipe_threads < 128 || n.pipe_threads > 512 || n.pipe_threads % 32) n.pipe_threads = 512;
+        if (n.pipe_nbuf < 2 || n.pipe_nbuf > PIPE_MAX_BUF) n.pipe_nbuf = 3;
+        // statistics threads: 192 of 512 measured best (H200 2026-12-02 s6 run 2, one CTA per row:
+        // 16384x32000 bf16 fused 1.15x at 192, 1.20x at 256, 1.33x at 320)
+        const int sdef = (n.pipe_threads * 3 / 8 + 31) / 32 * 32;
+        n.pipe_stats = env_int("FUSEDLOSS_CE_PIPE_STATS", sdef);
+        if (n.pipe_stats < 32 || n.pipe_stats > n.pipe_threads - 32 || n.pipe_stats % 32) n.pipe_stats = sdef;
         const int ct = n.chunk_threads;
         if (ct != 64 && ct != 128 && ct != 256 && ct != 512) n.chunk_threads = 0;
         if (n.small_rows < 0) n.small_rows = 0;
@@ -1852,6 +2088,65 @@ static cudaError_t launch_tma(const CeArgs& a, const TmaPlan& p, int sms, cudaSt
     return e;
 }
 
+// The warp-specialised kernel's plan (fused, sm_90, rows of > 512 vectors). Default (knob 1): only
+// where the row's chunks fit one or two CTAs, so that every SM holds one: with nbuf = 3 chunks of
+// <= pipe_kb (72) KB, else nbuf = 2 chunks of <= 100 KB. Wider clusters leave SMs idle at one CTA
+// per SM (H200 2026-12-02 s6 run 2: 30 clusters of 4 = 120 of 132 SMs, 39 of 3 = 117): there the
+// staged kernel, 3 CTAs per SM, stays faster (8192x128256 bf16 1.23x vs 1.29-1.41x). Knob 2: any
+// cluster size with pipe_kb and pipe_nbuf as given (A/B).
+static int pipe_cs(int64_t nv, int kb) {
+    const int64_t chunk = (int64_t)kb * 1024 / 16;
+    const int64_t need = (nv + chunk - 1) / chunk;  // any cluster size (not only powers of two)
+    return need > TMA_MAX_CLUSTER ? 0 : (int)need;
+}
+
+static int pipe_plan(int pass, int cc_major, int64_t V, int esize, Config* c) {
+    const Knobs* k = knobs();
+    if (cc_major < 9 || !k->on || !k->pipe || pass != PASS_FUSED) return 0;
+    const int64_t nv = V / (16 / esize) + 1;
+    if (nv <= 512) return 0;
+    int cs = pipe_cs(nv, k->pipe_kb), nb = k->pipe_nbuf;
+    if (k->pipe == 1) {
+        if (cs < 1 || cs > 2) {
+            cs = pipe_cs(nv, 100);
+            nb = 2;
+        } else if (nb * k->pipe_kb > 216) {
+            nb = 216 / k->pipe_kb;
+        }
+        if (cs < 1 || cs > 2 || nb < 2) return 0;
+    }
+    if (cs < 1) return 0;
+    c->pipe = 1;
+    c->pcs = cs;
+    c->pper = (int)((nv + cs - 1) / cs);
+    c->pnb = nb;
+    c->pT = k->pipe_threads;
+    c->pTs = k->pipe_stats;
+    c->psmem = (size_t)c->pper * 16 * (size_t)c->pnb;
+    return 1;
+}
+
+template <typename T, int F>
+static cudaError_t launch_pipe(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
+    *done = 0;
+    const void* fn = (const void*)ce_pipe_kernel<T, F>;
+    int n = 0;
+    cudaError_t e = fl__cluster_occupancy(fn, c.pcs, c.pT, c.psmem, c.sms, knobs()->debug, "pipelined CE kernel", &n);
+    if (e != cudaSuccess || n <= 0) return e;
+    if (knobs()->grid > 0 && knobs()->grid < n) n = knobs()->grid;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr;
+    const int64_t G = a.N < n ? a.N : n;
+    cfg.gridDim = dim3((unsigned)(G * c.pcs), 1, 1);
+    set_cluster(&cfg, &attr, (unsigned)c.pcs);
+    cfg.blockDim = dim3((unsigned)c.pT, 1, 1);
+    cfg.dynamicSmemBytes = c.psmem;
+    cfg.stream = s;
+    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F>, a, c.pcs, c.pper, c.pnb, c.pTs);
+    if (e == cudaSuccess) *done = 1;
+    return e;
+}
+
 // Lanes per row of the row-group launch for one-warp rows (C == 1, T == 32, K == 2): the fewest
 // lanes that hold the row (2 vectors each) and its head/tail extras (< 2 VEC, one per lane), a
 // power of two; 0 = use one CTA per row (few rows, or FUSEDLOSS_CE_GROUP_ROWS=0). Why: a short row
@@ -1941,6 +2236,11 @@ static void stream_plan(int64_t N, int64_t V, int esize, int sms, Config* c) {
 template <typename T, int PASS, int F>
 static cudaError_t launch_main(const CeArgs& a, const Config& c, cudaStream_t s) {
     cudaError_t e = cudaSuccess;
+    if (PASS == PASS_FUSED && c.pipe) {
+        int done = 0;
+        e = launch_pipe<T, F>(a, c, s, &done);
+        if (e != cudaSuccess || done) return e;
+    }
     if (c.tma) {
         const TmaPlan p = {c.tcs, c.tper, c.tns, c.tT, c.tsmem};
         int done = 0;
@@ -2161,6 +2461,7 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
             c.tma = 1; c.sms = d.sms; c.tcs = tp.cs; c.tper = tp.per; c.tns = tp.ns; c.tT = tp.T; c.tsmem = tp.smem;
         }
         c.sms = d.sms;
+        pipe_plan(pass, d.cc_major, V, (int)fl__dtype_size(dt), &c);
         // the streaming kernel for the forward; the backward stays on the chunk kernels (64-thread
         // CTAs, 8 vectors each), which measured faster for a read+write stream (H200, 2026-12-01:
         // 8192x128256 bf16 backward 1.04x vs 1.30x; FUSEDLOSS_CE_STREAM=2 takes it for both)
