@@ -1168,12 +1168,12 @@ __device__ __forceinline__ bool tma_unit(int64_t it, int cs, int crank, int64_t 
     return *row < N;
 }
 
-// Warp 0: start the copy of sub-chunk k (vectors [k*sub, (k+1)*sub) of (row, rank)'s chunk) into
-// the same place of buf; the mbarrier's phase completes when its bytes have landed (at once for
+// One warp: start the copy of sub-chunk k (vectors [k*sub, (k+1)*sub) of (row, rank)'s chunk) to
+// dst (the staged kernel: its place buf + k*sub; the ring kernel: a ring slot); the mbarrier's phase completes when its bytes have landed (at once for
 // ignored rows and empty sub-chunks). t64: the row's target, loaded ahead by the caller.
 template <typename T>
 __device__ __forceinline__ void tma_issue_sub(const CeArgs& a, int64_t i, int rank, int cs, int64_t t64, int sub,
-                                              int k, uint4* buf, uint64_t* bar) {
+                                              int k, uint4* dst, uint64_t* bar) {
     const int lane = threadIdx.x & 31;
     const T* row = (const T*)a.logits + i * a.ld;
     int lo = k * sub, n = 0;
@@ -1193,7 +1193,7 @@ __device__ __forceinline__ void tma_issue_sub(const CeArgs& a, int64_t i, int ra
     for (int p = lane; p * TMA_PIECE_VECS < n; p += 32) {
         const int v0 = p * TMA_PIECE_VECS;
         const int nv = n - v0 < TMA_PIECE_VECS ? n - v0 : TMA_PIECE_VECS;
-        bulk_load(buf + lo + v0, src + (size_t)v0 * Pack<T>::VEC, (uint32_t)nv * 16u, bar);
+        bulk_load(dst + v0, src + (size_t)v0 * Pack<T>::VEC, (uint32_t)nv * 16u, bar);
     }
 }
 
@@ -1271,7 +1271,7 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
     __syncthreads();  // why: barriers initialised before any copy is issued or waited on
     if (PASS != PASS_BACKWARD) cg::this_cluster().sync();  // why: DSMEM stores need every CTA started
     if (tid < 32 && cur.valid)
-        for (int k = 0; k < ns; k++) tma_issue_sub<T>(a, cur.i, cur.rank, cs, cur.t64, sub, k, tma_buf, &bar[k]);
+        for (int k = 0; k < ns; k++) tma_issue_sub<T>(a, cur.i, cur.rank, cs, cur.t64, sub, k, tma_buf + (size_t)k * sub, &bar[k]);
     tma_row_fetch<T, PASS, F>(a, cur, Gs);
 
     int xch = 0;  // exchanges done: slot parity (every CTA of the cluster counts the same rows)
@@ -1308,7 +1308,7 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
             for (int k = 0; k < ns; k++) mbar_wait(&bar[k], parity);
             __syncthreads();  // why: all threads past their waits before the next copies arm the barriers
             if (tid < 32 && nx.valid)
-                for (int k = 0; k < ns; k++) tma_issue_sub<T>(a, nx.i, nx.rank, cs, nx.t64, sub, k, tma_buf, &bar[k]);
+                for (int k = 0; k < ns; k++) tma_issue_sub<T>(a, nx.i, nx.rank, cs, nx.t64, sub, k, tma_buf + (size_t)k * sub, &bar[k]);
         } else {
             if (bad && rank == 0 && tid == 0 && a.error_flag) *a.error_flag = 1;
             float lse;
@@ -1350,7 +1350,7 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
                     if (PASS == PASS_FORWARD) {  // the forward is done with sub-chunk k: recycle it
                         __syncthreads();  // why: every thread has read sub-chunk k
                         if (tid < 32 && nx.valid)
-                            tma_issue_sub<T>(a, nx.i, nx.rank, cs, nx.t64, sub, k, tma_buf, &bar[k]);
+                            tma_issue_sub<T>(a, nx.i, nx.rank, cs, nx.t64, sub, k, tma_buf + (size_t)k * sub, &bar[k]);
                     }
                 }
                 RowStats r = {m, s, wz};
@@ -1406,7 +1406,7 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
                     }
                     __syncthreads();  // why: every thread has read sub-chunk k before it is refilled
                     if (tid < 32 && nx.valid)
-                        tma_issue_sub<T>(a, nx.i, nx.rank, cs, nx.t64, sub, k, tma_buf, &bar[k]);
+                        tma_issue_sub<T>(a, nx.i, nx.rank, cs, nx.t64, sub, k, tma_buf + (size_t)k * sub, &bar[k]);
                 }
                 if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, xs, ex), ex));
             }
@@ -1422,30 +1422,49 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
 #endif
 }
 
-// sm_90, fused: the staged kernel with WARP-SPECIALISED roles (FUSEDLOSS_CE_PIPE=1, experimental).
-// Why: the one-buffer kernel above runs each CTA's row as load -> statistics -> exchange ->
-// gradient sweep + stores, so a CTA that stores is not computing statistics, and the SM's
-// overlap of the two depends on its 3 CTAs being out of phase (fused 8192x128256 bf16 1.23x).
-// A stores-only phase is bound by the SM's share of the write bandwidth: a single pipelined CTA
-// alternating statistics and stores measured 1.82x (H200 2026-12-02 s6 run 1). Here one CTA holds
-// `nbuf` row chunks in shared memory and its warps split in two groups that run concurrently on
-// different rows: the STATISTICS group (threads [0, Ts)) sweeps row k's (max, sum-exp) as soon as
-// its chunk has landed and sends its partial (max, sum-exp, sum w z, target logit) to every CTA
-// of the cluster (st.async into slot k % PIPE_XSLOTS, counted on that slot's mbarrier; cs == 1: a
-// local store + arrive); the GRADIENT group (the rest) waits for row k's partials, merges them in
-// rank order, sweeps row k's gradient from shared memory with streaming stores, and refills the
-// chunk with row k + nbuf. Every row, ignored ones too, goes through both barriers once, so the
-// phase parities are (k / nbuf) & 1 and (k / PIPE_XSLOTS) & 1.
-// Slot reuse: a remote statistics group sends row k + X only once its chunk of that row has been
-// refilled, i.e. after its gradient group finished row k + X - nbuf, which needed THIS CTA's partial
-// of that row, sent once this CTA's chunk of it landed, i.e. after this CTA's gradient group
-// finished row k + X - 2 nbuf. X >= 2 nbuf keeps this CTA's reads of row k's slot before that.
-#define PIPE_MAX_BUF 4
+// sm_90, fused: the staged kernel with WARP-SPECIALISED roles over a RING of row sub-chunks
+// (FUSEDLOSS_CE_PIPE=1, the default where it fits). Why: the one-buffer kernel above runs each
+// CTA's row as load -> statistics -> exchange -> gradient sweep + stores, so a CTA that stores is
+// not computing statistics, and the SM's overlap of the two depends on its 3 CTAs being out of
+// phase (fused 8192x128256 bf16 1.23x). A single pipelined CTA alternating statistics and stores
+// measured 1.82x (H200 2026-12-02 s6 run 1). Here one CTA per SM holds its chunk of several rows
+// in a ring of R slots of `sub` 16-byte vectors (a row's chunk: nsub = ceil(per / sub) slots, the
+// rows one after another around the ring) and its warps split in three roles that run at once:
+//  - PRODUCER (the last warp): walks the ring positions in order; position P
+//    (row P / nsub, sub-chunk P % nsub) goes to slot P % R once every gradient warp has released
+//    position P - R (mbarrier empty[s], one arrival per gradient warp), as a bulk async copy that
+//    completes full[s]. Ignored rows and sub-chunks past the chunk's end complete full[s] at once.
+//  - STATISTICS (threads [0, Ts)): sweeps row k's (max, sum-exp) slot by slot as each lands (an
+//    online max per slot), reduces over the group and sends its partial (max, sum-exp, sum w z,
+//    target logit) to every CTA of the cluster (st.async into xslot k % PIPE_XSLOTS, counted on that
+//    xslot's mbarrier; cs == 1: a local store + arrive).
+//  - GRADIENT (threads [Ts, T - 32)): waits for row k's partials, merges them in rank order, sweeps row k's
+//    gradient slot by slot from shared memory with streaming stores, each warp releasing each slot.
+// So a row needs only its own chunk plus slack in shared memory, not nbuf whole chunks: rows up to
+// ~200 KB per CTA run on one CTA per SM (all 132 SMs with cs = 1 or 2). Every position of every row,
+// ignored rows included, completes one phase of full[s] and of empty[s], and every row one phase of
+// xbar[x]: the roles walk the same sequence, the parities follow the wrap count.
+// xslot reuse: a row's last position P needs position P - R released, i.e. the gradient group done
+// with row k - B, B = ceil((R - nsub + 1) / nsub). A remote CTA sends row k + X once its chunk of it
+// landed: its gradient finished row k + X - B, which needed THIS CTA's partial of that row, sent
+// after this CTA's gradient finished row k + X - 2B. X = PIPE_XSLOTS >= 2B keeps this CTA's reads of
+// row k's xslot (at the start of its row) before that: the host keeps R <= (X / 2 + 1) nsub - 1.
+#define PIPE_MAX_SLOTS 16
 #define PIPE_XSLOTS 8
+#define PIPE_MAX_THREADS 544
 
 __device__ __forceinline__ void group_bar(int id, int n) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
+
+// A walker over the ring: slot and phase parity of the current position.
+struct RingPos {
+    int s;
+    uint32_t ph;
+    __device__ __forceinline__ void next(int R) {
+        if (++s == R) { s = 0; ph ^= 1u; }
+    }
+};
 
 // block_reduce_ms over one warp group (threads [base, base + n), named barrier `id`): same fixed
 // order as the CTA version. Valid in every thread of the group.
@@ -1477,19 +1496,25 @@ __device__ __forceinline__ RowStats group_reduce_ms(RowStats r, float* sh, int g
 }
 
 template <typename T, int F>
-__global__ void __launch_bounds__(512, 1) ce_pipe_kernel(CeArgs a, int cs, int per, int nbuf, int Ts) {
+__global__ void __launch_bounds__(PIPE_MAX_THREADS, 1) ce_pipe_kernel(CeArgs a, int cs, int per, int sub, int R, int Ts) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    extern __shared__ __align__(128) uint4 pipe_buf[];  // [nbuf][per] 16-byte vectors
-    __shared__ __align__(8) uint64_t full[PIPE_MAX_BUF];  // chunk b landed
-    __shared__ __align__(8) uint64_t xbar[PIPE_XSLOTS];   // slot x's cs partials landed
+    extern __shared__ __align__(128) uint4 pipe_buf[];     // [R][sub] 16-byte vectors: the ring
+    __shared__ __align__(8) uint64_t full[PIPE_MAX_SLOTS];   // slot s's sub-chunk landed
+    __shared__ __align__(8) uint64_t empty[PIPE_MAX_SLOTS];  // every gradient warp is done with slot s
+    __shared__ __align__(8) uint64_t xbar[PIPE_XSLOTS];      // xslot x's cs partials landed
     __shared__ float4 slot[PIPE_XSLOTS][TMA_MAX_CLUSTER];
     __shared__ float sh[96];
     const int tid = (int)threadIdx.x;
     const int V = (int)a.V;
+    const int nsub = (per + sub - 1) / sub;
+    const int ngw = ((int)blockDim.x - Ts - 32) >> 5;  // gradient warps
     int crank = 0;
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(crank));
     if (tid == 0) {
-        for (int k = 0; k < nbuf; k++) mbar_init(&full[k], 1u);
+        for (int k = 0; k < R; k++) {
+            mbar_init(&full[k], 1u);
+            mbar_init(&empty[k], (uint32_t)ngw);
+        }
         for (int k = 0; k < PIPE_XSLOTS; k++) mbar_init(&xbar[k], 1u);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -1497,13 +1522,16 @@ __global__ void __launch_bounds__(512, 1) ce_pipe_kernel(CeArgs a, int cs, int p
     if (cs > 1) cg::this_cluster().sync();  // why: st.async into a CTA needs it started, its barriers initialised
     const int64_t ngrp = gridDim.x / cs;
     const int64_t row0 = (int64_t)(blockIdx.x / cs);
+    RingPos rp = {0, 0u};
     if (tid < Ts) {
         // ---------------- statistics group ----------------
         const int n = Ts;
+        int64_t tn = row0 < a.N ? load_target(a, row0) : 0;  // targets loaded a row ahead
         for (int64_t it = 0;; it++) {
             const int64_t i = row0 + it * ngrp;
             if (i >= a.N) break;
-            const int64_t t64 = load_target(a, i);
+            const int64_t t64 = tn;
+            if (i + ngrp < a.N) tn = load_target(a, i + ngrp);
             const T* row = (const T*)a.logits + i * a.ld;
             const bool ignored = t64 == a.ignore_index;
             const bool bad = !ignored && (t64 < 0 || t64 >= a.V);
@@ -1513,23 +1541,26 @@ __global__ void __launch_bounds__(512, 1) ce_pipe_kernel(CeArgs a, int cs, int p
             const int ex = has_x ? g.extra_elem(tid) : 0;
             const float xs = has_x ? to_float(row[ex]) : 0.0f;
             const float zraw = (!ignored && !bad && crank == 0 && tid == 0) ? to_float(row[t64]) : 0.0f;
-            const int b = (int)(it % nbuf);
-            const uint4* buf = pipe_buf + (size_t)b * per;
-            mbar_wait(&full[b], (uint32_t)((it / nbuf) & 1));
-            RowStats r = {-INFINITY, 0.0f, 0.0f};
-            if (!ignored) {
-                float m = has_x ? zval<F>(a, xs, ex) : -INFINITY;
-                float s_ = has_x ? 1.0f : 0.0f, wz = 0.0f;
-                if (has_x && (F & F_SMOOTH)) wz = (a.weight ? __ldg(a.weight + ex) : 1.0f) * m;
-                const int hi = ch.n;
+            float m = -INFINITY, s_ = 0.0f, wz = 0.0f;
+            // c: this thread's next vector in chunk coordinates, carried across slots, so that the
+            // threads' shares stay balanced over the whole chunk (restarting at tid in every slot
+            // gave the low threads one vector more per slot: 8 slots, 25% over on the slowest warp)
+            int c = tid;
+            for (int j = 0; j < nsub; j++, rp.next(R)) {
+                mbar_wait(&full[rp.s], rp.ph);
+                const int lo = j * sub;
+                const int hi = ignored ? 0 : (ch.n - lo < sub ? ch.n - lo : sub);  // vectors in this slot
+                if (hi <= 0) continue;
+                const uint4* buf = pipe_buf + (size_t)rp.s * sub - lo;  // buf[c], c in [lo, lo + hi)
+                const int end = lo + hi, v0 = ch.lo;
                 float m0 = -INFINITY, m1 = -INFINITY;
-                int q = tid;
+                int q = c;
 #pragma unroll 2
-                for (; q + n < hi; q += 2 * n) {
-                    m0 = vec_max<F>(a, lds_pack<T>(buf + q), g.vec_elem(ch.lo + q), m0);
-                    m1 = vec_max<F>(a, lds_pack<T>(buf + q + n), g.vec_elem(ch.lo + q + n), m1);
+                for (; q + n < end; q += 2 * n) {
+                    m0 = vec_max<F>(a, lds_pack<T>(buf + q), g.vec_elem(v0 + q), m0);
+                    m1 = vec_max<F>(a, lds_pack<T>(buf + q + n), g.vec_elem(v0 + q + n), m1);
                 }
-                if (q < hi) m0 = vec_max<F>(a, lds_pack<T>(buf + q), g.vec_elem(ch.lo + q), m0);
+                if (q < end) m0 = vec_max<F>(a, lds_pack<T>(buf + q), g.vec_elem(v0 + q), m0);
                 const float bm = fmaxf(m0, m1);
                 if (bm > m) {  // false for NaN (skipped, as fmaxf does)
                     s_ = (m == -INFINITY) ? 0.0f : s_ * fexp2((m - bm) * FL_LOG2E);
@@ -1537,14 +1568,28 @@ __global__ void __launch_bounds__(512, 1) ce_pipe_kernel(CeArgs a, int cs, int p
                 }
                 const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
                 float s0 = 0.0f, s1 = 0.0f;
-                q = tid;
+                q = c;
 #pragma unroll 2
-                for (; q + n < hi; q += 2 * n) {
-                    vec_sum<F>(a, lds_pack<T>(buf + q), g.vec_elem(ch.lo + q), mL, s0, wz);
-                    vec_sum<F>(a, lds_pack<T>(buf + q + n), g.vec_elem(ch.lo + q + n), mL, s1, wz);
+                for (; q + n < end; q += 2 * n) {
+                    vec_sum<F>(a, lds_pack<T>(buf + q), g.vec_elem(v0 + q), mL, s0, wz);
+                    vec_sum<F>(a, lds_pack<T>(buf + q + n), g.vec_elem(v0 + q + n), mL, s1, wz);
                 }
-                if (q < hi) vec_sum<F>(a, lds_pack<T>(buf + q), g.vec_elem(ch.lo + q), mL, s0, wz);
+                if (q < end) { vec_sum<F>(a, lds_pack<T>(buf + q), g.vec_elem(v0 + q), mL, s0, wz); q += n; }
                 s_ += s0 + s1;
+                c = q;
+            }
+            if (has_x) {  // the head/tail element, folded in last: its load had the row's sweep to land
+                const float z = zval<F>(a, xs, ex);
+                if (z > m) {
+                    s_ = (m == -INFINITY ? 0.0f : s_ * fexp2((m - z) * FL_LOG2E)) + 1.0f;
+                    m = z;
+                } else {
+                    s_ += (z == -INFINITY) ? 0.0f : fexp2((z - m) * FL_LOG2E);  // NaN stays NaN
+                }
+                if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
+            }
+            RowStats r = {-INFINITY, 0.0f, 0.0f};
+            if (!ignored) {
                 r.m = m; r.s = s_; r.wz = wz;
                 r = group_reduce_ms<F>(r, sh, tid, n, 1);
             }
@@ -1564,22 +1609,29 @@ __global__ void __launch_bounds__(512, 1) ce_pipe_kernel(CeArgs a, int cs, int p
                 }
             }
         }
-    } else {
-        // ---------------- gradient group ----------------
-        const int gt = tid - Ts, n = (int)blockDim.x - Ts;
-        const Denoms dn = load_denoms(a);
-        const float Gs = a.reduction != FL_REDUCTION_NONE ? row_upstream(a, 0) : 0.0f;
-        if (gt < 32)  // prologue: every chunk's first row
-            for (int b = 0; b < nbuf; b++) {
-                const int64_t i = row0 + b * ngrp;
-                if (i < a.N) tma_issue_sub<T>(a, i, crank, cs, load_target(a, i), per, 0, pipe_buf + (size_t)b * per, &full[b]);
-            }
+    } else if (tid >= (int)blockDim.x - 32) {
+        // ---------------- producer warp ----------------
+        int64_t P = 0;
         for (int64_t it = 0;; it++) {
             const int64_t i = row0 + it * ngrp;
             if (i >= a.N) break;
-            const int64_t inext = row0 + (it + nbuf) * ngrp;  // the row this chunk is refilled with
-            const int64_t tnext = (gt < 32 && inext < a.N) ? load_target(a, inext) : 0;
             const int64_t t64 = load_target(a, i);
+            for (int j = 0; j < nsub; j++, P++, rp.next(R)) {
+                if (P >= R) mbar_wait(&empty[rp.s], rp.ph ^ 1u);  // position P - R released
+                tma_issue_sub<T>(a, i, crank, cs, t64, sub, j, pipe_buf + (size_t)rp.s * sub, &full[rp.s]);
+            }
+        }
+    } else {
+        // ---------------- gradient group ----------------
+        const int gt = tid - Ts, n = ngw * 32, lane = tid & 31;
+        const Denoms dn = load_denoms(a);
+        const float Gs = a.reduction != FL_REDUCTION_NONE ? row_upstream(a, 0) : 0.0f;
+        int64_t tn = row0 < a.N ? load_target(a, row0) : 0;  // targets loaded a row ahead
+        for (int64_t it = 0;; it++) {
+            const int64_t i = row0 + it * ngrp;
+            if (i >= a.N) break;
+            const int64_t t64 = tn;
+            if (i + ngrp < a.N) tn = load_target(a, i + ngrp);
             const T* row = (const T*)a.logits + i * a.ld;
             T* drow = (T*)a.dlogits + i * a.ld;
             const bool ignored = t64 == a.ignore_index;
@@ -1592,43 +1644,51 @@ __global__ void __launch_bounds__(512, 1) ce_pipe_kernel(CeArgs a, int cs, int p
             const float xs = (has_x && !ignored) ? to_float(row[ex]) : 0.0f;
             const float w_t = (!ignored && !bad && a.weight) ? __ldg(a.weight + t64) : 1.0f;
             const float G = a.reduction == FL_REDUCTION_NONE ? a.grad_scale * (a.grad_loss ? a.grad_loss[i] : 1.0f) : Gs;
-            const int b = (int)(it % nbuf);
-            const uint4* buf = pipe_buf + (size_t)b * per;
             const int x = (int)(it % PIPE_XSLOTS);
             // every row's exchange completes one phase (ignored rows send empty partials)
             if (cs > 1) mbar_wait_cluster(&xbar[x], (uint32_t)((it / PIPE_XSLOTS) & 1));
             else mbar_wait(&xbar[x], (uint32_t)((it / PIPE_XSLOTS) & 1));
+            GradCoef c = {};
             if (ignored) {  // not read; dlogits zero-filled; loss/lse 0
                 if (crank == 0 && gt == 0) ignored_row_outputs(a, i, PASS_FUSED);
-                Pack<T> zero;
-#pragma unroll
-                for (int v = 0; v < Pack<T>::VEC; v++) zero.v[v] = from_float<T>(0.0f);
-                for (int q = gt; q < ch.n; q += n) store_vec(zero, drow, g.vec_elem(ch.lo + q));
-                if (has_x) drow[ex] = from_float<T>(0.0f);
             } else {
                 if (bad && crank == 0 && gt == 0 && a.error_flag) *a.error_flag = 1;
                 float4 p0 = slot[x][0];
                 float M = p0.x, S = p0.y, WZ = p0.z;
-                for (int c = 1; c < cs; c++) {  // rank order: the same bits in every CTA
-                    float4 pc = slot[x][c];
+                for (int cc = 1; cc < cs; cc++) {  // rank order: the same bits in every CTA
+                    float4 pc = slot[x][cc];
                     ms_merge(M, S, pc.x, pc.y);
                     WZ += pc.z;
                 }
                 const float lse = (M == -INFINITY) ? -INFINITY : M + logf(S);
                 if (crank == 0 && gt == 0) finish_row_w(a, dn, i, bad, w_t, lse, p0.w, WZ, NULL, NULL);
-                const GradCoef c = make_coef_v(a, dn, G, t, bad, w_t, lse);
-#pragma unroll 4
-                for (int q = gt; q < ch.n; q += n) {
-                    const int e0 = g.vec_elem(ch.lo + q);
-                    store_vec(vec_grad<F>(a, c, lds_pack<T>(buf + q), e0), drow, e0);
-                }
-                if (has_x) drow[ex] = from_float<T>(grad_elem<F>(a, c, zval<F>(a, xs, ex), ex));
+                c = make_coef_v(a, dn, G, t, bad, w_t, lse);
             }
-            // why: every gradient thread has read chunk b (the statistics group was done with it
-            // before it sent this row's partial) and slot x
-            group_bar(2, n);
-            if (gt < 32 && inext < a.N)
-                tma_issue_sub<T>(a, inext, crank, cs, tnext, per, 0, pipe_buf + (size_t)b * per, &full[b]);
+            int q = gt;  // this thread's next vector in chunk coordinates, carried across slots
+            for (int j = 0; j < nsub; j++, rp.next(R)) {
+                const int lo = j * sub;
+                const int hi = ch.n - lo < sub ? ch.n - lo : sub;  // vectors in this slot
+                const int end = lo + hi, v0 = ch.lo;
+                if (ignored) {
+                    Pack<T> zero;
+#pragma unroll
+                    for (int v = 0; v < Pack<T>::VEC; v++) zero.v[v] = from_float<T>(0.0f);
+                    for (; q < end; q += n) store_vec(zero, drow, g.vec_elem(v0 + q));
+                } else if (hi > 0) {
+                    // already complete (the statistics group waited on it; it cannot refill before
+                    // this warp's release): the acquire makes the bulk copy's bytes visible here
+                    mbar_wait(&full[rp.s], rp.ph);
+                    const uint4* buf = pipe_buf + (size_t)rp.s * sub - lo;  // buf[q], q in [lo, end)
+#pragma unroll 4
+                    for (; q < end; q += n) {
+                        const int e0 = g.vec_elem(v0 + q);
+                        store_vec(vec_grad<F>(a, c, lds_pack<T>(buf + q), e0), drow, e0);
+                    }
+                }
+                __syncwarp();  // why: the warp's reads of slot s are done before its release
+                if (lane == 0) mbar_arrive(&empty[rp.s]);
+            }
+            if (has_x) drow[ex] = from_float<T>(ignored ? 0.0f : grad_elem<F>(a, c, zval<F>(a, xs, ex), ex));
         }
     }
     // every partial sent to this CTA has landed (waited above), but its own st.async to the others
@@ -1902,7 +1962,7 @@ __global__ void __launch_bounds__(256) vp_combine_kernel(CeArgs a, const float* 
 // launchers
 
 struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t tsmem; int stream, sC, scv;
-                int pipe, pcs, pper, pnb, pT, pTs; size_t psmem; };
+                int pipe, pcs, pper, psub, pR, pT, pTs; size_t psmem; };
 
 // Knobs for A/B runs on the GPU, read from the environment once (all experimental):
 //   FUSEDLOSS_CE_CHUNK_THREADS = 64|128|256|512   chunk CTA size of the two-pass path (below)
@@ -1938,12 +1998,17 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  0 = DSMEM stores + a cluster barrier per row
 //   FUSEDLOSS_CE_PIPE=0|1|2                        fused: the warp-specialised kernel (ce_pipe_kernel)
 //                                                  off / where rows fit 1-2 CTAs (default) / always
-//   FUSEDLOSS_CE_PIPE_KB, _THREADS, _NBUF, _STATS  its chunk cap per buffer (KB; the cluster size follows),
-//                                                  CTA size (128..512), buffers per CTA (2..4), threads
-//                                                  of the statistics group (default half)
+//   FUSEDLOSS_CE_PIPE_SUB, _SLACK, _CS, _RING      its ring: slot size cap (KB, default 32; 0 = whole
+//                                                  chunks as ring slots, the s6 plan, by _KB and
+//                                                  _NBUF, everywhere), the least free ring space beside a
+//                                                  row's chunk (KB, default 24), the cluster size
+//                                                  (0 = the smallest that fits), ring bytes (KB, 220)
+//   FUSEDLOSS_CE_PIPE_KB, _NBUF                    whole-chunk mode: chunk cap (KB), chunks per CTA (2..4)
+//   FUSEDLOSS_CE_PIPE_THREADS, _STATS              CTA size (128..544: statistics + 1 producer warp +
+//                                                  gradient), statistics threads (default 192 of 544)
 //   FUSEDLOSS_DEBUG=1                              print each new staged launch plan to stderr
 struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync;
-               int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats; };
+               int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_cs, pipe_ring; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -1972,16 +2037,25 @@ static const Knobs* knobs(void) {
         n.group_rows = env_int("FUSEDLOSS_CE_GROUP_ROWS", 512);
         n.pipe = env_int("FUSEDLOSS_CE_PIPE", 1);
         n.pipe_kb = env_int("FUSEDLOSS_CE_PIPE_KB", 72);
-        n.pipe_threads = env_int("FUSEDLOSS_CE_PIPE_THREADS", 512);
+        n.pipe_threads = env_int("FUSEDLOSS_CE_PIPE_THREADS", PIPE_MAX_THREADS);
+        n.pipe_sub = env_int("FUSEDLOSS_CE_PIPE_SUB", 32);
+        n.pipe_slack = env_int("FUSEDLOSS_CE_PIPE_SLACK", 24);
+        n.pipe_cs = env_int("FUSEDLOSS_CE_PIPE_CS", 0);
+        n.pipe_ring = env_int("FUSEDLOSS_CE_PIPE_RING", 220);
+        if (n.pipe_sub < 0 || n.pipe_sub > 64) n.pipe_sub = 32;
+        if (n.pipe_slack < 0 || n.pipe_slack > 200) n.pipe_slack = 24;
+        if (n.pipe_cs < 0 || n.pipe_cs > TMA_MAX_CLUSTER) n.pipe_cs = 0;
+        if (n.pipe_ring < 16 || n.pipe_ring > 224) n.pipe_ring = 220;
         n.pipe_nbuf = env_int("FUSEDLOSS_CE_PIPE_NBUF", 3);
         if (n.pipe_kb < 4 || n.pipe_kb > 112) n.pipe_kb = 72;
-        if (n.pipe_threads < 128 || n.pipe_threads > 512 || n.pipe_threads % 32) n.pipe_threads = 512;
-        if (n.pipe_nbuf < 2 || n.pipe_nbuf > PIPE_MAX_BUF) n.pipe_nbuf = 3;
+        if (n.pipe_threads < 128 || n.pipe_threads > PIPE_MAX_THREADS || n.pipe_threads % 32) n.pipe_threads = PIPE_MAX_THREADS;
+        if (n.pipe_nbuf < 2 || n.pipe_nbuf > 4) n.pipe_nbuf = 3;
         // statistics threads: 192 of 512 measured best (H200 2026-12-02 s6 run 2, one CTA per row:
-        // 16384x32000 bf16 fused 1.15x at 192, 1.20x at 256, 1.33x at 320)
-        const int sdef = (n.pipe_threads * 3 / 8 + 31) / 32 * 32;
+        // 16384x32000 bf16 fused 1.15x at 192, 1.20x at 256, 1.33x at 320; then without the producer
+        // warp, which now comes on top)
+        const int sdef = ((n.pipe_threads - 32) * 3 / 8 + 31) / 32 * 32;
         n.pipe_stats = env_int("FUSEDLOSS_CE_PIPE_STATS", sdef);
-        if (n.pipe_stats < 32 || n.pipe_stats > n.pipe_threads - 32 || n.pipe_stats % 32) n.pipe_stats = sdef;
+        if (n.pipe_stats < 32 || n.pipe_stats > n.pipe_threads - 64 || n.pipe_stats % 32) n.pipe_stats = sdef;
         const int ct = n.chunk_threads;
         if (ct != 64 && ct != 128 && ct != 256 && ct != 512) n.chunk_threads = 0;
         if (n.small_rows < 0) n.small_rows = 0;
@@ -2088,12 +2162,20 @@ static cudaError_t launch_tma(const CeArgs& a, const TmaPlan& p, int sms, cudaSt
     return e;
 }
 
-// The warp-specialised kernel's plan (fused, sm_90, rows of > 512 vectors). Default (knob 1): only
-// where the row's chunks fit one or two CTAs, so that every SM holds one: with nbuf = 3 chunks of
-// <= pipe_kb (72) KB, else nbuf = 2 chunks of <= 100 KB. Wider clusters leave SMs idle at one CTA
-// per SM (H200 2026-12-02 s6 run 2: 30 clusters of 4 = 120 of 132 SMs, 39 of 3 = 117): there the
-// staged kernel, 3 CTAs per SM, stays faster (8192x128256 bf16 1.23x vs 1.29-1.41x). Knob 2: any
-// cluster size with pipe_kb and pipe_nbuf as given (A/B).
+// The warp-specialised kernel's plan (fused, sm_90, rows of > 512 vectors), by measurement (H200
+// 2026-12-03 s7 run 3, fused x floor; ring with 32 KB / 16 KB slots, whole chunks, staged kernel):
+//   16384x32000 bf16 (64 KB rows)  1.23 / 1.34 / 1.18 / 1.26    2048x32000 f16  1.52 / 1.63 / 1.47 / 1.57
+//   8192x50257 bf16 (100 KB, cs 1) 1.21 / 1.38 / 1.41 (cs 2) / 1.31    4096x65536 bf16  1.24 / 1.32 / 1.26 / 1.27
+//   8192x128256 bf16 (cs 2)        1.17 / 1.25 / - / 1.23       4096x50257 f32 (cs 2)  1.23 / 1.24 / 1.23 / 1.25
+//   4096x256000 bf16 (cs 3)        1.36 / 1.40 / - / 1.26
+// Every slot costs a max -> sum turn of the statistics sweep and a release, so the fewer slots the
+// better as long as the row fits with slack. Default (knob 1): a row that fits ONE CTA in 3 whole
+// chunks of <= pipe_kb (72) KB takes whole-chunk slots (nbuf = 3); else the ring, slots of <=
+// pipe_sub (32) KB, on the smallest cluster of <= 2 CTAs that leaves >= pipe_slack KB free (wider
+// clusters at one CTA per SM leave SMs idle: 39 clusters of 3 = 117 SMs; the staged kernel wins
+// there). Knob 2: the ring on any cluster size (pipe_cs forces one). pipe_sub = 0: whole chunks
+// everywhere, the s6 plan (nbuf 3 x <= 72 KB on <= 2 CTAs, else 2 x <= 100 KB). R <= PIPE_MAX_SLOTS,
+// and few enough rows in flight for the xslot reuse rule at ce_pipe_kernel.
 static int pipe_cs(int64_t nv, int kb) {
     const int64_t chunk = (int64_t)kb * 1024 / 16;
     const int64_t need = (nv + chunk - 1) / chunk;  // any cluster size (not only powers of two)
@@ -2105,24 +2187,47 @@ static int pipe_plan(int pass, int cc_major, int64_t V, int esize, Config* c) {
     if (cc_major < 9 || !k->on || !k->pipe || pass != PASS_FUSED) return 0;
     const int64_t nv = V / (16 / esize) + 1;
     if (nv <= 512) return 0;
-    int cs = pipe_cs(nv, k->pipe_kb), nb = k->pipe_nbuf;
-    if (k->pipe == 1) {
-        if (cs < 1 || cs > 2) {
-            cs = pipe_cs(nv, 100);
-            nb = 2;
-        } else if (nb * k->pipe_kb > 216) {
-            nb = 216 / k->pipe_kb;
+    int cs = 0, per = 0, sub = 0, R = 0;
+    if (k->pipe_sub == 0 || (k->pipe == 1 && pipe_cs(nv, k->pipe_kb) == 1)) {
+        int nb = k->pipe_nbuf;
+        cs = pipe_cs(nv, k->pipe_kb);
+        if (k->pipe == 1) {
+            if (cs < 1 || cs > 2) {
+                cs = pipe_cs(nv, 100);
+                nb = 2;
+            } else if (nb * k->pipe_kb > 216) {
+                nb = 216 / k->pipe_kb;
+            }
+            if (cs < 1 || cs > 2 || nb < 2) return 0;
         }
-        if (cs < 1 || cs > 2 || nb < 2) return 0;
+        if (cs < 1) return 0;
+        per = (int)((nv + cs - 1) / cs);
+        sub = per;
+        R = nb;
+    } else {
+        const int64_t ring = (int64_t)k->pipe_ring * 64;  // vectors
+        const int lo = k->pipe_cs ? k->pipe_cs : 1;
+        const int hi = k->pipe_cs ? k->pipe_cs : (k->pipe == 1 ? 2 : TMA_MAX_CLUSTER);
+        for (int cc = lo; cc <= hi && !cs; cc++) {
+            const int64_t p = (nv + cc - 1) / cc;
+            const int64_t ns = (p + k->pipe_sub * 64 - 1) / (k->pipe_sub * 64);
+            const int64_t sb = (p + ns - 1) / ns;
+            int64_t r = ring / sb;
+            if (r > PIPE_MAX_SLOTS) r = PIPE_MAX_SLOTS;
+            if (r > (PIPE_XSLOTS / 2 + 1) * ns - 1) r = (PIPE_XSLOTS / 2 + 1) * ns - 1;
+            if (r - ns < 1 || (r - ns) * sb * 16 < (int64_t)k->pipe_slack * 1024) continue;
+            cs = cc; per = (int)p; sub = (int)sb; R = (int)r;
+        }
+        if (!cs) return 0;
     }
-    if (cs < 1) return 0;
     c->pipe = 1;
     c->pcs = cs;
-    c->pper = (int)((nv + cs - 1) / cs);
-    c->pnb = nb;
+    c->pper = per;
+    c->psub = sub;
+    c->pR = R;
     c->pT = k->pipe_threads;
     c->pTs = k->pipe_stats;
-    c->psmem = (size_t)c->pper * 16 * (size_t)c->pnb;
+    c->psmem = (size_t)R * (size_t)sub * 16;
     return 1;
 }
 
@@ -2142,7 +2247,7 @@ static cudaError_t launch_pipe(const CeArgs& a, const Config& c, cudaStream_t s,
     cfg.blockDim = dim3((unsigned)c.pT, 1, 1);
     cfg.dynamicSmemBytes = c.psmem;
     cfg.stream = s;
-    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F>, a, c.pcs, c.pper, c.pnb, c.pTs);
+    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F>, a, c.pcs, c.pper, c.psub, c.pR, c.pTs);
     if (e == cudaSuccess) *done = 1;
     return e;
 }
