@@ -1169,8 +1169,9 @@ __device__ __forceinline__ bool tma_unit(int64_t it, int cs, int crank, int64_t 
 }
 
 // One warp: start the copy of sub-chunk k (vectors [k*sub, (k+1)*sub) of (row, rank)'s chunk) to
-// dst (the staged kernel: its place buf + k*sub; the ring kernel: a ring slot); the mbarrier's phase completes when its bytes have landed (at once for
-// ignored rows and empty sub-chunks). t64: the row's target, loaded ahead by the caller.
+// dst (the staged kernel: buf + k*sub; the ring kernel: a ring slot); the mbarrier's phase
+// completes when its bytes have landed (at once for ignored rows and empty sub-chunks). t64: the
+// row's target, loaded ahead by the caller.
 template <typename T>
 __device__ __forceinline__ void tma_issue_sub(const CeArgs& a, int64_t i, int rank, int cs, int64_t t64, int sub,
                                               int k, uint4* dst, uint64_t* bar) {
@@ -1438,8 +1439,9 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
 //    online max per slot), reduces over the group and sends its partial (max, sum-exp, sum w z,
 //    target logit) to every CTA of the cluster (st.async into xslot k % PIPE_XSLOTS, counted on that
 //    xslot's mbarrier; cs == 1: a local store + arrive).
-//  - GRADIENT (threads [Ts, T - 32)): waits for row k's partials, merges them in rank order, sweeps row k's
-//    gradient slot by slot from shared memory with streaming stores, each warp releasing each slot.
+//  - GRADIENT (threads [Ts, T - 32)): waits for row k's partials, merges them in rank order,
+//    sweeps row k's gradient slot by slot from shared memory with streaming stores, each warp
+//    releasing each slot.
 // So a row needs only its own chunk plus slack in shared memory, not nbuf whole chunks: rows up to
 // ~200 KB per CTA run on one CTA per SM (all 132 SMs with cs = 1 or 2). Every position of every row,
 // ignored rows included, completes one phase of full[s] and of empty[s], and every row one phase of
