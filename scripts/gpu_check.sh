@@ -211,6 +211,10 @@ if want test-knobs && have build/test_cross_entropy_cuda test-knobs; then
         FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 FUSEDLOSS_CE_PIPE_THREADS=128 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=0 FUSEDLOSS_CE_PIPE_KB=5 FUSEDLOSS_CE_PIPE_NBUF=4 FUSEDLOSS_CE_PIPE_THREADS=256 FUSEDLOSS_CE_PIPE_STATS=64"
         FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=0 FUSEDLOSS_CE_PIPE_KB=5 FUSEDLOSS_CE_PIPE_NBUF=4 FUSEDLOSS_CE_PIPE_THREADS=256 FUSEDLOSS_CE_PIPE_STATS=64 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_PIPE_THREADS=800 (the option-free ring kernel at its launch bound)"
+        FUSEDLOSS_CE_PIPE_THREADS=800 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_PDL=0 (graph capture without programmatic dependent launch)"
+        FUSEDLOSS_CE_PDL=0 build/test_cross_entropy_cuda --filter graph || rc=1
         echo "### FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NSUB=1 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128"
         FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NSUB=1 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128 \
             build/test_cross_entropy_cuda --no-big || rc=1

@@ -295,6 +295,8 @@ typedef struct {
     int gl;                   /* 1: grad_loss is a device array ([N] for NONE, [1] otherwise) */
     float grad_scale;
     float sigma;              /* logits ~ sigma * N(0, 1) */
+    float ramp;               /* + ramp * (j / V - 1/2): the row's max moves along the row (the fused
+                               * kernel's statistics re-reference their exponentials as it grows) */
     int nan_ignored;          /* logits of ignored rows are NaN */
     int null_stream;          /* call on the legacy default stream */
     int ops;
@@ -327,6 +329,7 @@ static void case_desc(const ce_case* c, char* s, size_t n) {
     if (c->gl) k += snprintf(s + k, n - (size_t)k, " gl=%s", c->red == FL_REDUCTION_NONE ? "rows" : "dev1");
     if (c->grad_scale != 1.0f) k += snprintf(s + k, n - (size_t)k, " gs=%g", (double)c->grad_scale);
     if (c->sigma != 2.0f) k += snprintf(s + k, n - (size_t)k, " sigma=%g", (double)c->sigma);
+    if (c->ramp != 0.0f) k += snprintf(s + k, n - (size_t)k, " ramp=%g", (double)c->ramp);
     if (c->null_stream) k += snprintf(s + k, n - (size_t)k, " stream=NULL");
     if (!c->nan_ignored && c->ignore_frac > 0) k += snprintf(s + k, n - (size_t)k, " (ignored rows finite)");
 }
@@ -399,6 +402,14 @@ static int build_cases(ce_case* cs, int cap) {
         c = base_case(N, V, dt); c.ignore_frac = 0.0; c.red = FL_REDUCTION_SUM; ADD(c);
         /* large logits */
         c = base_case(N2, V2, dt); c.sigma = (dt == FL_DTYPE_F16) ? 12.0f : 16.0f; c.eps = 0.1f; ADD(c);
+        /* the row max far from where each thread starts (+-60 ramps over the row: each thread's
+         * vectors climb ~120, several times the statistics' re-referencing slack of 32; rows of 100
+         * KB in 16 bits: the ring; 32000 with a logit map). Kept at lse <~ 100, where the fp32
+         * tolerances above hold: at ramps of +-150 (lse 157-233) the fp32 dlogits of the fused
+         * pass were 3.1e-5 relative off (one ulp of lse is 1.5e-5 there; H200 s8 run 3) */
+        c = base_case(N2, 50257, dt); c.ramp = 120.0f; ADD(c);
+        c.ramp = -120.0f; c.eps = 0.1f; c.red = FL_REDUCTION_NONE; c.gl = 1; ADD(c);
+        c = base_case(N2, V2, dt); c.ramp = 120.0f; c.offset = 1; c.scale = 1.25f; c.red = FL_REDUCTION_SUM; ADD(c);
         /* legacy default stream */
         c = base_case(N, V, dt); c.null_stream = 1; c.ldpad = 1; ADD(c);
         /* small reduced problems (N <= 128, short rows): the one-launch cluster kernel, whose
@@ -451,7 +462,7 @@ typedef struct {
     size_t es;
     int64_t ignore_index;
     uint64_t seed;
-    float sigma;
+    float sigma, ramp;
     int nan_ignored;
     int64_t* tgt;         /* [N] targets as int64 */
     unsigned char* ign;   /* [N] row ignored */
@@ -513,7 +524,9 @@ static void fill_row(void* dst, int64_t r, int64_t ld_out, const inputs_t* in) {
         memset(b, 0xFF, (size_t)in->V * in->es);
     } else {
         for (int64_t j = 0; j < in->V; j++)
-            st_elem(dst, (size_t)j, in->dt, in->sigma * gauss(in->seed, (uint64_t)r, (uint64_t)j));
+            st_elem(dst, (size_t)j, in->dt,
+                    in->sigma * gauss(in->seed, (uint64_t)r, (uint64_t)j) +
+                        (in->ramp != 0.0f ? in->ramp * ((float)j / (float)in->V - 0.5f) : 0.0f));
     }
     if (ld_out > in->V) memset(b + (size_t)in->V * in->es, 0xFF, (size_t)(ld_out - in->V) * in->es);
 }
@@ -868,6 +881,7 @@ static void run_case(int idx, const ce_case* c) {
     inputs_t in;
     make_inputs(&in, N, V, ld, c->dt, c->it, c->ignore_frac, c->ignore_index, c->weights, c->sigma,
                 c->nan_ignored, g_seed + (uint64_t)idx * 1000003ULL);
+    in.ramp = c->ramp;
     finish_inputs(&in);
     const size_t es = in.es;
 

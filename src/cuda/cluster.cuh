@@ -95,6 +95,28 @@ __device__ __forceinline__ void cp_wait(int n) {
     }
 }
 
+// Programmatic dependent launch (sm_90; no-ops below): pdl_trigger lets the next kernel on the
+// stream, if launched with cudaLaunchAttributeProgrammaticStreamSerialization, start before this
+// grid ends; pdl_wait (in a grid launched so) waits until the previous grid has completed and its
+// memory is visible. A thread that has not passed pdl_wait may touch only memory the previous
+// grid neither writes nor reads.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// A launch attribute that lets the kernel start while the previous one on the stream finishes.
+static inline void set_pdl(cudaLaunchAttribute* attr) {
+    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr->val.programmaticStreamSerializationAllowed = 1;
+}
+
 // ---- host helpers ---------------------------------------------------------------------------
 struct DevInfo { int cc_major; int sms; };
 

@@ -481,6 +481,119 @@ __device__ __forceinline__ void vec_sum(const CeArgs& a, const Pack<T>& x, int e
     s += tree_sum(e);
 }
 
+// The one-pass form of vec_sum: the exponentials' tree sum is returned (not added), z w summed into
+// wz when WZ (the re-referenced second evaluation of a vector must not add it twice).
+// vm: the vector's max (packed 16-bit max without a logit map, else of the mapped z: one map).
+template <int F, bool WZ, typename T>
+__device__ __forceinline__ float vec_esum(const CeArgs& a, const Pack<T>& x, int e0, float mL, float& wz, float* vm) {
+    constexpr int VEC = Pack<T>::VEC;
+    float z[VEC], e[VEC];
+    vec_z<F>(a, x, e0, z);
+#pragma unroll
+    for (int v = 0; v < VEC; v++) {
+        e[v] = fexp2(fmaf(z[v], FL_LOG2E, -mL));
+        if (WZ && (F & F_SMOOTH)) wz += (a.weight ? __ldg(a.weight + e0 + v) : 1.0f) * z[v];
+    }
+    if (vm) {
+        if (!(F & F_ZMAP)) {
+            *vm = pack_max(x);
+        } else {
+            float mx = z[0];
+#pragma unroll
+            for (int v = 1; v < VEC; v++) mx = fmaxf(mx, z[v]);
+            *vm = mx;
+        }
+    }
+    return tree_sum(e);
+}
+
+// One-pass (max, sum-exp) per thread with a LAZY reference (the pipelined kernel's statistics
+// sweep): the exponentials are taken against the reference m, which moves only when a vector's max
+// exceeds m + CE_REF_SLACK (always at the thread's first finite vector, rarely after). The terms are
+// then at most e^CE_REF_SLACK = 2^46 each (no overflow in the fp32 sums: a thread sums < 2^17), and m
+// is a value of the row, so no term that matters underflows; (m, s) merges like an exact-max pair
+// (lse = m + log s for any reference). Why: the exact per-slot max pass before the sum pass cost
+// 16 of the sweep's 56 instructions per vector and a second shared-memory read of the slot; the
+// statistics group was the pipeline's critical path (H200 s8 run 1, ncu source counters: the
+// gradient warps waited 31% of their time for the next row's statistics). NaN never moves m (the
+// comparisons are false) and reaches s through its exponential; +inf moves m to +inf, and s to NaN
+// via 2^(inf - inf), as the two-pass sweep does. The exact max mx is tracked beside (one max per two
+// vectors) and s moved to it at the end (finish), so that lse = mx + log s takes the log of a sum
+// <= V, as with an exact-max sweep: log s up to ~40 (reference 32 below the max) cost up to one
+// more ulp of lse, enough to fail the fp32 smoothing-cancellation tolerance at lse ~ 64 (H200 s8
+// run 4: ramped rows, 7.6e-6 lse error).
+#define CE_REF_SLACK 32.0f
+struct OnlineMS {
+    float m, mL, mlim, mx;
+    __device__ __forceinline__ void init() { m = -INFINITY; mL = 0.0f; mlim = -INFINITY; mx = -INFINITY; }
+    __device__ __forceinline__ void init_at(float m0) {  // a first element's z (s = 1 for it)
+        m = m0;
+        mL = m0 == -INFINITY ? 0.0f : m0 * FL_LOG2E;
+        mlim = m0 + CE_REF_SLACK;
+        mx = m0;
+    }
+    // s (against m) moved to the exact max: (m, s) = (mx, s 2^((m - mx) log2e)); NaN max skipped
+    __device__ __forceinline__ void finish(float& s) {
+        if (mx > m) {  // m finite here: a finite vector max above -inf always rebased
+            s *= fexp2((m - mx) * FL_LOG2E);
+            m = mx;
+        }
+    }
+    // re-reference to vm (> mlim): returns the factor for the sums taken against the old m
+    __device__ __forceinline__ float rebase(float vm) {
+        const float f = m == -INFINITY ? 0.0f : fexp2((m - vm) * FL_LOG2E);
+        m = vm;
+        mL = vm * FL_LOG2E;
+        mlim = vm + CE_REF_SLACK;
+        return f;
+    }
+};
+
+// One-pass statistics of the vectors q, q + n, ... < end of a staged chunk (buf[q]: chunk
+// coordinates; v0: the chunk's first vector in the row) into (ms, s, wz); returns the thread's next
+// vector. Two vectors a step, one rebase test for both.
+template <int F, typename T>
+__device__ __forceinline__ int sweep_stats(const CeArgs& a, const uint4* buf, const RowGrid<T>& g, int v0, int q,
+                                           int end, int n, OnlineMS& ms, float& s, float& wz) {
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll 2
+    for (; q + n < end; q += 2 * n) {
+        const Pack<T> xa = lds_pack<T>(buf + q), xb = lds_pack<T>(buf + q + n);
+        const int ea = g.vec_elem(v0 + q), eb = g.vec_elem(v0 + q + n);
+        // the exponentials against the current reference, the rebase test off their path
+        float ma, mb;
+        float va = vec_esum<F, true>(a, xa, ea, ms.mL, wz, &ma), vb = vec_esum<F, true>(a, xb, eb, ms.mL, wz, &mb);
+        const float vm = fmaxf(ma, mb);
+        ms.mx = fmaxf(ms.mx, vm);
+        if (vm > ms.mlim) {  // rare past the thread's first vectors
+            const float f = ms.rebase(vm);
+            s *= f; s0 *= f; s1 *= f;
+            float dz = 0.0f;
+            va = vec_esum<F, false>(a, xa, ea, ms.mL, dz, NULL);
+            vb = vec_esum<F, false>(a, xb, eb, ms.mL, dz, NULL);
+        }
+        s0 += va;
+        s1 += vb;
+    }
+    if (q < end) {
+        const Pack<T> xa = lds_pack<T>(buf + q);
+        const int ea = g.vec_elem(v0 + q);
+        float vm;
+        float va = vec_esum<F, true>(a, xa, ea, ms.mL, wz, &vm);
+        ms.mx = fmaxf(ms.mx, vm);
+        if (vm > ms.mlim) {
+            const float f = ms.rebase(vm);
+            s *= f; s0 *= f; s1 *= f;
+            float dz = 0.0f;
+            va = vec_esum<F, false>(a, xa, ea, ms.mL, dz, NULL);
+        }
+        s0 += va;
+        q += n;
+    }
+    s += s0 + s1;
+    return q;
+}
+
 template <int F, typename T>
 __device__ __forceinline__ Pack<T> vec_grad(const CeArgs& a, const GradCoef& c, const Pack<T>& x, int e0) {
     constexpr int VEC = Pack<T>::VEC;
@@ -1316,45 +1429,23 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
             if (PASS == PASS_BACKWARD) {
                 lse = cur.lse;
             } else {
-                float m = has_x ? zval<F>(a, xs, ex) : -INFINITY;
+                const float m0 = has_x ? zval<F>(a, xs, ex) : -INFINITY;
                 float s = has_x ? 1.0f : 0.0f, wz = 0.0f;
-                if (has_x && (F & F_SMOOTH)) wz = (a.weight ? __ldg(a.weight + ex) : 1.0f) * m;
+                if (has_x && (F & F_SMOOTH)) wz = (a.weight ? __ldg(a.weight + ex) : 1.0f) * m0;
+                OnlineMS ms;  // one pass per sub-chunk, lazy reference (see OnlineMS)
+                ms.init_at(m0);
                 for (int k = 0; k < ns; k++) {
                     const int lo = k * sub, hi = lo + sub < ch.n ? lo + sub : ch.n;
                     mbar_wait(&bar[k], parity);
-                    // the sub-chunk's max first (two independent chains of packed maxima), one
-                    // rescale of s, then its sum-exp (two chains): no per-vector rescale test and
-                    // no serial chain through one accumulator (version 5's vec_online was one)
-                    float m0 = -INFINITY, m1 = -INFINITY;
-                    int q = lo + tid;
-#pragma unroll 2
-                    for (; q + T_ < hi; q += 2 * T_) {
-                        m0 = vec_max<F>(a, lds_pack<T>(tma_buf + q), g.vec_elem(ch.lo + q), m0);
-                        m1 = vec_max<F>(a, lds_pack<T>(tma_buf + q + T_), g.vec_elem(ch.lo + q + T_), m1);
-                    }
-                    if (q < hi) m0 = vec_max<F>(a, lds_pack<T>(tma_buf + q), g.vec_elem(ch.lo + q), m0);
-                    const float bm = fmaxf(m0, m1);
-                    if (bm > m) {  // false for NaN (skipped, as fmaxf does)
-                        s = (m == -INFINITY) ? 0.0f : s * fexp2((m - bm) * FL_LOG2E);
-                        m = bm;
-                    }
-                    const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
-                    float s0 = 0.0f, s1 = 0.0f;
-                    q = lo + tid;
-#pragma unroll 2
-                    for (; q + T_ < hi; q += 2 * T_) {
-                        vec_sum<F>(a, lds_pack<T>(tma_buf + q), g.vec_elem(ch.lo + q), mL, s0, wz);
-                        vec_sum<F>(a, lds_pack<T>(tma_buf + q + T_), g.vec_elem(ch.lo + q + T_), mL, s1, wz);
-                    }
-                    if (q < hi) vec_sum<F>(a, lds_pack<T>(tma_buf + q), g.vec_elem(ch.lo + q), mL, s0, wz);
-                    s += s0 + s1;
+                    sweep_stats<F, T>(a, tma_buf, g, ch.lo, lo + tid, hi, T_, ms, s, wz);
                     if (PASS == PASS_FORWARD) {  // the forward is done with sub-chunk k: recycle it
                         __syncthreads();  // why: every thread has read sub-chunk k
                         if (tid < 32 && nx.valid)
                             tma_issue_sub<T>(a, nx.i, nx.rank, cs, nx.t64, sub, k, tma_buf + (size_t)k * sub, &bar[k]);
                     }
                 }
-                RowStats r = {m, s, wz};
+                ms.finish(s);
+                RowStats r = {ms.m, s, wz};
                 r = block_reduce_ms<F>(r, sh);
                 const int x = xch & 1;
                 const uint32_t xpar = (uint32_t)((xch >> 1) & 1);  // phase of slot x's barrier
@@ -1454,6 +1545,11 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
 #define PIPE_MAX_SLOTS 16
 #define PIPE_XSLOTS 8
 #define PIPE_MAX_THREADS 544
+// The option-free variants (F = 0: 72 registers) also compile for up to 800 threads (25 warps; 81
+// registers a thread at one CTA per SM), for more warps to hide the sweeps' latencies
+// (FUSEDLOSS_CE_PIPE_THREADS; the option variants use 92-96 registers and stay at 544).
+#define PIPE_MAX_THREADS_F0 800
+#define PIPE_BOUND(F) ((F) == 0 ? PIPE_MAX_THREADS_F0 : PIPE_MAX_THREADS)
 
 __device__ __forceinline__ void group_bar(int id, int n) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
@@ -1498,7 +1594,7 @@ __device__ __forceinline__ RowStats group_reduce_ms(RowStats r, float* sh, int g
 }
 
 template <typename T, int F>
-__global__ void __launch_bounds__(PIPE_MAX_THREADS, 1) ce_pipe_kernel(CeArgs a, int cs, int per, int sub, int R, int Ts) {
+__global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int cs, int per, int sub, int R, int Ts) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) uint4 pipe_buf[];     // [R][sub] 16-byte vectors: the ring
     __shared__ __align__(8) uint64_t full[PIPE_MAX_SLOTS];   // slot s's sub-chunk landed
@@ -1512,6 +1608,12 @@ __global__ void __launch_bounds__(PIPE_MAX_THREADS, 1) ce_pipe_kernel(CeArgs a, 
     const int ngw = ((int)blockDim.x - Ts - 32) >> 5;  // gradient warps
     int crank = 0;
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(crank));
+    // PDL: the reduce kernel may launch now (it waits for this grid's end); this grid itself may
+    // have been launched during this call's setup kernel (launch_pipe: only then): the producer
+    // and the statistics group read only the logits, targets and weights, which the setup does
+    // not write and which were complete before it started; the gradient group, which reads the
+    // setup's denominators and writes every output, waits for it first
+    pdl_trigger();
     if (tid == 0) {
         for (int k = 0; k < R; k++) {
             mbar_init(&full[k], 1u);
@@ -1543,7 +1645,9 @@ __global__ void __launch_bounds__(PIPE_MAX_THREADS, 1) ce_pipe_kernel(CeArgs a, 
             const int ex = has_x ? g.extra_elem(tid) : 0;
             const float xs = has_x ? to_float(row[ex]) : 0.0f;
             const float zraw = (!ignored && !bad && crank == 0 && tid == 0) ? to_float(row[t64]) : 0.0f;
-            float m = -INFINITY, s_ = 0.0f, wz = 0.0f;
+            OnlineMS ms;
+            ms.init();
+            float s_ = 0.0f, wz = 0.0f;
             // c: this thread's next vector in chunk coordinates, carried across slots, so that the
             // threads' shares stay balanced over the whole chunk (restarting at tid in every slot
             // gave the low threads one vector more per slot: 8 slots, 25% over on the slowest warp)
@@ -1554,32 +1658,10 @@ __global__ void __launch_bounds__(PIPE_MAX_THREADS, 1) ce_pipe_kernel(CeArgs a, 
                 const int hi = ignored ? 0 : (ch.n - lo < sub ? ch.n - lo : sub);  // vectors in this slot
                 if (hi <= 0) continue;
                 const uint4* buf = pipe_buf + (size_t)rp.s * sub - lo;  // buf[c], c in [lo, lo + hi)
-                const int end = lo + hi, v0 = ch.lo;
-                float m0 = -INFINITY, m1 = -INFINITY;
-                int q = c;
-#pragma unroll 2
-                for (; q + n < end; q += 2 * n) {
-                    m0 = vec_max<F>(a, lds_pack<T>(buf + q), g.vec_elem(v0 + q), m0);
-                    m1 = vec_max<F>(a, lds_pack<T>(buf + q + n), g.vec_elem(v0 + q + n), m1);
-                }
-                if (q < end) m0 = vec_max<F>(a, lds_pack<T>(buf + q), g.vec_elem(v0 + q), m0);
-                const float bm = fmaxf(m0, m1);
-                if (bm > m) {  // false for NaN (skipped, as fmaxf does)
-                    s_ = (m == -INFINITY) ? 0.0f : s_ * fexp2((m - bm) * FL_LOG2E);
-                    m = bm;
-                }
-                const float mL = m == -INFINITY ? 0.0f : m * FL_LOG2E;
-                float s0 = 0.0f, s1 = 0.0f;
-                q = c;
-#pragma unroll 2
-                for (; q + n < end; q += 2 * n) {
-                    vec_sum<F>(a, lds_pack<T>(buf + q), g.vec_elem(v0 + q), mL, s0, wz);
-                    vec_sum<F>(a, lds_pack<T>(buf + q + n), g.vec_elem(v0 + q + n), mL, s1, wz);
-                }
-                if (q < end) { vec_sum<F>(a, lds_pack<T>(buf + q), g.vec_elem(v0 + q), mL, s0, wz); q += n; }
-                s_ += s0 + s1;
-                c = q;
+                c = sweep_stats<F, T>(a, buf, g, ch.lo, c, lo + hi, n, ms, s_, wz);
             }
+            ms.finish(s_);
+            float m = ms.m;
             if (has_x) {  // the head/tail element, folded in last: its load had the row's sweep to land
                 const float z = zval<F>(a, xs, ex);
                 if (z > m) {
@@ -1626,8 +1708,13 @@ __global__ void __launch_bounds__(PIPE_MAX_THREADS, 1) ce_pipe_kernel(CeArgs a, 
     } else {
         // ---------------- gradient group ----------------
         const int gt = tid - Ts, n = ngw * 32, lane = tid & 31;
+        pdl_wait();
         const Denoms dn = load_denoms(a);
         const float Gs = a.reduction != FL_REDUCTION_NONE ? row_upstream(a, 0) : 0.0f;
+        // a reduced loss's upstream gradient over MEAN's denominators, once (two double divisions
+        // per row and thread were ~5% of the gradient group's samples, s8 run 1)
+        float ga0 = 0.0f, gb0 = 0.0f;
+        if (a.reduction != FL_REDUCTION_NONE) upstream_over_denoms(a, dn, Gs, ga0, gb0);
         int64_t tn = row0 < a.N ? load_target(a, row0) : 0;  // targets loaded a row ahead
         for (int64_t it = 0;; it++) {
             const int64_t i = row0 + it * ngrp;
@@ -1664,7 +1751,8 @@ __global__ void __launch_bounds__(PIPE_MAX_THREADS, 1) ce_pipe_kernel(CeArgs a, 
                 }
                 const float lse = (M == -INFINITY) ? -INFINITY : M + logf(S);
                 if (crank == 0 && gt == 0) finish_row_w(a, dn, i, bad, w_t, lse, p0.w, WZ, NULL, NULL);
-                c = make_coef_v(a, dn, G, t, bad, w_t, lse);
+                c = a.reduction != FL_REDUCTION_NONE ? make_coef_g(a, dn, ga0, gb0, t, bad, w_t, lse)
+                                                     : make_coef_v(a, dn, G, t, bad, w_t, lse);
             }
             int q = gt;  // this thread's next vector in chunk coordinates, carried across slots
             for (int j = 0; j < nsub; j++, rp.next(R)) {
@@ -1729,6 +1817,7 @@ __device__ __forceinline__ void block_denoms(const CeArgs& a, double (*sh)[32], 
 // One CTA: D_w, D_n (MEAN) and W = sum of class weights, into the workspace header (double).
 // Fixed per-thread striding + fixed-order tree: deterministic.
 __global__ void __launch_bounds__(1024) ce_setup_kernel(CeArgs a) {
+    pdl_trigger();  // the fused kernel's statistics need nothing from here (its gradient waits)
     __shared__ double sh[3][32];
     double Dw, Dn;
     block_denoms(a, sh, &Dw, &Dn);
@@ -1751,6 +1840,7 @@ __global__ void __launch_bounds__(1024) ce_setup_kernel(CeArgs a) {
 // kernel), or, with `denoms` (a forward that needed no setup), this kernel sums them itself: one
 // launch fewer per forward call.
 __global__ void __launch_bounds__(1024) ce_reduce_kernel(CeArgs a, int denoms) {
+    pdl_wait();  // launched with PDL: the main kernel's partials (and any earlier write) visible
     __shared__ double sh[2][32];
     double Dw = 0.0, Dn = 0.0;
     if (denoms) {
@@ -1836,6 +1926,7 @@ __global__ void __launch_bounds__(1024) ce_setup_part_kernel(CeArgs a, double* s
 }
 
 __global__ void __launch_bounds__(32) ce_setup_final_kernel(CeArgs a, const double* scratch, int nb) {
+    pdl_trigger();  // as in ce_setup_kernel
     if (threadIdx.x != 0) return;
     double dw = 0.0, dn = 0.0, W = 0.0;
     for (int b = 0; b < nb; b++) { dw += scratch[3 * b]; dn += scratch[3 * b + 1]; W += scratch[3 * b + 2]; }
@@ -1843,6 +1934,7 @@ __global__ void __launch_bounds__(32) ce_setup_final_kernel(CeArgs a, const doub
 }
 
 __global__ void __launch_bounds__(1024) ce_reduce_part_kernel(CeArgs a, double* scratch, int64_t R) {
+    pdl_wait();  // as in ce_reduce_kernel
     __shared__ double sh[2][32];
     const int64_t r0 = (int64_t)blockIdx.x * R, r1 = r0 + R < a.N ? r0 + R : a.N;
     double sa = 0.0, sb = 0.0;
@@ -1890,15 +1982,29 @@ static int setup_for_reduce(int64_t N, int mean) { return mean && N >= CE_TWO_ST
 
 // loss[0] from a.N rows' partials. denoms: the one-CTA kernel sums the MEAN denominators itself
 // (only below CE_TWO_STAGE_ROWS; above, the caller ran launch_setup: setup_for_reduce).
-static cudaError_t launch_reduce(const CeArgs& a, int denoms, cudaStream_t s) {
+// pdl (sm_90): the first kernel may start while the previous one drains (it waits in pdl_wait
+// before any memory access, so whatever ran before is safe); the launch gap of a call's last
+// kernel is hidden behind the main kernel's tail.
+static cudaError_t launch_reduce(const CeArgs& a, int denoms, int pdl, cudaStream_t s) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr;
+    cfg.blockDim = dim3(1024, 1, 1);
+    cfg.stream = s;
+    if (pdl) {
+        set_pdl(&attr);
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+    }
     if (a.N < CE_TWO_STAGE_ROWS) {
-        ce_reduce_kernel<<<1, 1024, 0, s>>>(a, denoms);
-        return cudaGetLastError();
+        cfg.gridDim = dim3(1, 1, 1);
+        return cudaLaunchKernelEx(&cfg, ce_reduce_kernel, a, denoms);
     }
     const int nb = stage_ctas(a.N);
     const int64_t R = (a.N + nb - 1) / nb;
     double* scratch = (double*)a.stats;
-    ce_reduce_part_kernel<<<nb, 1024, 0, s>>>(a, scratch, R);
+    cfg.gridDim = dim3((unsigned)nb, 1, 1);
+    cudaError_t e = cudaLaunchKernelEx(&cfg, ce_reduce_part_kernel, a, scratch, R);
+    if (e != cudaSuccess) return e;
     ce_reduce_final_kernel<<<1, 32, 0, s>>>(a, scratch, nb);
     return cudaGetLastError();
 }
@@ -1964,7 +2070,7 @@ __global__ void __launch_bounds__(256) vp_combine_kernel(CeArgs a, const float* 
 // launchers
 
 struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t tsmem; int stream, sC, scv;
-                int pipe, pcs, pper, psub, pR, pT, pTs; size_t psmem; };
+                int pipe, pcs, pper, psub, pR, pT, pTs; size_t psmem; int pdl; };
 
 // Knobs for A/B runs on the GPU, read from the environment once (all experimental):
 //   FUSEDLOSS_CE_CHUNK_THREADS = 64|128|256|512   chunk CTA size of the two-pass path (below)
@@ -2006,11 +2112,16 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  row's chunk (KB, default 24), the cluster size
 //                                                  (0 = the smallest that fits), ring bytes (KB, 220)
 //   FUSEDLOSS_CE_PIPE_KB, _NBUF                    whole-chunk mode: chunk cap (KB), chunks per CTA (2..4)
-//   FUSEDLOSS_CE_PIPE_THREADS, _STATS              CTA size (128..544: statistics + 1 producer warp +
-//                                                  gradient), statistics threads (default 192 of 544)
+//   FUSEDLOSS_CE_PIPE_THREADS, _STATS              CTA size (128..544, ..800 without options: statistics
+//                                                  + 1 producer warp + gradient; default 672 without
+//                                                  options, 544 with), statistics threads (default
+//                                                  3/8 of the rest: 256 of 672, 192 of 544)
+//   FUSEDLOSS_CE_PDL=0|1                           programmatic dependent launch of the fused kernel after
+//                                                  the setup and of the reduce after the main kernel (sm_90;
+//                                                  default 1)
 //   FUSEDLOSS_DEBUG=1                              print each new staged launch plan to stderr
 struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync;
-               int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_cs, pipe_ring; };
+               int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_cs, pipe_ring, pdl; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -2039,25 +2150,22 @@ static const Knobs* knobs(void) {
         n.group_rows = env_int("FUSEDLOSS_CE_GROUP_ROWS", 512);
         n.pipe = env_int("FUSEDLOSS_CE_PIPE", 1);
         n.pipe_kb = env_int("FUSEDLOSS_CE_PIPE_KB", 72);
-        n.pipe_threads = env_int("FUSEDLOSS_CE_PIPE_THREADS", PIPE_MAX_THREADS);
+        n.pipe_threads = env_int("FUSEDLOSS_CE_PIPE_THREADS", 0);  // 0: per variant (pipe_threads_for)
         n.pipe_sub = env_int("FUSEDLOSS_CE_PIPE_SUB", 32);
         n.pipe_slack = env_int("FUSEDLOSS_CE_PIPE_SLACK", 24);
         n.pipe_cs = env_int("FUSEDLOSS_CE_PIPE_CS", 0);
         n.pipe_ring = env_int("FUSEDLOSS_CE_PIPE_RING", 220);
+        n.pdl = env_int("FUSEDLOSS_CE_PDL", 1) != 0;
         if (n.pipe_sub < 0 || n.pipe_sub > 64) n.pipe_sub = 32;
         if (n.pipe_slack < 0 || n.pipe_slack > 200) n.pipe_slack = 24;
         if (n.pipe_cs < 0 || n.pipe_cs > TMA_MAX_CLUSTER) n.pipe_cs = 0;
         if (n.pipe_ring < 16 || n.pipe_ring > 224) n.pipe_ring = 220;
         n.pipe_nbuf = env_int("FUSEDLOSS_CE_PIPE_NBUF", 3);
         if (n.pipe_kb < 4 || n.pipe_kb > 112) n.pipe_kb = 72;
-        if (n.pipe_threads < 128 || n.pipe_threads > PIPE_MAX_THREADS || n.pipe_threads % 32) n.pipe_threads = PIPE_MAX_THREADS;
+        if (n.pipe_threads < 128 || n.pipe_threads > PIPE_MAX_THREADS_F0 || n.pipe_threads % 32) n.pipe_threads = 0;
         if (n.pipe_nbuf < 2 || n.pipe_nbuf > 4) n.pipe_nbuf = 3;
-        // statistics threads: 192 of 512 measured best (H200 2026-12-02 s6 run 2, one CTA per row:
-        // 16384x32000 bf16 fused 1.15x at 192, 1.20x at 256, 1.33x at 320; then without the producer
-        // warp, which now comes on top)
-        const int sdef = ((n.pipe_threads - 32) * 3 / 8 + 31) / 32 * 32;
-        n.pipe_stats = env_int("FUSEDLOSS_CE_PIPE_STATS", sdef);
-        if (n.pipe_stats < 32 || n.pipe_stats > n.pipe_threads - 64 || n.pipe_stats % 32) n.pipe_stats = sdef;
+        n.pipe_stats = env_int("FUSEDLOSS_CE_PIPE_STATS", 0);  // 0: 3/8 of the CTA (pipe_threads_for)
+        if (n.pipe_stats < 32 || n.pipe_stats % 32) n.pipe_stats = 0;
         const int ct = n.chunk_threads;
         if (ct != 64 && ct != 128 && ct != 256 && ct != 512) n.chunk_threads = 0;
         if (n.small_rows < 0) n.small_rows = 0;
@@ -2233,23 +2341,46 @@ static int pipe_plan(int pass, int cc_major, int64_t V, int esize, Config* c) {
     return 1;
 }
 
+// CTA size and statistics threads of variant F. Defaults (H200 2026-12-03 s8 run 3, fused x floor
+// at 544 / 672 / 800 threads, option-free variant: 8192x128256 bf16 1.16 / 1.15 / 1.16, 16384x32000
+// bf16 1.17 / 1.15 / 1.15, 2048x32000 f16 1.38 / 1.35 / 1.36, 4096x50257 f32 1.22 / 1.21 / 1.22):
+// 672 threads without options (8 statistics warps, 12 gradient, the producer), 544 with them (their
+// 92-96 registers a thread fit no more). Statistics threads 3/8 of the rest (s6 run 2, one CTA per
+// row of 512 threads: 16384x32000 bf16 1.15x at 192, 1.20x at 256, 1.33x at 320). A knob above the
+// variant's launch bound gets the bound.
+static void pipe_threads_for(int F, const Config& c, int* T, int* Ts) {
+    const int bound = PIPE_BOUND(F);
+    int t = c.pT ? c.pT : (F == 0 ? 672 : PIPE_MAX_THREADS);
+    if (t > bound) t = bound;
+    int s = c.pTs ? c.pTs : ((t - 32) * 3 / 8 + 31) / 32 * 32;
+    if (s > t - 64) s = (t - 64) / 32 * 32;
+    *T = t;
+    *Ts = s;
+}
+
 template <typename T, int F>
 static cudaError_t launch_pipe(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
     *done = 0;
     const void* fn = (const void*)ce_pipe_kernel<T, F>;
+    int T_, Ts;
+    pipe_threads_for(F, c, &T_, &Ts);
     int n = 0;
-    cudaError_t e = fl__cluster_occupancy(fn, c.pcs, c.pT, c.psmem, c.sms, knobs()->debug, "pipelined CE kernel", &n);
+    cudaError_t e = fl__cluster_occupancy(fn, c.pcs, T_, c.psmem, c.sms, knobs()->debug, "pipelined CE kernel", &n);
     if (e != cudaSuccess || n <= 0) return e;
     if (knobs()->grid > 0 && knobs()->grid < n) n = knobs()->grid;
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr;
+    cudaLaunchAttribute attr[2];
     const int64_t G = a.N < n ? a.N : n;
     cfg.gridDim = dim3((unsigned)(G * c.pcs), 1, 1);
-    set_cluster(&cfg, &attr, (unsigned)c.pcs);
-    cfg.blockDim = dim3((unsigned)c.pT, 1, 1);
+    set_cluster(&cfg, &attr[0], (unsigned)c.pcs);
+    if (c.pdl) {  // only right after this call's setup kernel (see ce_pipe_kernel)
+        set_pdl(&attr[1]);
+        cfg.numAttrs = 2;
+    }
+    cfg.blockDim = dim3((unsigned)T_, 1, 1);
     cfg.dynamicSmemBytes = c.psmem;
     cfg.stream = s;
-    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F>, a, c.pcs, c.pper, c.psub, c.pR, c.pTs);
+    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F>, a, c.pcs, c.pper, c.psub, c.pR, Ts);
     if (e == cudaSuccess) *done = 1;
     return e;
 }
@@ -2556,6 +2687,7 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
     if (needs_setup) FL_CUDA_TRY(launch_setup(a, stream));
     if (N > 0) {
         Config c = choose_config(V, (int)fl__dtype_size(dt), pass);
+        c.pdl = needs_setup && knobs()->pdl;
         const int64_t nvr = V / vec + 1;
         // Fused rows that fit one 512-thread CTA's registers (<= 4096 vectors) with few rows took
         // the row kernel, a CTA per row, from 2026-12-01 run 4 (2048x32000 f16 1.36x vs 1.56x
@@ -2579,7 +2711,8 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
             return fl__fail(FL_ERR_UNSUPPORTED, "%s: N * chunks (%lld * %d) exceeds one launch", fn, (long long)N, c.C);
         FL_CUDA_TRY(launch_pass(pass, dt, flags, 0, a, c, 0, stream));
     }
-    if (!chunk && reduced && pass != PASS_BACKWARD) FL_CUDA_TRY(launch_reduce(a, mean && !needs_setup, stream));
+    if (!chunk && reduced && pass != PASS_BACKWARD)
+        FL_CUDA_TRY(launch_reduce(a, mean && !needs_setup, d.cc_major >= 9 && knobs()->pdl, stream));
     return FL_OK;
 }
 
@@ -2697,7 +2830,7 @@ fl_status fl__ce_cuda_chunk_end(const fl__ce_params* p, float* loss, const void*
     static const char* fn = "fl_linear_cross_entropy_cuda";
     if (p->reduction == FL_REDUCTION_NONE) return FL_OK;
     CeArgs a = make_args(*p, loss, NULL, NULL, NULL, targets, NULL, NULL, 1.0f, N, V, V, it, ce_ws, N);
-    FL_CUDA_TRY(launch_reduce(a, 0, (cudaStream_t)stream));  // the denominators: chunk_begin's setup
+    FL_CUDA_TRY(launch_reduce(a, 0, 0, (cudaStream_t)stream));  // the denominators: chunk_begin's setup
     return FL_OK;
 }
 
@@ -2780,7 +2913,7 @@ fl_status fl_vp_ce_combine_cuda(float* loss, float* lse, const float* gathered, 
         vp_combine_kernel<<<(unsigned)((N + 255) / 256), 256, 0, s>>>(a, gathered, k);
         FL_CUDA_TRY(cudaGetLastError());
     }
-    if (reduced) FL_CUDA_TRY(launch_reduce(a, mean && !needs_setup, s));
+    if (reduced) FL_CUDA_TRY(launch_reduce(a, mean && !needs_setup, 0, s));
     return FL_OK;
 }
 
