@@ -468,22 +468,9 @@ __device__ __forceinline__ float tree_sum(float (&e)[VEC]) {
     return e[0];
 }
 
-template <int F, typename T>
-__device__ __forceinline__ void vec_sum(const CeArgs& a, const Pack<T>& x, int e0, float mL, float& s, float& wz) {
-    constexpr int VEC = Pack<T>::VEC;
-    float z[VEC], e[VEC];
-    vec_z<F>(a, x, e0, z);
-#pragma unroll
-    for (int v = 0; v < VEC; v++) {
-        e[v] = fexp2(fmaf(z[v], FL_LOG2E, -mL));  // NaN z poisons s, so the row's lse is NaN, as PyTorch
-        if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + e0 + v) : 1.0f) * z[v];
-    }
-    s += tree_sum(e);
-}
-
-// The one-pass form of vec_sum: the exponentials' tree sum is returned (not added), z w summed into
-// wz when WZ (the re-referenced second evaluation of a vector must not add it twice).
-// vm: the vector's max (packed 16-bit max without a logit map, else of the mapped z: one map).
+// A vector's exponentials against mL as a tree sum (returned), z w summed into wz when WZ (the
+// re-referenced second evaluation of a vector must not add it twice); vm (if not NULL): the vector's
+// max (packed 16-bit max without a logit map, else of the mapped z: one map).
 template <int F, bool WZ, typename T>
 __device__ __forceinline__ float vec_esum(const CeArgs& a, const Pack<T>& x, int e0, float mL, float& wz, float* vm) {
     constexpr int VEC = Pack<T>::VEC;
@@ -505,6 +492,11 @@ __device__ __forceinline__ float vec_esum(const CeArgs& a, const Pack<T>& x, int
         }
     }
     return tree_sum(e);
+}
+
+template <int F, typename T>
+__device__ __forceinline__ void vec_sum(const CeArgs& a, const Pack<T>& x, int e0, float mL, float& s, float& wz) {
+    s += vec_esum<F, true>(a, x, e0, mL, wz, NULL);  // NaN z poisons s, so the row's lse is NaN, as PyTorch
 }
 
 // One-pass (max, sum-exp) per thread with a LAZY reference (the pipelined kernel's statistics
