@@ -15,8 +15,10 @@
  *   chunking the plan chose. One "SUMMARY" line per case (grep SUMMARY).
  *   Inputs: hidden ~ U(-1, 1), weight ~ U(-0.05, 0.05) (logits ~ N(0, 1.7) at H = 4096), targets
  *   uniform in [0, V); never zeros.
- * Usage: bench_linear_ce [--case N H V dtype budget_MiB]... [--reps R] [--warmup W] [--no-floor]
- *   (--no-floor: skip the cuBLASLt floor, e.g. under a profiler)
+ * Usage: bench_linear_ce [--case N H V dtype budget_MiB]... [--reps R] [--warmup W] [--phases R] [--algos R]
+ *                        [--no-floor]
+ *   (--no-floor: skip the cuBLASLt floor, e.g. under a profiler; --phases R: each piece of one chunk of
+ *   R rows timed alone; --algos R: each chunk GEMM timed with every one of cuBLASLt's ranked algorithms)
  *   Default grid: the issue's targets (8192x4096x128256 bf16 at 512 and 256 MiB, 8192x768x50257
  *   bf16, 8192x2304x256000 bf16 at 256 MiB).
  */
@@ -37,6 +39,7 @@ typedef struct { int64_t N, H, V; fl_dtype dt; size_t budget; } lcase;
 
 static int g_reps = 20, g_warmup = 3, g_no_floor = 0;
 static int64_t g_phase_rows = 0;  /* --phases R: time the per-chunk pieces at R rows */
+static int64_t g_algo_rows = 0;   /* --algos R: time cuBLASLt's ranked algorithms for each chunk GEMM */
 static cudaStream_t g_stream;
 static cublasLtHandle_t g_lt;
 static void* g_blas_ws;
@@ -134,6 +137,71 @@ static void run_g0(void* p) { gemm_run(&((job*)p)->g[0]); }
 static void run_g1(void* p) { gemm_run(&((job*)p)->g[1]); }
 static void run_g2(void* p) { gemm_run(&((job*)p)->g[2]); }
 
+/* --algos R: every chunk GEMM of the library's plan at R rows (logits, dX, dW with beta 0 and with
+ * beta 1: the accumulation of every chunk after the first), with the library's cuBLASLt workspace
+ * (8 MiB) and 256-byte alignment, timed for each of cuBLASLt's first ALGO_MAX ranked algorithms:
+ * what a timed choice would win over the heuristic's first pick (index 0, the library's default). */
+#define ALGO_MAX 24
+static void algo_sweep(cudaDataType_t t, const char* name, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                       const void* A, int64_t lda, const void* B, int64_t ldb, void* D, int64_t ldd, int beta) {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    BK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    BK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof(oa)));
+    BK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof(ob)));
+    BK(cublasLtMatrixLayoutCreate(&la, t, ta ? k : m, ta ? m : k, lda));
+    BK(cublasLtMatrixLayoutCreate(&lb, t, tb ? n : k, tb ? k : n, ldb));
+    BK(cublasLtMatrixLayoutCreate(&ld, t, m, n, ldd));
+    cublasLtMatmulPreference_t pref;
+    BK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t wsb = (size_t)8 << 20;
+    BK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+    cublasLtMatmulHeuristicResult_t r[ALGO_MAX];
+    int found = 0;
+    BK(cublasLtMatmulAlgoGetHeuristic(g_lt, desc, la, lb, ld, ld, pref, ALGO_MAX, r, &found));
+    const float one = 1.0f, zero = 0.0f;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    float best = 1e30f, first = NAN;
+    int besti = -1;
+    for (int i = 0; i < found; i++) {
+        float ms[16];
+        int ok = 1;
+        for (int rep = 0; rep < 2 + 9 && ok; rep++) {
+            CK(cudaEventRecord(e0, g_stream));
+            cublasStatus_t st = cublasLtMatmul(g_lt, desc, &one, A, la, B, lb, beta ? &one : &zero, D, ld, D, ld,
+                                               &r[i].algo, g_blas_ws, wsb, g_stream);
+            if (st != CUBLAS_STATUS_SUCCESS) ok = 0;
+            CK(cudaEventRecord(e1, g_stream));
+            CK(cudaEventSynchronize(e1));
+            if (rep >= 2) CK(cudaEventElapsedTime(&ms[rep - 2], e0, e1));
+        }
+        int id = -1, tile = -1, stages = -1, splitk = -1, swz = -1, cluster = -1;
+        size_t sz;
+        cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &sz);
+        cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &sz);
+        cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &sz);
+        cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &sz);
+        cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof(swz), &sz);
+        cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                             sizeof(cluster), &sz);
+        const float med = ok ? median(ms, 9) : NAN;
+        if (i == 0) first = med;
+        if (ok && med < best) { best = med; besti = i; }
+        printf("    %-10s algo %2d: %s%8.3f ms  id %d tile %d stages %d splitk %d swizzle %d cluster %d waves %.2f\n",
+               name, i, ok ? "" : "FAILED ", (double)med, id, tile, stages, splitk, swz, cluster,
+               (double)r[i].wavesCount);
+    }
+    printf("  ALGOS %s m=%lld n=%lld k=%lld beta=%d: first %.3f ms, best %.3f ms (algo %d of %d)\n", name, (long long)m,
+           (long long)n, (long long)k, beta, (double)first, (double)best, besti, found);
+    fflush(stdout);
+    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+    BK(cublasLtMatmulPreferenceDestroy(pref));
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(ld);
+}
+
 int main(int argc, char** argv) {
     lcase cases[32];
     int nc = 0;
@@ -151,10 +219,12 @@ int main(int argc, char** argv) {
             g_warmup = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--phases") && i + 1 < argc) {
             g_phase_rows = atoll(argv[++i]);
+        } else if (!strcmp(argv[i], "--algos") && i + 1 < argc) {
+            g_algo_rows = atoll(argv[++i]);
         } else if (!strcmp(argv[i], "--no-floor")) {
             g_no_floor = 1;  /* for profiles: only the library's kernels */
         } else {
-            fprintf(stderr, "usage: bench_linear_ce [--case N H V dtype budget_MiB]... [--reps R] [--warmup W] [--no-floor]\n");
+            fprintf(stderr, "usage: bench_linear_ce [--case N H V dtype budget_MiB]... [--reps R] [--warmup W] [--phases R] [--algos R] [--no-floor]\n");
             return 2;
         }
     }
@@ -248,6 +318,13 @@ int main(int argc, char** argv) {
                    " GEMMs x chunks %.3f ms (whole %.3f), CE x chunks %.3f ms\n",
                    (long long)R, nch, (double)p0, (double)p1, (double)p2, (double)pce, nch * (double)(p0 + p1 + p2),
                    (double)floor_ms, nch * (double)pce);
+        }
+        if (g_algo_rows > 0 && g_algo_rows <= c->N) {
+            const int64_t R = g_algo_rows;
+            algo_sweep(t, "logits", 1, 0, Vp, R, c->H, j.weight, c->H, j.hidden, c->H, logits, Vp, 0);
+            algo_sweep(t, "dX", 0, 0, c->H, R, Vp, j.weight, c->H, logits, Vp, j.dh, c->H, 0);
+            algo_sweep(t, "dW-beta0", 0, 1, c->H, Vp, R, j.hidden, c->H, logits, Vp, j.dw, c->H, 0);
+            algo_sweep(t, "dW-beta1", 0, 1, c->H, Vp, R, j.hidden, c->H, logits, Vp, j.dw, c->H, 1);
         }
         CK(cudaFree(logits));
 
