@@ -9,6 +9,10 @@
  *   fused   mode 1: fl_linear_cross_entropy_forward_cuda with dhidden and dweight (MEAN loss)
  *   recomp  mode 2: loss-only forward + fl_linear_cross_entropy_backward_cuda
  *   fwd     the loss-only forward alone
+ *   tuned   the same three calls again after a tuning call of each mode on the context
+ *           (fl_lce_context_set_tuning: the chunk GEMMs under their fastest ranked cuBLASLt
+ *           algorithm), beside the tuned floor (each full GEMM under its fastest ranked algorithm,
+ *           32 MiB cuBLASLt workspace); --no-tune skips both.
  *   Reported: ms (median of --reps, CUDA events around each call after --warmup calls), TFLOP/s
  *   of 6·N·H·V (fused) / 2·N·H·V (fwd) / 8·N·H·V (recomp), the ratio to gemm3, the workspace
  *   (= the op's peak memory beyond its inputs and outputs: it allocates nothing else) and the
@@ -16,7 +20,7 @@
  *   Inputs: hidden ~ U(-1, 1), weight ~ U(-0.05, 0.05) (logits ~ N(0, 1.7) at H = 4096), targets
  *   uniform in [0, V); never zeros.
  * Usage: bench_linear_ce [--case N H V dtype budget_MiB]... [--reps R] [--warmup W] [--phases R] [--algos R]
- *                        [--no-floor]
+ *                        [--no-tune] [--no-floor]
  *   (--no-floor: skip the cuBLASLt floor, e.g. under a profiler; --phases R: each piece of one chunk of
  *   R rows timed alone; --algos R: each chunk GEMM timed with every one of cuBLASLt's ranked algorithms)
  *   Default grid: the issue's targets (8192x4096x128256 bf16 at 512 and 256 MiB, 8192x768x50257
@@ -37,7 +41,7 @@
 
 typedef struct { int64_t N, H, V; fl_dtype dt; size_t budget; } lcase;
 
-static int g_reps = 20, g_warmup = 3, g_no_floor = 0;
+static int g_reps = 20, g_warmup = 3, g_no_floor = 0, g_tune = 1;
 static int64_t g_phase_rows = 0;  /* --phases R: time the per-chunk pieces at R rows */
 static int64_t g_algo_rows = 0;   /* --algos R: time cuBLASLt's ranked algorithms for each chunk GEMM */
 static cudaStream_t g_stream;
@@ -142,8 +146,9 @@ static void run_g2(void* p) { gemm_run(&((job*)p)->g[2]); }
  * (8 MiB) and 256-byte alignment, timed for each of cuBLASLt's first ALGO_MAX ranked algorithms:
  * what a timed choice would win over the heuristic's first pick (index 0, the library's default). */
 #define ALGO_MAX 24
-static void algo_sweep(cudaDataType_t t, const char* name, int ta, int tb, int64_t m, int64_t n, int64_t k,
-                       const void* A, int64_t lda, const void* B, int64_t ldb, void* D, int64_t ldd, int beta) {
+static float algo_sweep(cudaDataType_t t, const char* name, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                        const void* A, int64_t lda, const void* B, int64_t ldb, void* D, int64_t ldd, int beta,
+                        size_t ws_bytes, int quiet) {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
     BK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -155,7 +160,7 @@ static void algo_sweep(cudaDataType_t t, const char* name, int ta, int tb, int64
     BK(cublasLtMatrixLayoutCreate(&ld, t, m, n, ldd));
     cublasLtMatmulPreference_t pref;
     BK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t wsb = (size_t)8 << 20;
+    uint64_t wsb = ws_bytes;
     BK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
     cublasLtMatmulHeuristicResult_t r[ALGO_MAX];
     int found = 0;
@@ -189,17 +194,19 @@ static void algo_sweep(cudaDataType_t t, const char* name, int ta, int tb, int64
         const float med = ok ? median(ms, 9) : NAN;
         if (i == 0) first = med;
         if (ok && med < best) { best = med; besti = i; }
-        printf("    %-10s algo %2d: %s%8.3f ms  id %d tile %d stages %d splitk %d swizzle %d cluster %d waves %.2f\n",
+        if (!quiet)
+            printf("    %-10s algo %2d: %s%8.3f ms  id %d tile %d stages %d splitk %d swizzle %d cluster %d waves %.2f\n",
                name, i, ok ? "" : "FAILED ", (double)med, id, tile, stages, splitk, swz, cluster,
                (double)r[i].wavesCount);
     }
-    printf("  ALGOS %s m=%lld n=%lld k=%lld beta=%d: first %.3f ms, best %.3f ms (algo %d of %d)\n", name, (long long)m,
-           (long long)n, (long long)k, beta, (double)first, (double)best, besti, found);
+    printf("  ALGOS %s m=%lld n=%lld k=%lld beta=%d ws=%zu MiB: first %.3f ms, best %.3f ms (algo %d of %d)\n", name,
+           (long long)m, (long long)n, (long long)k, beta, ws_bytes >> 20, (double)first, (double)best, besti, found);
     fflush(stdout);
     CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
     BK(cublasLtMatmulPreferenceDestroy(pref));
     cublasLtMatmulDescDestroy(desc);
     cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(ld);
+    return best;
 }
 
 int main(int argc, char** argv) {
@@ -221,10 +228,12 @@ int main(int argc, char** argv) {
             g_phase_rows = atoll(argv[++i]);
         } else if (!strcmp(argv[i], "--algos") && i + 1 < argc) {
             g_algo_rows = atoll(argv[++i]);
+        } else if (!strcmp(argv[i], "--no-tune")) {
+            g_tune = 0;
         } else if (!strcmp(argv[i], "--no-floor")) {
             g_no_floor = 1;  /* for profiles: only the library's kernels */
         } else {
-            fprintf(stderr, "usage: bench_linear_ce [--case N H V dtype budget_MiB]... [--reps R] [--warmup W] [--phases R] [--algos R] [--no-floor]\n");
+            fprintf(stderr, "usage: bench_linear_ce [--case N H V dtype budget_MiB]... [--reps R] [--warmup W] [--phases R] [--algos R] [--no-tune] [--no-floor]\n");
             return 2;
         }
     }
@@ -285,6 +294,14 @@ int main(int argc, char** argv) {
                     t2 = g_no_floor ? NAN : time_it(run_g2, &j);
         const float floor_ms = t0 + t1 + t2;
         for (int k = 0; k < 3; k++) gemm_free(&j.g[k]);
+        /* the tuned floor: each full GEMM under the fastest of cuBLASLt's ranked algorithms (32 MiB
+         * of cuBLASLt workspace: every advantage the floor can have), to set beside the tuned op */
+        float tfl = NAN;
+        if (!g_no_floor && g_tune)
+            tfl = algo_sweep(t, "full-logits", 1, 0, Vp, c->N, c->H, j.weight, c->H, j.hidden, c->H, logits, Vp, 0,
+                             BLAS_WS, 1) +
+                  algo_sweep(t, "full-dX", 0, 0, c->H, c->N, Vp, j.weight, c->H, logits, Vp, j.dh, c->H, 0, BLAS_WS, 1) +
+                  algo_sweep(t, "full-dW", 0, 1, c->H, Vp, c->N, j.hidden, c->H, logits, Vp, j.dw, c->H, 0, BLAS_WS, 1);
         if (g_phase_rows > 0 && g_phase_rows <= c->N) {
             /* the pieces of one chunk of R rows, each alone: what chunking costs the GEMMs, and the CE */
             const int64_t R = g_phase_rows;
@@ -321,14 +338,24 @@ int main(int argc, char** argv) {
         }
         if (g_algo_rows > 0 && g_algo_rows <= c->N) {
             const int64_t R = g_algo_rows;
-            algo_sweep(t, "logits", 1, 0, Vp, R, c->H, j.weight, c->H, j.hidden, c->H, logits, Vp, 0);
-            algo_sweep(t, "dX", 0, 0, c->H, R, Vp, j.weight, c->H, logits, Vp, j.dh, c->H, 0);
-            algo_sweep(t, "dW-beta0", 0, 1, c->H, Vp, R, j.hidden, c->H, logits, Vp, j.dw, c->H, 0);
-            algo_sweep(t, "dW-beta1", 0, 1, c->H, Vp, R, j.hidden, c->H, logits, Vp, j.dw, c->H, 1);
+            algo_sweep(t, "logits", 1, 0, Vp, R, c->H, j.weight, c->H, j.hidden, c->H, logits, Vp, 0, (size_t)8 << 20, 0);
+            algo_sweep(t, "dX", 0, 0, c->H, R, Vp, j.weight, c->H, logits, Vp, j.dh, c->H, 0, (size_t)8 << 20, 0);
+            algo_sweep(t, "dW-beta0", 0, 1, c->H, Vp, R, j.hidden, c->H, logits, Vp, j.dw, c->H, 0, (size_t)8 << 20, 0);
+            algo_sweep(t, "dW-beta1", 0, 1, c->H, Vp, R, j.hidden, c->H, logits, Vp, j.dw, c->H, 1, (size_t)8 << 20, 0);
         }
         CK(cudaFree(logits));
 
         const float tf = time_it(run_fused, &j), tr = time_it(run_recomp, &j), tw = time_it(run_fwd, &j);
+        /* the same calls after a tuning call of each mode on the context (fl_lce_context_set_tuning) */
+        float tf2 = NAN, tr2 = NAN, tw2 = NAN;
+        if (g_tune) {
+            FLK(fl_lce_context_set_tuning(ctx, 1));
+            run_fused(&j);
+            run_recomp(&j);
+            FLK(fl_lce_context_set_tuning(ctx, 0));
+            CK(cudaStreamSynchronize(g_stream));
+            tf2 = time_it(run_fused, &j); tr2 = time_it(run_recomp, &j); tw2 = time_it(run_fwd, &j);
+        }
         float hloss = 0.0f;
         CK(cudaMemcpy(&hloss, j.loss, sizeof(float), cudaMemcpyDeviceToHost));
         const double fl1 = 2.0 * (double)c->N * (double)c->H * (double)c->V;
@@ -344,11 +371,21 @@ int main(int argc, char** argv) {
                (double)(tr / floor_ms));
         printf("  fwd only     %8.3f ms  %.0f TFLOP/s (2NHV)  ratio to the logits GEMM %.3f\n", (double)tw,
                fl1 / ((double)tw * 1e9), (double)(tw / t0));
+        if (g_tune) {
+            printf("  tuned gemm3  %8.3f ms  (each full GEMM under its fastest ranked algorithm)\n", (double)tfl);
+            printf("  tuned fused  %8.3f ms  ratio %.3f (to the tuned gemm3 %.3f)\n", (double)tf2,
+                   (double)(tf2 / floor_ms), (double)(tf2 / tfl));
+            printf("  tuned recomp %8.3f ms  ratio %.3f (to the tuned gemm3 %.3f)\n", (double)tr2,
+                   (double)(tr2 / floor_ms), (double)(tr2 / tfl));
+            printf("  tuned fwd    %8.3f ms\n", (double)tw2);
+        }
         printf("SUMMARY %lldx%lldx%lld %s budget=%zuMiB fused %.3f ms ratio %.3f | recompute %.3f ms ratio %.3f | "
-               "fwd %.3f ms | gemm3 %.3f ms | ws %.3f GiB | %s %s\n",
+               "fwd %.3f ms | gemm3 %.3f ms | tuned: fused %.3f ms ratio %.3f (%.3f to tuned gemm3 %.3f ms) "
+               "recompute %.3f ms fwd %.3f ms | ws %.3f GiB | %s %s\n",
                (long long)c->N, (long long)c->H, (long long)c->V, dt_name(c->dt), c->budget >> 20, (double)tf,
-               (double)(tf / floor_ms), (double)tr, (double)(tr / floor_ms), (double)tw, (double)floor_ms, wsg, commit,
-               date);
+               (double)(tf / floor_ms), (double)tr, (double)(tr / floor_ms), (double)tw, (double)floor_ms,
+               (double)tf2, (double)(tf2 / floor_ms), (double)(tf2 / tfl), (double)tfl, (double)tr2, (double)tw2, wsg,
+               commit, date);
         fflush(stdout);
         CK(cudaFree(j.hidden)); CK(cudaFree(j.weight)); CK(cudaFree(j.targets)); CK(cudaFree(j.dh));
         CK(cudaFree(j.dw)); CK(cudaFree(j.loss)); CK(cudaFree(j.lse)); CK(cudaFree(j.ws));

@@ -361,6 +361,22 @@ typedef struct fl_lce_context_s fl_lce_context;
 FL_API fl_status fl_lce_context_create(fl_lce_context** ctx);
 FL_API void fl_lce_context_destroy(fl_lce_context* ctx);
 
+/*! fl_lce_context_set_tuning() :
+ *  on = 1: every later CUDA linear cross-entropy call on ctx (forward, backward, vocab-parallel)
+ *  is a TUNING call until on = 0: each GEMM it makes whose shape (sizes, strides, types, pointer
+ *  alignment, beta) ctx has not tuned yet is run under each of cuBLASLt's ranked algorithms
+ *  (up to 16; one warm-up and 3 timed runs each) and the fastest is kept in ctx for every later
+ *  call with that shape. Without tuning a shape gets cuBLASLt's heuristic first pick, which on
+ *  the H200 can be ~20% slower for a chunk GEMM (NOTES.md, "Linear cross-entropy").
+ *  A tuning call SYNCHRONISES its stream (not capturable in a CUDA graph), costs about 30 times
+ *  the call, and leaves its outputs and workspace UNSPECIFIED (the trial runs accumulate into
+ *  dweight): tune with the real shapes and throw-away or to-be-overwritten outputs, switch
+ *  tuning off, then make the real calls. Tuned picks depend on timing, so two processes may
+ *  pick differently; results are bitwise reproducible for the same picks (same ctx).
+ *  on must be 0 or 1. CUDA builds only (else FL_ERR_NOT_BUILT).
+ * @return : FL_OK or FL_ERR_INVALID_ARGUMENT. */
+FL_API fl_status fl_lce_context_set_tuning(fl_lce_context* ctx, int on);
+
 typedef enum { FL_LCE_ACCUM_AUTO = 0, FL_LCE_ACCUM_FP32 = 1, FL_LCE_ACCUM_LEAN = 2 } fl_lce_accum;
 
 typedef struct fl_lce_options {

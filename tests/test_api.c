@@ -218,6 +218,7 @@ static void test_cuda_not_built(void) {
     CHECK(contains(fl_last_error(), "fl_lce_context_create"), "message: \"%s\"", fl_last_error());
     CHECK_STATUS(fl_lce_context_create(NULL), FL_ERR_NOT_BUILT, "fl_lce_context_create(NULL)");
     fl_lce_context_destroy(NULL);                 /* a no-op */
+    CHECK_STATUS(fl_lce_context_set_tuning(NULL, 1), FL_ERR_NOT_BUILT, "fl_lce_context_set_tuning");
     enum { H_ = 8 };
     static float hid[N_ * H_], w[V_ * H_], dh[N_ * H_], dw[V_ * H_];
     size_t lwsb = 0;

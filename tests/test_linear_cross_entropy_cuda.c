@@ -13,7 +13,9 @@
  *   - an out-of-range target: error flag set, loss NaN, no crash;
  *   - N * V > 2^31 (64-bit offsets): rows at the end of the batch against the CPU;
  *   - bad arguments: NULL context, misaligned ld.
- * Usage: test_linear_cross_entropy_cuda [--small] [--filter SUBSTR]
+ *   - fl_lce_context_set_tuning: its bad arguments; with --tune every case and the graph test
+ *     run after a tuning call on the same shapes (the tuned picks must give the same checks).
+ * Usage: test_linear_cross_entropy_cuda [--small] [--tune] [--filter SUBSTR]
  *   (--small: compute-sanitizer grid; --filter: only the grid cases whose name contains SUBSTR)
  * Prints "N passed, M failed"; exit status 1 on any failure; "SKIP" without a GPU.
  */
@@ -50,6 +52,7 @@ static const tol_t TOL[3] = {
 static cudaStream_t g_stream;
 static fl_lce_context* g_ctx;
 static int g_small;
+static int g_tune;  /* --tune: every case after a tuning call on the context (fl_lce_context_set_tuning) */
 static const char* g_filter;  /* --filter SUBSTR: only the grid cases whose name contains it */
 
 typedef struct {
@@ -180,6 +183,34 @@ static void run_case(const tcase* c, int mode) {
         gce.target_prob = g_tp;
         gce.error_flag = flag;
         const fl_index_dtype it = c->i64 ? FL_INDEX_I64 : FL_INDEX_I32;
+        if (g_tune) {
+            /* --tune: a tuning call of the same mode first (its outputs unspecified), then every
+             * output poisoned again: the real call below must run on the tuned picks */
+            CHECK_STATUS(fl_lce_context_set_tuning(g_ctx, 1), FL_OK, what);
+            if (mode == 0) {
+                st = fl_linear_cross_entropy_forward_cuda(g_ctx, g_loss, g_lse, g_dh, g_dw, c->bias ? g_db : NULL,
+                                                          dh_in, c->ldh, dw_in, c->ldw, c->bias ? db_in : NULL, dt_in,
+                                                          c->grad_loss ? dg : NULL, gs, c->N, c->H, c->V, c->dt,
+                                                          c->wdt, it, &gce, &lo, gws, wsb, (fl_stream)g_stream);
+            } else {
+                st = fl_linear_cross_entropy_forward_cuda(g_ctx, g_loss, g_lse, NULL, NULL, NULL, dh_in, c->ldh, dw_in,
+                                                          c->ldw, c->bias ? db_in : NULL, dt_in, NULL, 1.0f, c->N,
+                                                          c->H, c->V, c->dt, c->wdt, it, &gce, &lo, gws, wsb,
+                                                          (fl_stream)g_stream);
+                if (st == FL_OK)
+                    st = fl_linear_cross_entropy_backward_cuda(g_ctx, g_dh, g_dw, c->bias ? g_db : NULL, dh_in, c->ldh,
+                                                               dw_in, c->ldw, c->bias ? db_in : NULL, dt_in, g_lse,
+                                                               c->grad_loss ? dg : NULL, gs, c->N, c->H, c->V, c->dt,
+                                                               c->wdt, it, &gce, &lo, gws, wsb, (fl_stream)g_stream);
+            }
+            CHECK_STATUS(st, FL_OK, what);
+            CHECK_STATUS(fl_lce_context_set_tuning(g_ctx, 0), FL_OK, what);
+            CK(cudaStreamSynchronize(g_stream));
+            CK(cudaMemsetAsync(g_tp, 0xff, (size_t)c->N * 4 + 64, g_stream)); CK(cudaMemsetAsync(flag, 0, 4, g_stream));
+            CK(cudaMemsetAsync(g_loss, 0xff, nl * 4, g_stream)); CK(cudaMemsetAsync(g_lse, 0xff, (size_t)c->N * 4, g_stream));
+            CK(cudaMemsetAsync(g_dh, 0xff, (size_t)(c->N * c->H) * es, g_stream)); CK(cudaMemsetAsync(g_dw, 0xff, (size_t)(c->V * c->H) * wes, g_stream));
+            CK(cudaMemsetAsync(g_db, 0xff, (size_t)c->V * wes, g_stream)); CK(cudaMemsetAsync(gws, 0xff, wsb, g_stream));
+        }
         if (mode == 0) {
             st = fl_linear_cross_entropy_forward_cuda(g_ctx, g_loss, g_lse, g_dh, g_dw, c->bias ? g_db : NULL, dh_in,
                                                       c->ldh, dw_in, c->ldw, c->bias ? db_in : NULL, dt_in,
@@ -318,6 +349,14 @@ static void accuracy_graph_determinism(fl_dtype dt, int64_t N, int64_t H, int64_
     const fl_lce_accum modes[2] = {FL_LCE_ACCUM_FP32, FL_LCE_ACCUM_LEAN};
     for (int m = 0; m < 2; m++) {
         lo.wgrad_accum = modes[m];
+        if (g_tune) {  /* both accumulation modes' GEMMs tuned; the graph below captures tuned picks */
+            CHECK_STATUS(fl_lce_context_set_tuning(g_ctx, 1), FL_OK, what);
+            CHECK_STATUS(fl_linear_cross_entropy_forward_cuda(g_ctx, gl, NULL, gdh, gdw, NULL, dh, H, dw, H, NULL, dtg,
+                                                              NULL, 1.0f, N, H, V, dt, dt, FL_INDEX_I64, &ce, &lo, ws,
+                                                              wsb, (fl_stream)g_stream),
+                         FL_OK, what);
+            CHECK_STATUS(fl_lce_context_set_tuning(g_ctx, 0), FL_OK, what);
+        }
         CK(cudaMemsetAsync(gdw, 0xff, (size_t)(V * H) * es, g_stream));
         CHECK_STATUS(fl_linear_cross_entropy_forward_cuda(g_ctx, gl, NULL, gdh, gdw, NULL, dh, H, dw, H, NULL, dtg, NULL,
                                                           1.0f, N, H, V, dt, dt, FL_INDEX_I64, &ce, &lo, ws, wsb,
@@ -425,6 +464,9 @@ static void bad_inputs(void) {
                                               FL_DTYPE_BF16, FL_DTYPE_BF16, FL_INDEX_I64, &ce, NULL, ws, wsb,
                                               (fl_stream)g_stream);
     CHECK_STATUS(st, FL_ERR_INVALID_ARGUMENT, "NULL context");
+    CHECK_STATUS(fl_lce_context_set_tuning(NULL, 1), FL_ERR_INVALID_ARGUMENT, "set_tuning(NULL)");
+    CHECK_STATUS(fl_lce_context_set_tuning(g_ctx, 2), FL_ERR_INVALID_ARGUMENT, "set_tuning(ctx, 2)");
+    CHECK(strstr(fl_last_error(), "fl_lce_context_set_tuning") != NULL, "set_tuning message: \"%s\"", fl_last_error());
     CHECK(strstr(fl_last_error(), "fl_linear_cross_entropy_forward_cuda") != NULL, "message names the function: %s",
           fl_last_error());
     st = fl_linear_cross_entropy_forward_cuda(g_ctx, loss, NULL, dh, dw, NULL, h, H - 2, w, H, NULL, t, NULL, 1.0f, N,
@@ -491,6 +533,7 @@ static void big(void) {
 int main(int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--small")) g_small = 1;
+        else if (!strcmp(argv[i], "--tune")) g_tune = 1;
         else if (!strcmp(argv[i], "--filter") && i + 1 < argc) g_filter = argv[++i];
     }
     int ndev = 0;

@@ -24,7 +24,8 @@ __all__ = [
     "FusedLossError", "TargetOutOfRangeError", "lib", "library_path", "version_number",
     "version_string", "cuda_built", "status_string", "last_error", "CEOptions",
     "ce_options", "workspace_size", "gelu_workspace_size", "GELU_APPROX", "LCEOptions",
-    "lce_options", "lce_workspace_size", "lce_context_create", "lce_context_destroy", "LCE_ACCUM",
+    "lce_options", "lce_workspace_size", "lce_context_create", "lce_context_destroy",
+    "lce_context_set_tuning", "LCE_ACCUM",
     "NotBuiltError", "optional_symbol", "DistillOptions", "distill_options",
     "distill_workspace_size", "DISTILL_REDUCTIONS", "MarginOptions", "margin_options",
     "margin_ce_workspace_size", "MARGIN_GRAD", "FocalOptions", "focal_options",
@@ -251,6 +252,7 @@ _SIGNATURES = {
     "fl_gelu_backward_cuda": (_INT, _GELU_BWD + [_P]),
     "fl_lce_context_create": (_INT, [ctypes.POINTER(ctypes.c_void_p)]),
     "fl_lce_context_destroy": (None, [_P]),
+    "fl_lce_context_set_tuning": (_INT, [_P, _INT]),
     "fl_linear_cross_entropy_workspace_size": (
         _INT, [ctypes.POINTER(_SZ), _I64, _I64, _I64, _INT, _INT, _OPTS, _OPTS]),
     "fl_linear_cross_entropy_forward_cpu": (_INT, _LCE_FWD),
@@ -567,6 +569,13 @@ def lce_context_create():
     ctx = ctypes.c_void_p(None)
     _check(lib.fl_lce_context_create(ctypes.byref(ctx)), "fl_lce_context_create")
     return ctx.value
+
+
+def lce_context_set_tuning(ctx, on):
+    """fl_lce_context_set_tuning(): while on, calls on ctx time cuBLASLt's ranked algorithms for
+    every GEMM shape not tuned yet and keep the fastest (such calls synchronise and leave their
+    outputs unspecified: see the header)."""
+    _check(lib.fl_lce_context_set_tuning(ctx, 1 if on else 0), "fl_lce_context_set_tuning")
 
 
 def lce_context_destroy(ctx):

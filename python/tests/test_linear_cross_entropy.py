@@ -1011,3 +1011,38 @@ def test_memory_no_logits_cuda():
     logits = N * V * 2
     assert extra < grads + budget + (24 << 20), (extra, grads, logits)
     assert extra < 0.5 * logits
+
+
+@needs_cuda
+def test_first_call_of_a_shape_is_tuned_cuda(monkeypatch):
+    """The first CUDA call of a shape is preceded by one tuning call (fl_lce_context_set_tuning on
+    around it, into the same outputs); later calls of that shape make none; FUSEDLOSS_LCE_TUNE=0
+    (ops._lce_tune False) makes none; the tuned result is the untuned one within the CUDA
+    tolerance, and the CPU backend's."""
+    seen = []
+    real = _lib.lce_context_set_tuning
+    monkeypatch.setattr(_lib, "lce_context_set_tuning", lambda ctx, on: (seen.append(on), real(ctx, on)))
+    spy = _Spy(fusedloss.ops._fl)
+    monkeypatch.setattr(fusedloss.ops, "_fl", spy)
+    h, W, b, t = make_inputs((96,), 64, 1031, torch.bfloat16, "cuda", seed=7)
+    monkeypatch.setattr(fusedloss.ops, "_lce_tune", False)
+    fusedloss.ops._lce_tuned.clear()
+    xs = [x.detach().clone().requires_grad_(True) for x in (h, W, b)]
+    untuned = fusedloss.linear_cross_entropy(xs[0], xs[1], t, xs[2])
+    untuned.backward()
+    lce_calls = lambda: [c[0] for c in spy.calls if "linear_cross_entropy" in c[0]]  # noqa: E731
+    assert seen == [] and lce_calls() == ["fl_linear_cross_entropy_forward_cuda"]
+    monkeypatch.setattr(fusedloss.ops, "_lce_tune", True)
+    outs = []
+    for k in range(2):
+        ys = [x.detach().clone().requires_grad_(True) for x in (h, W, b)]
+        loss = fusedloss.linear_cross_entropy(ys[0], ys[1], t, ys[2])
+        loss.backward()
+        outs.append([loss] + [y.grad for y in ys])
+    assert seen == [True, False]  # one tuning call, for the first of the two
+    assert lce_calls() == ["fl_linear_cross_entropy_forward_cuda"] * 4  # untuned, tuning, 2 real
+    for u, v in zip(outs[0], outs[1]):
+        assert torch.equal(u, v), "two tuned calls differ"
+    ref = [untuned] + [x.grad for x in xs]
+    for u, v, n in zip(outs[0], ref, ("loss", "dh", "dw", "db")):
+        assert_close(u, v, CUDA_GRAD_TOL[torch.bfloat16], f"tuned vs untuned {n}")

@@ -66,6 +66,11 @@ fl_status fl_lce_context_create(fl_lce_context** ctx) {
 
 void fl_lce_context_destroy(fl_lce_context* ctx) { (void)ctx; }
 
+fl_status fl_lce_context_set_tuning(fl_lce_context* ctx, int on) {
+    (void)ctx; (void)on;
+    return FL_NOT_BUILT("fl_lce_context_set_tuning");
+}
+
 fl_status fl_linear_cross_entropy_forward_cuda(
     fl_lce_context* ctx, float* loss, float* lse, void* dhidden, void* dweight, void* dbias, const void* hidden,
     int64_t ld_hidden, const void* weight, int64_t ld_weight, const void* bias, const void* targets,
