@@ -20,9 +20,10 @@
  *   Inputs: hidden ~ U(-1, 1), weight ~ U(-0.05, 0.05) (logits ~ N(0, 1.7) at H = 4096), targets
  *   uniform in [0, V); never zeros.
  * Usage: bench_linear_ce [--case N H V dtype budget_MiB]... [--reps R] [--warmup W] [--phases R] [--algos R]
- *                        [--no-tune] [--no-floor]
+ *                        [--chunk-rows R] [--fused-only] [--no-tune] [--no-floor]
  *   (--no-floor: skip the cuBLASLt floor, e.g. under a profiler; --phases R: each piece of one chunk of
- *   R rows timed alone; --algos R: each chunk GEMM timed with every one of cuBLASLt's ranked algorithms)
+ *   R rows timed alone; --algos R: each chunk GEMM timed with every one of cuBLASLt's ranked algorithms;
+ *   --chunk-rows R: that chunk size instead of the budget's; --fused-only: only mode 1, no tuned floor)
  *   Default grid: the issue's targets (8192x4096x128256 bf16 at 512 and 256 MiB, 8192x768x50257
  *   bf16, 8192x2304x256000 bf16 at 256 MiB).
  */
@@ -41,7 +42,8 @@
 
 typedef struct { int64_t N, H, V; fl_dtype dt; size_t budget; } lcase;
 
-static int g_reps = 20, g_warmup = 3, g_no_floor = 0, g_tune = 1;
+static int g_reps = 20, g_warmup = 3, g_no_floor = 0, g_tune = 1, g_fused_only = 0;
+static int64_t g_chunk_rows = 0;  /* --chunk-rows R: lce_opts.chunk_rows for every case (0: from the budget) */
 static int64_t g_phase_rows = 0;  /* --phases R: time the per-chunk pieces at R rows */
 static int64_t g_algo_rows = 0;   /* --algos R: time cuBLASLt's ranked algorithms for each chunk GEMM */
 static cudaStream_t g_stream;
@@ -228,12 +230,16 @@ int main(int argc, char** argv) {
             g_phase_rows = atoll(argv[++i]);
         } else if (!strcmp(argv[i], "--algos") && i + 1 < argc) {
             g_algo_rows = atoll(argv[++i]);
+        } else if (!strcmp(argv[i], "--fused-only")) {
+            g_fused_only = 1;  /* chunk-size sweeps: no tuned floor, no recompute / forward-only timing */
+        } else if (!strcmp(argv[i], "--chunk-rows") && i + 1 < argc) {
+            g_chunk_rows = atoll(argv[++i]);
         } else if (!strcmp(argv[i], "--no-tune")) {
             g_tune = 0;
         } else if (!strcmp(argv[i], "--no-floor")) {
             g_no_floor = 1;  /* for profiles: only the library's kernels */
         } else {
-            fprintf(stderr, "usage: bench_linear_ce [--case N H V dtype budget_MiB]... [--reps R] [--warmup W] [--phases R] [--algos R] [--no-tune] [--no-floor]\n");
+            fprintf(stderr, "usage: bench_linear_ce [--case N H V dtype budget_MiB]... [--reps R] [--warmup W] [--phases R] [--algos R] [--chunk-rows R] [--fused-only] [--no-tune] [--no-floor]\n");
             return 2;
         }
     }
@@ -278,6 +284,7 @@ int main(int argc, char** argv) {
         fl_ce_options ce = FL_CE_OPTIONS_INIT;
         fl_lce_options lo = FL_LCE_OPTIONS_INIT;
         lo.byte_budget = c->budget;
+        lo.chunk_rows = g_chunk_rows;
         j.ce = ce; j.lo = lo;
         FLK(fl_linear_cross_entropy_workspace_size(&j.ws_bytes, c->N, c->H, c->V, c->dt, c->dt, &j.ce, &j.lo));
         CK(cudaMalloc(&j.ws, j.ws_bytes));
@@ -297,7 +304,7 @@ int main(int argc, char** argv) {
         /* the tuned floor: each full GEMM under the fastest of cuBLASLt's ranked algorithms (32 MiB
          * of cuBLASLt workspace: every advantage the floor can have), to set beside the tuned op */
         float tfl = NAN;
-        if (!g_no_floor && g_tune)
+        if (!g_no_floor && g_tune && !g_fused_only)
             tfl = algo_sweep(t, "full-logits", 1, 0, Vp, c->N, c->H, j.weight, c->H, j.hidden, c->H, logits, Vp, 0,
                              BLAS_WS, 1) +
                   algo_sweep(t, "full-dX", 0, 0, c->H, c->N, Vp, j.weight, c->H, logits, Vp, j.dh, c->H, 0, BLAS_WS, 1) +
@@ -345,23 +352,26 @@ int main(int argc, char** argv) {
         }
         CK(cudaFree(logits));
 
-        const float tf = time_it(run_fused, &j), tr = time_it(run_recomp, &j), tw = time_it(run_fwd, &j);
+        const float tf = time_it(run_fused, &j);
+        const float tr = g_fused_only ? NAN : time_it(run_recomp, &j), tw = g_fused_only ? NAN : time_it(run_fwd, &j);
         /* the same calls after a tuning call of each mode on the context (fl_lce_context_set_tuning) */
         float tf2 = NAN, tr2 = NAN, tw2 = NAN;
         if (g_tune) {
             FLK(fl_lce_context_set_tuning(ctx, 1));
             run_fused(&j);
-            run_recomp(&j);
+            if (!g_fused_only) run_recomp(&j);
             FLK(fl_lce_context_set_tuning(ctx, 0));
             CK(cudaStreamSynchronize(g_stream));
-            tf2 = time_it(run_fused, &j); tr2 = time_it(run_recomp, &j); tw2 = time_it(run_fwd, &j);
+            tf2 = time_it(run_fused, &j);
+            if (!g_fused_only) { tr2 = time_it(run_recomp, &j); tw2 = time_it(run_fwd, &j); }
         }
         float hloss = 0.0f;
         CK(cudaMemcpy(&hloss, j.loss, sizeof(float), cudaMemcpyDeviceToHost));
         const double fl1 = 2.0 * (double)c->N * (double)c->H * (double)c->V;
         const double wsg = (double)j.ws_bytes / (double)(1u << 30);
-        printf("\ncase N=%lld H=%lld V=%lld %s budget %zu MiB: workspace %.3f GiB  loss %.5f\n", (long long)c->N,
-               (long long)c->H, (long long)c->V, dt_name(c->dt), c->budget >> 20, wsg, (double)hloss);
+        printf("\ncase N=%lld H=%lld V=%lld %s budget %zu MiB chunk_rows %lld: workspace %.3f GiB  loss %.5f\n",
+               (long long)c->N, (long long)c->H, (long long)c->V, dt_name(c->dt), c->budget >> 20,
+               (long long)g_chunk_rows, wsg, (double)hloss);
         printf("  gemm3 (V->%lld) %8.3f ms  (logits %.3f, dX %.3f, dW %.3f)  %.0f TFLOP/s\n", (long long)Vp,
                (double)floor_ms, (double)t0, (double)t1, (double)t2, 3.0 * fl1 * (double)Vp / (double)c->V /
                ((double)floor_ms * 1e9));
@@ -379,11 +389,11 @@ int main(int argc, char** argv) {
                    (double)(tr2 / floor_ms), (double)(tr2 / tfl));
             printf("  tuned fwd    %8.3f ms\n", (double)tw2);
         }
-        printf("SUMMARY %lldx%lldx%lld %s budget=%zuMiB fused %.3f ms ratio %.3f | recompute %.3f ms ratio %.3f | "
+        printf("SUMMARY %lldx%lldx%lld %s budget=%zuMiB rows=%lld fused %.3f ms ratio %.3f | recompute %.3f ms ratio %.3f | "
                "fwd %.3f ms | gemm3 %.3f ms | tuned: fused %.3f ms ratio %.3f (%.3f to tuned gemm3 %.3f ms) "
                "recompute %.3f ms fwd %.3f ms | ws %.3f GiB | %s %s\n",
-               (long long)c->N, (long long)c->H, (long long)c->V, dt_name(c->dt), c->budget >> 20, (double)tf,
-               (double)(tf / floor_ms), (double)tr, (double)(tr / floor_ms), (double)tw, (double)floor_ms,
+               (long long)c->N, (long long)c->H, (long long)c->V, dt_name(c->dt), c->budget >> 20,
+               (long long)g_chunk_rows, (double)tf, (double)(tf / floor_ms), (double)tr, (double)(tr / floor_ms), (double)tw, (double)floor_ms,
                (double)tf2, (double)(tf2 / floor_ms), (double)(tf2 / tfl), (double)tfl, (double)tr2, (double)tw2, wsg,
                commit, date);
         fflush(stdout);

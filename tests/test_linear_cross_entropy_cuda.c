@@ -464,11 +464,11 @@ static void bad_inputs(void) {
                                               FL_DTYPE_BF16, FL_DTYPE_BF16, FL_INDEX_I64, &ce, NULL, ws, wsb,
                                               (fl_stream)g_stream);
     CHECK_STATUS(st, FL_ERR_INVALID_ARGUMENT, "NULL context");
+    CHECK(strstr(fl_last_error(), "fl_linear_cross_entropy_forward_cuda") != NULL, "message names the function: %s",
+          fl_last_error());
     CHECK_STATUS(fl_lce_context_set_tuning(NULL, 1), FL_ERR_INVALID_ARGUMENT, "set_tuning(NULL)");
     CHECK_STATUS(fl_lce_context_set_tuning(g_ctx, 2), FL_ERR_INVALID_ARGUMENT, "set_tuning(ctx, 2)");
     CHECK(strstr(fl_last_error(), "fl_lce_context_set_tuning") != NULL, "set_tuning message: \"%s\"", fl_last_error());
-    CHECK(strstr(fl_last_error(), "fl_linear_cross_entropy_forward_cuda") != NULL, "message names the function: %s",
-          fl_last_error());
     st = fl_linear_cross_entropy_forward_cuda(g_ctx, loss, NULL, dh, dw, NULL, h, H - 2, w, H, NULL, t, NULL, 1.0f, N,
                                               H - 2, V, FL_DTYPE_BF16, FL_DTYPE_BF16, FL_INDEX_I64, &ce, NULL, ws, wsb,
                                               (fl_stream)g_stream);
