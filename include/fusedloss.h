@@ -340,9 +340,10 @@ FL_API fl_status fl_scale_rows_cuda(void* x, int64_t N, int64_t V, int64_t ld, f
  *  Workspace: fl_linear_cross_entropy_workspace_size() bytes (CUDA: device memory, 256-byte
  *  aligned), content ignored and clobbered; its size is about chunk_rows·Vpad·esize (the logits
  *  chunk; Vpad = V rounded up to 64) + the accumulator (FP32 mode) + the cuBLASLt workspace
- *  (8 MiB) + 16·N bytes (+ chunk_rows·4·H when V is not a multiple of 64 and dtype is 16-bit: the
- *  CUDA GEMMs then run on V rounded down to 64 and on the rest separately, because cuBLAS is
- *  several times slower on an odd V, and dhidden's two parts are summed in fp32). chunk_rows is
+ *  (8 MiB) + 16·N bytes + 16·chunk_rows bytes per 8 KB of a logits row (+ chunk_rows·4·H when V
+ *  is not a multiple of 64 and dtype is 16-bit: the CUDA GEMMs then run on V rounded down to 64
+ *  and on the rest separately, because cuBLAS is several times slower on an odd V, and dhidden's
+ *  two parts are summed in fp32). chunk_rows is
  *  lce_opts->chunk_rows when > 0, else about the most rows (a multiple of 64 unless N is smaller)
  *  whose workspace fits byte_budget (default 512 MiB; at least one 64-row chunk whatever the
  *  budget), then evened out over the chunks (N = 8192 with room for 1900 rows: 4 x 1664 + 1536,
@@ -365,10 +366,11 @@ FL_API void fl_lce_context_destroy(fl_lce_context* ctx);
  *  on = 1: every later CUDA linear cross-entropy call on ctx (forward, backward, vocab-parallel)
  *  is a TUNING call until on = 0: each GEMM it makes whose shape (sizes, strides, types, pointer
  *  alignment, beta) ctx has not tuned yet is run under each of cuBLASLt's ranked algorithms
- *  (up to 16; one warm-up and 3 timed runs each) and the fastest is kept in ctx for every later
- *  call with that shape. Without tuning a shape gets cuBLASLt's heuristic first pick, which on
- *  the H200 can be ~20% slower for a chunk GEMM (NOTES.md, "Linear cross-entropy").
- *  A tuning call SYNCHRONISES its stream (not capturable in a CUDA graph), costs about 30 times
+ *  (up to 16, timed in 5 interleaved rounds after a warm-up round; medians compared) and the
+ *  fastest is kept in ctx for every later call with that shape, if it beats cuBLASLt's heuristic
+ *  first pick by >= 3% (else that pick stays). On the H200 tuning took 3-10% off the step at
+ *  8192x768x50257 and 8192x2304x256000 bf16 (NOTES.md, "Linear cross-entropy").
+ *  A tuning call SYNCHRONISES its stream (not capturable in a CUDA graph), costs about 50 times
  *  the call, and leaves its outputs and workspace UNSPECIFIED (the trial runs accumulate into
  *  dweight): tune with the real shapes and throw-away or to-be-overwritten outputs, switch
  *  tuning off, then make the real calls. Tuned picks depend on timing, so two processes may

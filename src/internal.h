@@ -61,6 +61,9 @@ size_t fl__index_size(fl_index_dtype dtype);
 size_t fl__ce_workspace_bytes(int64_t N, int64_t V, fl_dtype dtype);
 /* Upper bound of the chunks per row of the CUDA row kernels (sizes the workspace). */
 int64_t fl__ce_chunks(int64_t V, size_t esize);
+/* The least size of the statistics region above: the two-stage setup / reduce kernels of a big
+ * batch keep 3 doubles per CTA there (CE_STAGE_CTAS = 128 in src/cuda/cross_entropy.cu). */
+#define FL__CE_STAGE_SCRATCH 3072
 
 /* Byte range [lo, hi) of a buffer (empty when p is NULL or n == 0) and whether two overlap: the
  * aliasing checks of every validator. */
@@ -269,7 +272,8 @@ typedef struct {
     int64_t chunks;       /* ceil(N / chunk_rows) (0 when N == 0) */
     int64_t ldl;          /* row stride (elements) of the logits chunk: V rounded up to 64 */
     int     accum_fp32;   /* 1: an fp32 [V, H] dweight accumulator (16-bit wgrad_dtype, FP32/AUTO) */
-    size_t  off_ce;       /* CE workspace for all N rows: fl__ce_workspace_bytes(N, V, dtype) */
+    size_t  off_ce;       /* CE workspace: header and per-row partials of all N rows, the
+                             statistics region for one chunk of rows (see lce_validate.c) */
     size_t  off_logits;   /* chunk_rows * ldl * esize(dtype): logits, then dlogits in place */
     size_t  off_acc;      /* accum_fp32: 4 * V * H bytes, else 0 bytes */
     size_t  off_bacc;     /* fp32 [V] dbias accumulator (+ spare) */

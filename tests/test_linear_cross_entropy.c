@@ -688,7 +688,8 @@ static void test_chunks(tu_rng* rng) {
             big.chunk_rows = 1;
             fl__lce_make_plan("test", N, H, V, dt, dt, &p.o, &big, &plan);
             const size_t es = tu_dtype_size(dt);
-            const size_t per_row = (size_t)plan.ldl * es + es + (V % 64 && es == 2 ? 4 * (size_t)H : 0);
+            const size_t per_row = (size_t)plan.ldl * es + es + (V % 64 && es == 2 ? 4 * (size_t)H : 0) +
+                                   16 * (size_t)fl__ce_chunks(V, es);
             const size_t fixed = plan.total - (plan.off_acc - plan.off_logits) - (plan.off_blas - plan.off_ones);
             const int64_t settings[5] = {1, 3, 64, 100, 0};
             for (int s = 0; s < 5; s++) {
@@ -910,14 +911,14 @@ typedef struct { int64_t rows, chunks, ldl; int acc; uint64_t total; } xplan;
 static xplan expect_plan(int64_t N, int64_t H, int64_t V, fl_dtype dt, fl_dtype wdt, fl_lce_accum accum,
                          uint64_t budget, int64_t chunk_opt) {
     xplan e;
-    size_t ceb = 0;
-    fl_cross_entropy_workspace_size(&ceb, N, V, dt, NULL);
     const uint64_t es = tu_dtype_size(dt), ldl = ((uint64_t)V + 63) / 64 * 64, acc = 4ull * (uint64_t)V * (uint64_t)H;
+    /* the CE region: header + per-row partials of all N rows, statistics of one chunk of rows */
+    const uint64_t ce0 = 256 + al256(16ull * (uint64_t)N), srow = 16ull * (uint64_t)fl__ce_chunks(V, es);
     e.ldl = (int64_t)ldl;
     e.acc = wdt != FL_DTYPE_F32 && (accum == FL_LCE_ACCUM_FP32 || (accum == FL_LCE_ACCUM_AUTO && acc <= budget / 2));
-    const uint64_t fixed = ceb + (e.acc ? acc : 0) + 4ull * (uint64_t)V + ((uint64_t)8 << 20) + 4096;
+    const uint64_t fixed = ce0 + 3072 + 256 + (e.acc ? acc : 0) + 4ull * (uint64_t)V + ((uint64_t)8 << 20) + 4096;
     const uint64_t dh32 = (V % 64 && es == 2) ? 4ull * (uint64_t)H : 0;  /* odd V, 16-bit: fp32 dhidden rows */
-    const uint64_t per = ldl * es + es + dh32;
+    const uint64_t per = ldl * es + es + dh32 + srow;
     if (N == 0) e.rows = 1;
     else if (chunk_opt > 0) e.rows = chunk_opt < N ? chunk_opt : N;
     else {
@@ -932,7 +933,8 @@ static xplan expect_plan(int64_t N, int64_t H, int64_t V, fl_dtype dt, fl_dtype 
         }
     }
     e.chunks = N == 0 ? 0 : (N + e.rows - 1) / e.rows;
-    uint64_t off = al256(ceb);
+    const uint64_t st = (uint64_t)e.rows * srow < 3072 ? 3072 : (uint64_t)e.rows * srow;
+    uint64_t off = al256(ce0 + al256(st));
     off = al256(off + (uint64_t)e.rows * ldl * es);
     off = al256(off + (e.acc ? acc : 0));
     off = al256(off + 4ull * (uint64_t)V);
@@ -994,8 +996,9 @@ static void test_plan(tu_rng* rng) {
                             }
                             /* layout: order, 256-alignment, sizes, disjoint, the total covers it all */
                             const size_t es = tu_dtype_size(dt);
-                            size_t ceb;
-                            fl_cross_entropy_workspace_size(&ceb, N, V, dt, NULL);
+                            const size_t srow = 16 * (size_t)fl__ce_chunks(V, es);
+                            const size_t st_b = (size_t)pl.chunk_rows * srow < 3072 ? 3072 : (size_t)pl.chunk_rows * srow;
+                            const size_t ceb = 256 + (size_t)al256(16 * (uint64_t)N) + st_b;
                             const size_t dh32 = (V % 64 && es == 2) ? 4 * (size_t)H : 0;
                             const size_t offs[7] = {pl.off_ce, pl.off_logits, pl.off_acc, pl.off_bacc, pl.off_ones,
                                                     pl.off_dh32, pl.off_blas};
@@ -1015,8 +1018,9 @@ static void test_plan(tu_rng* rng) {
                                 ok &= pl.chunk_rows == N || pl.chunk_rows % 64 == 0;
                             layout_bad += !ok;
                             /* fits the budget when chunk_rows == 0 and the budget holds one 64-row chunk */
-                            const uint64_t fixed = ceb + (pl.accum_fp32 ? 4ull * V * H : 0) + 4ull * V + (8ull << 20) + 4096;
-                            if (copt == 0 && budgets[u] >= fixed + 64ull * ((uint64_t)pl.ldl * es + es + dh32))
+                            const uint64_t fixed = 256 + al256(16 * (uint64_t)N) + 3072 + 256 +
+                                                   (pl.accum_fp32 ? 4ull * V * H : 0) + 4ull * V + (8ull << 20) + 4096;
+                            if (copt == 0 && budgets[u] >= fixed + 64ull * ((uint64_t)pl.ldl * es + es + dh32 + srow))
                                 fit_bad += pl.total > budgets[u];
                         }
     CHECK(mismatches == 0, "plan: %ld of %ld cases differ from the rules", mismatches, cases);
@@ -1029,9 +1033,11 @@ static void test_plan(tu_rng* rng) {
     {
         const int64_t N = 1000, H = 64, V = 1000;
         const fl_dtype dt = FL_DTYPE_BF16;
-        size_t ceb;
-        fl_cross_entropy_workspace_size(&ceb, N, V, dt, NULL);
-        const uint64_t per = 1024 * 2 + 2 + 4 * 64 /* odd V: fp32 dhidden row */, fixed = ceb + 4ull * 64 * 1000 + 4000 + (8ull << 20) + 4096;
+        /* CE: 256 + 16 N aligned + the stage scratch and its alignment; per row: the logits row, a
+         * ones element, the fp32 dhidden row (odd V) and 16 bytes of statistics (V = 1000 bf16: one
+         * V chunk) */
+        const uint64_t ce0 = 256 + al256(16 * (uint64_t)N) + 3072 + 256;
+        const uint64_t per = 1024 * 2 + 2 + 4 * 64 + 16, fixed = ce0 + 4ull * 64 * 1000 + 4000 + (8ull << 20) + 4096;
         const int64_t room[4] = {448, 512, 960, 63}, want_rows[4] = {384, 512, 512, 64}, want_chunks[4] = {3, 2, 2, 16};
         for (int k = 0; k < 4; k++) {
             fl_lce_options lo = FL_LCE_OPTIONS_INIT;

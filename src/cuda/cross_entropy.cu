@@ -1873,6 +1873,8 @@ __global__ void __launch_bounds__(1024) ce_reduce_kernel(CeArgs a, int denoms) {
 // for both its setup and its reduce (the reduce never sums denominators itself here).
 #define CE_TWO_STAGE_ROWS 4096
 #define CE_STAGE_CTAS 128
+// the linear CE sizes the statistics region for one chunk of rows, never below this scratch
+static_assert(3 * CE_STAGE_CTAS * sizeof(double) <= FL__CE_STAGE_SCRATCH, "stage scratch");
 
 // Fixed-order CTA sum of two doubles (per-thread values): shuffle tree, warps in order. Thread 0.
 __device__ __forceinline__ void block_sum2(double& x, double& y, double (*sh)[32]) {
