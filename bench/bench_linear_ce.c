@@ -21,10 +21,11 @@
  *   Inputs: hidden ~ U(-1, 1), weight ~ U(-0.05, 0.05) (logits ~ N(0, 1.7) at H = 4096), targets
  *   uniform in [0, V); never zeros.
  * Usage: bench_linear_ce [--case N H V dtype budget_MiB]... [--reps R] [--warmup W] [--phases R] [--algos R]
- *                        [--chunk-rows R] [--fused-only] [--no-tune] [--no-floor]
+ *                        [--chunk-rows R] [--overlap R S,S..] [--fused-only] [--no-tune] [--no-floor]
  *   (--no-floor: skip the cuBLASLt floor, e.g. under a profiler; --phases R: each piece of one chunk of
  *   R rows timed alone; --algos R: each chunk GEMM timed with every one of cuBLASLt's ranked algorithms;
- *   --chunk-rows R: that chunk size instead of the budget's; --fused-only: only mode 1, no tuned floor)
+ *   --chunk-rows R: that chunk size instead of the budget's; --fused-only: only mode 1, no tuned floor;
+ *   --overlap R S,..: one chunk's CE beside another's dX + dW GEMMs on S SMs: see overlap_probe)
  *   Default grid: the issue's targets (8192x4096x128256 bf16 at 512 and 256 MiB, 8192x768x50257
  *   bf16, 8192x2304x256000 bf16 at 256 MiB).
  */
@@ -47,6 +48,8 @@ static int g_reps = 20, g_warmup = 3, g_no_floor = 0, g_tune = 1, g_fused_only =
 static int64_t g_chunk_rows = 0;  /* --chunk-rows R: lce_opts.chunk_rows for every case (0: from the budget) */
 static int64_t g_phase_rows = 0;  /* --phases R: time the per-chunk pieces at R rows */
 static int64_t g_algo_rows = 0;   /* --algos R: time cuBLASLt's ranked algorithms for each chunk GEMM */
+static int64_t g_ovl_rows = 0;    /* --overlap R S,S,..: the CE of one chunk beside the dX + dW GEMMs of another */
+static int g_ovl_sms[16], g_ovl_n = 0;
 static cudaStream_t g_stream;
 static cublasLtHandle_t g_lt;
 static void* g_blas_ws;
@@ -69,11 +72,15 @@ typedef struct {
     cublasLtMatmulAlgo_t algo;
     const void *A, *B;
     void* D;
+    int beta;
 } gemm_t;
 
-static void gemm_make(gemm_t* g, cudaDataType_t t, int ta, int tb, int64_t m, int64_t n, int64_t k, const void* A,
-                      int64_t lda, const void* B, int64_t ldb, void* D, int64_t ldd) {
+static void gemm_make_ex(gemm_t* g, cudaDataType_t t, int ta, int tb, int64_t m, int64_t n, int64_t k, const void* A,
+                         int64_t lda, const void* B, int64_t ldb, void* D, int64_t ldd, int sm_target, int beta) {
     BK(cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    g->beta = beta;
+    if (sm_target > 0)
+        BK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm_target, sizeof(sm_target)));
     cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     BK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof(oa)));
     BK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof(ob)));
@@ -92,11 +99,16 @@ static void gemm_make(gemm_t* g, cudaDataType_t t, int ta, int tb, int64_t m, in
     BK(cublasLtMatmulPreferenceDestroy(pref));
     g->A = A; g->B = B; g->D = D;
 }
-static void gemm_run(const gemm_t* g) {
-    const float one = 1.0f, zero = 0.0f;
-    BK(cublasLtMatmul(g_lt, g->desc, &one, g->A, g->a, g->B, g->b, &zero, g->D, g->d, g->D, g->d, &g->algo,
-                      g_blas_ws, BLAS_WS, g_stream));
+static void gemm_make(gemm_t* g, cudaDataType_t t, int ta, int tb, int64_t m, int64_t n, int64_t k, const void* A,
+                      int64_t lda, const void* B, int64_t ldb, void* D, int64_t ldd) {
+    gemm_make_ex(g, t, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, 0, 0);
 }
+static void gemm_run_on(const gemm_t* g, cudaStream_t st) {
+    const float one = 1.0f, zero = 0.0f;
+    BK(cublasLtMatmul(g_lt, g->desc, &one, g->A, g->a, g->B, g->b, g->beta ? &one : &zero, g->D, g->d, g->D, g->d,
+                      &g->algo, g_blas_ws, BLAS_WS, st));
+}
+static void gemm_run(const gemm_t* g) { gemm_run_on(g, g_stream); }
 static void gemm_free(gemm_t* g) {
     cublasLtMatmulDescDestroy(g->desc);
     cublasLtMatrixLayoutDestroy(g->a); cublasLtMatrixLayoutDestroy(g->b); cublasLtMatrixLayoutDestroy(g->d);
@@ -212,6 +224,68 @@ static float algo_sweep(cudaDataType_t t, const char* name, int ta, int tb, int6
     return best;
 }
 
+/* --overlap R S1,S2,..: can a chunk's CE run beside the previous chunk's dX and dW GEMMs? At R rows,
+ * the CE (fused, in place) on one [R, Vp] region while dX and dW (beta 1) read another, the GEMMs
+ * limited to S SMs (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET; 0 = no limit), the CE's grid as
+ * FUSEDLOSS_CE_TMA_GRID says (clusters; unset = every SM): each alone, then together (fork/join
+ * with events; the CE issued first). Exploratory: the library does not overlap yet. */
+static float ovl_time(gemm_t* g, int ng, int ce_on, void* buf, void* loss, const void* tg, int64_t R, int64_t V,
+                      int64_t Vp, fl_dtype dt, void* cws, size_t cwb, cudaStream_t sa, cudaStream_t sb) {
+    cudaEvent_t e0, e1, eb;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1)); CK(cudaEventCreateWithFlags(&eb, cudaEventDisableTiming));
+    float ms[64];
+    const int n = g_reps < 64 ? g_reps : 64;
+    for (int k = 0; k < n + 3; k++) {
+        CK(cudaEventRecord(e0, sa));
+        if (ce_on) {
+            CK(cudaStreamWaitEvent(sb, e0, 0));
+            FLK(fl_cross_entropy_fused_cuda((float*)loss, NULL, buf, buf, tg, NULL, 1.0f, R, V, Vp, dt, FL_INDEX_I64,
+                                            NULL, cws, cwb, (fl_stream)sb));
+            CK(cudaEventRecord(eb, sb));
+        }
+        for (int i = 0; i < ng; i++) gemm_run_on(&g[i], sa);
+        if (ce_on) CK(cudaStreamWaitEvent(sa, eb, 0));
+        CK(cudaEventRecord(e1, sa));
+        CK(cudaEventSynchronize(e1));
+        if (k >= 3) CK(cudaEventElapsedTime(&ms[k - 3], e0, e1));
+    }
+    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1)); CK(cudaEventDestroy(eb));
+    return median(ms, n);
+}
+
+static void overlap_probe(cudaDataType_t t, const lcase* c, job* j, void* logits, int64_t Vp) {
+    const int64_t R = g_ovl_rows;
+    const size_t es = dt_size(c->dt);
+    if (2 * R > c->N) { printf("  overlap: needs 2 R <= N\n"); return; }
+    void* bufB = (char*)logits + (size_t)(R * Vp) * es;  /* the CE's region; the GEMMs read the first */
+    size_t cwb = 0;
+    FLK(fl_cross_entropy_workspace_size(&cwb, R, c->V, c->dt, NULL));
+    void* cws = NULL;
+    CK(cudaMalloc(&cws, cwb));
+    cudaStream_t sb;
+    CK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
+    const char* gr = getenv("FUSEDLOSS_CE_TMA_GRID");
+    const float ce = ovl_time(NULL, 0, 1, bufB, j->loss, j->targets, R, c->V, Vp, c->dt, cws, cwb, g_stream, sb);
+    for (int si = 0; si < g_ovl_n; si++) {
+        const int S = g_ovl_sms[si];
+        gemm_t g[2];
+        gemm_make_ex(&g[0], t, 0, 0, c->H, R, Vp, j->weight, c->H, logits, Vp, j->dh, c->H, S, 0);
+        gemm_make_ex(&g[1], t, 0, 1, c->H, Vp, R, j->hidden, c->H, logits, Vp, j->dw, c->H, S, 1);
+        const float gx = ovl_time(&g[0], 1, 0, NULL, NULL, NULL, R, c->V, Vp, c->dt, cws, cwb, g_stream, sb);
+        const float gw = ovl_time(&g[1], 1, 0, NULL, NULL, NULL, R, c->V, Vp, c->dt, cws, cwb, g_stream, sb);
+        const float both = ovl_time(g, 2, 1, bufB, j->loss, j->targets, R, c->V, Vp, c->dt, cws, cwb, g_stream, sb);
+        printf("OVERLAP %lldx%lldx%lld rows %lld ce_grid %s gemm_sms %d: CE alone %.3f  dX %.3f  dW(beta 1) %.3f  "
+               "sum %.3f  together %.3f ms  (hidden %.3f of the CE's %.3f)\n",
+               (long long)c->N, (long long)c->H, (long long)c->V, (long long)R, gr ? gr : "all", S, (double)ce,
+               (double)gx, (double)gw, (double)(ce + gx + gw), (double)both, (double)(ce + gx + gw - both), (double)ce);
+        fflush(stdout);
+        gemm_free(&g[0]);
+        gemm_free(&g[1]);
+    }
+    CK(cudaStreamDestroy(sb));
+    CK(cudaFree(cws));
+}
+
 int main(int argc, char** argv) {
     lcase cases[32];
     int nc = 0;
@@ -231,6 +305,12 @@ int main(int argc, char** argv) {
             g_phase_rows = atoll(argv[++i]);
         } else if (!strcmp(argv[i], "--algos") && i + 1 < argc) {
             g_algo_rows = atoll(argv[++i]);
+        } else if (!strcmp(argv[i], "--overlap") && i + 2 < argc) {
+            g_ovl_rows = atoll(argv[++i]);
+            for (char* q = argv[++i]; *q && g_ovl_n < 16;) {
+                g_ovl_sms[g_ovl_n++] = (int)strtol(q, &q, 10);
+                if (*q == ',') q++; else break;
+            }
         } else if (!strcmp(argv[i], "--fused-only")) {
             g_fused_only = 1;  /* chunk-size sweeps: no tuned floor, no recompute / forward-only timing */
         } else if (!strcmp(argv[i], "--chunk-rows") && i + 1 < argc) {
@@ -240,7 +320,7 @@ int main(int argc, char** argv) {
         } else if (!strcmp(argv[i], "--no-floor")) {
             g_no_floor = 1;  /* for profiles: only the library's kernels */
         } else {
-            fprintf(stderr, "usage: bench_linear_ce [--case N H V dtype budget_MiB]... [--reps R] [--warmup W] [--phases R] [--algos R] [--chunk-rows R] [--fused-only] [--no-tune] [--no-floor]\n");
+            fprintf(stderr, "usage: bench_linear_ce [--case N H V dtype budget_MiB]... [--reps R] [--warmup W] [--phases R] [--algos R] [--chunk-rows R] [--overlap R S,S..] [--fused-only] [--no-tune] [--no-floor]\n");
             return 2;
         }
     }
@@ -344,6 +424,7 @@ int main(int argc, char** argv) {
                    (long long)R, nch, (double)p0, (double)p1, (double)p2, (double)pce, nch * (double)(p0 + p1 + p2),
                    (double)floor_ms, nch * (double)pce);
         }
+        if (g_ovl_rows > 0) overlap_probe(t, c, &j, logits, Vp);
         if (g_algo_rows > 0 && g_algo_rows <= c->N) {
             const int64_t R = g_algo_rows;
             algo_sweep(t, "logits", 1, 0, Vp, R, c->H, j.weight, c->H, j.hidden, c->H, logits, Vp, 0, (size_t)8 << 20, 0);
