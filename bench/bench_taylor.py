@@ -22,7 +22,8 @@ Providers (a missing or failing one prints why; the run goes on):
              log_softmax over the target-masked logits, in float32)
   compile    torch.compile of that eager function (inductor)
 Per (case, provider): median ms of --reps forward + backward steps (loss.backward(); CUDA events;
-input sets rotated, together larger than L2), the ratio to the floor (read the logits + write
+input sets rotated, together larger than L2; "graph": the same steps captured in one CUDA graph per
+input set and replayed, the GPU time with the host out of the way), the ratio to the floor (read the logits + write
 dlogits at the device-to-device copy bandwidth measured in the same run), the peak extra memory of
 one step (torch.cuda.max_memory_allocated() during it minus what was allocated before minus the
 gradient it leaves), and the abs error of the loss and the max abs error of the gradient vs a float64
@@ -153,7 +154,8 @@ def main():
         print("SKIP: bench_taylor.py needs a CUDA device")
         return 0
     import fusedloss
-    from torch_timing import copy_bw, rotating_step, step_extra_bytes, summary_parts, timed, write_results
+    from torch_timing import (copy_bw, graph_ms, rotating_step, step_extra_bytes, summary_parts, timed,
+                              write_results)
 
     bw = copy_bw()
     print(f"bench_taylor: torch {torch.__version__} | {torch.cuda.get_device_name()} | fusedloss "
@@ -204,16 +206,25 @@ def main():
                 f = make_provider(name, args.order, lam)
                 step = rotating_step(f, xs, ts)
                 med, mn = timed(step, args.reps, args.warmup)
+
+                def gstep(i, f=f):
+                    xs[i].grad = None
+                    f(xs[i], ts[i]).backward()
+                gms, why = graph_ms(gstep, len(xs), args.reps)
+                if why:
+                    print(f"{case:>10} {name:>10}: CUDA graph: {why}")
                 extra = step_extra_bytes(f, xs, ts)
                 sk = xk.clone().requires_grad_(True)
                 lk = f(sk, tk)
                 lk.backward()
                 err_loss = abs(lk.double().item() - ref_loss.item())
                 err_grad = (sk.grad.double() - ref_grad).abs().max().item()
-                r.update(ms=med, min_ms=mn, ratio=med / floor_ms, extra_mib=extra / 2**20,
+                r.update(ms=med, min_ms=mn, ratio=med / floor_ms, graph_ms=gms, graph_ratio=gms / floor_ms,
+                         extra_mib=extra / 2**20,
                          err_loss=err_loss, err_grad=err_grad, ref_loss=ref_loss.item(),
                          ref_grad_max=ref_grad.abs().max().item())
                 print(f"{case:>10} {name:>10}: {med:8.3f} ms (min {mn:.3f}) {med / floor_ms:6.2f}x floor "
+                      f"| graph {gms:8.3f} ms {gms / floor_ms:6.2f}x "
                       f"extra {extra / 2**20:9.1f} MiB  |dloss| {err_loss:.2e} |dgrad| {err_grad:.2e} "
                       f"(max |grad| {r['ref_grad_max']:.2e})")
             except Exception as e:  # noqa: BLE001  (report, continue)

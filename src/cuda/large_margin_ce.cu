@@ -5,9 +5,11 @@
  *   C <= 1024 : lm_warp_kernel, one warp per row (8 rows per CTA, rows grid-strided), the row in
  *               registers (lane l holds the VEC-column groups l, l + 32, ..., VEC = 16 / sizeof(T)),
  *               so the logits are read once and dlogits written once;
- *   C >  1024 : lm_cta_kernel, one 512-thread CTA per row, 2 per SM: pass 1 gathers the row's
- *               statistics, pass 2 reads the row again (from L2: at most 2 rows per SM in flight)
- *               and writes the gradient.
+ *   C >  1024 : lm_cta_kernel, one 512-thread CTA per row: pass 1 gathers the row's statistics,
+ *               pass 2 writes the gradient. Fused and aligned with rows up to RL_STAGE_MAX_BYTES
+ *               (STAGE): pass 1 keeps the row in shared memory (rowpass.cuh), so it is read once,
+ *               as many CTAs per SM as fit; otherwise pass 2 reads it again from L2 (at most 2 rows
+ *               per SM in flight).
  *   16-byte vectors when the rows (and dlogits) are 16-byte aligned; otherwise the same groups
  *   element by element, so the values and the summation order (hence the results) do not depend
  *   on the alignment.
@@ -318,11 +320,14 @@ static __global__ void __launch_bounds__(LM_THREADS) lm_warp_kernel(LmArgs a) {
 
 /* One CTA of LM_CTA_THREADS per row, C > 1024: thread t takes the VEC-column groups t, t + 512, ...
  * then the tail columns (C % VEC of them) t, t + 512, ...; VEC16: rows (and dlogits) 16-byte
- * aligned, so the groups move as vectors. The grid keeps at most 2 rows per SM in flight so that
- * pass 2's re-read of the row comes from L2 (lm_cuda). */
-template <typename T, bool VEC16>
+ * aligned, so the groups move as vectors. STAGE (VEC16, fused): pass 1 keeps group q in stage[q]
+ * for pass 2 (the same thread's groups: no barrier; rowpass.cuh), the grid is the resident CTAs;
+ * else the grid keeps at most 2 rows per SM in flight so that pass 2's re-read of the row comes from
+ * L2 (lm_cuda). */
+template <typename T, bool VEC16, bool STAGE>
 static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a) {
     constexpr int VEC = 16 / (int)sizeof(T);
+    extern __shared__ uint4 stage[];
     constexpr int NW = LM_CTA_THREADS / 32;
     __shared__ float sh_stat[5][NW];   /* the warps' merged statistics (m, s, w, b, n) */
     __shared__ float sh_coef[6];       /* the row's gradient coefficients (LmCoef) */
@@ -348,8 +353,17 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
         for (int64_t q = tid; q < nvec; q += 2 * LM_CTA_THREADS) {
             const bool two = q + LM_CTA_THREADS < nvec;
             float v0[VEC], v1[VEC];
-            lm_load16<T, VEC16, false>(x + q * VEC, v0);
-            if (two) lm_load16<T, VEC16, false>(x + (q + LM_CTA_THREADS) * VEC, v1);
+            if (STAGE) {  /* read once: evict first, kept for pass 2 */
+                const uint4 u0 = __ldcs((const uint4*)(x + q * VEC));
+                const uint4 u1 = two ? __ldcs((const uint4*)(x + (q + LM_CTA_THREADS) * VEC)) : u0;
+                stage[q] = u0;
+                if (two) stage[q + LM_CTA_THREADS] = u1;
+                rp_unpack<T>(u0, v0);
+                rp_unpack<T>(u1, v1);
+            } else {
+                lm_load16<T, VEC16, false>(x + q * VEC, v0);
+                if (two) lm_load16<T, VEC16, false>(x + (q + LM_CTA_THREADS) * VEC, v1);
+            }
             lm_push_group<VEC>(st, v0, y - q * VEC);
             if (two) lm_push_group<VEC>(st, v1, y - (q + LM_CTA_THREADS) * VEC);
         }
@@ -398,7 +412,8 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
 #pragma unroll 2
         for (int64_t q = tid; q < nvec; q += LM_CTA_THREADS) {
             float v[VEC];
-            lm_load16<T, VEC16, true>(x + q * VEC, v);
+            if (STAGE) rp_unpack<T>(stage[q], v);
+            else lm_load16<T, VEC16, true>(x + q * VEC, v);
             const int64_t dq = y - q * VEC;
 #pragma unroll
             for (int kk = 0; kk < VEC; kk++) v[kk] = dq == kk ? k.dy : lm_grad(k, v[kk]);
@@ -418,10 +433,11 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
 typedef void (*lm_fn)(LmArgs);
 
 template <typename T>
-static lm_fn lm_pick_t(int64_t C, bool vec16) {
+static lm_fn lm_pick_t(int64_t C, bool vec16, bool stage) {
     constexpr int VEC = 16 / (int)sizeof(T);
     const int64_t G = ((C + VEC - 1) / VEC + 31) / 32;   /* groups per lane */
-    if (C > 1024) return vec16 ? lm_cta_kernel<T, true> : lm_cta_kernel<T, false>;
+    if (C > 1024 && stage) return lm_cta_kernel<T, true, true>;
+    if (C > 1024) return vec16 ? lm_cta_kernel<T, true, false> : lm_cta_kernel<T, false, false>;
     if (G <= 1) return vec16 ? lm_warp_kernel<T, 1, true> : lm_warp_kernel<T, 1, false>;
     if (G <= 2) return vec16 ? lm_warp_kernel<T, 2, true> : lm_warp_kernel<T, 2, false>;
     if constexpr (VEC == 4) {   /* fp32: up to 8 groups of 4 at C = 1024; 16-bit: up to 4 of 8 */
@@ -429,11 +445,11 @@ static lm_fn lm_pick_t(int64_t C, bool vec16) {
     }
     return vec16 ? lm_warp_kernel<T, 4, true> : lm_warp_kernel<T, 4, false>;
 }
-static lm_fn lm_pick(fl_dtype dt, int64_t C, bool vec16) {
+static lm_fn lm_pick(fl_dtype dt, int64_t C, bool vec16, bool stage) {
     switch (dt) {
-        case FL_DTYPE_F32: return lm_pick_t<float>(C, vec16);
-        case FL_DTYPE_F16: return lm_pick_t<__half>(C, vec16);
-        default: return lm_pick_t<__nv_bfloat16>(C, vec16);
+        case FL_DTYPE_F32: return lm_pick_t<float>(C, vec16, stage);
+        case FL_DTYPE_F16: return lm_pick_t<__half>(C, vec16, stage);
+        default: return lm_pick_t<__nv_bfloat16>(C, vec16, stage);
     }
 }
 
@@ -472,10 +488,13 @@ static fl_status lm_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
     a.rowloss = loss ? w.rowloss : nullptr;
     a.error_flag = p.error_flag;
 
-    const lm_fn kfn = lm_pick(dtype, C, rl_vec16(logits, dlogits, fused, ld, fl__dtype_size(dtype)));
+    const bool vec16 = rl_vec16(logits, dlogits, fused, ld, fl__dtype_size(dtype));
+    const size_t smem = rl_stage_bytes(C, fl__dtype_size(dtype), vec16, fused);
+    const lm_fn kfn = lm_pick(dtype, C, vec16, smem > 0);
     unsigned grid = 0;
-    FL_CUDA_TRY(rl_grid(N, C, LM_THREADS, &grid));
-    kfn<<<grid, C <= 1024 ? LM_THREADS : LM_CTA_THREADS, 0, stream>>>(a);
+    if (smem > 0) FL_CUDA_TRY(rl_stage_grid((const void*)kfn, LM_CTA_THREADS, smem, N, &grid));
+    else FL_CUDA_TRY(rl_grid(N, C, LM_THREADS, &grid));
+    kfn<<<grid, C <= 1024 ? LM_THREADS : LM_CTA_THREADS, smem, stream>>>(a);
     FL_CUDA_TRY(cudaGetLastError());
     FL_CUDA_TRY(rl_end(w, loss, N, stream));
     return FL_OK;

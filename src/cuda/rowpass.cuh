@@ -316,6 +316,44 @@ static inline cudaError_t rl_grid(int64_t N, int64_t C, int warp_threads, unsign
     return cudaSuccess;
 }
 
+// ---- one read of the row in the CTA-per-row kernels (Taylor, large margin; C > 1024) ---------------
+// Their pass 1 reads thread t's 16-byte vectors q = t, t + T, t + 2T, ... of the row and pass 2 reads
+// the same vectors again. Staged (RL_STAGE): pass 1 also keeps each vector in dynamic shared memory
+// at its index q, and pass 2 takes it from there, so the row leaves HBM once. Every thread reads back
+// only the slots it wrote itself, so staging needs no barrier. Without it, pass 2 re-read the row
+// from L2 with at most 2 rows per SM in flight (H200 2026-12-01 run 29: Taylor 8192x32000 bf16
+// fwd+bwd 2.62x its floor). Used when fused, 16-byte aligned, and the row's vectors fit
+// RL_STAGE_MAX_BYTES: at least 2 CTAs per SM, so one CTA's loads overlap another's stores (one
+// staged row per SM would run its load, reduction and stores one after another);
+// FUSEDLOSS_ROW_STAGE=0 turns it off (A/B).
+#define RL_STAGE_MAX_BYTES (100 * 1024)
+static inline int rl_stage_knob(void) {
+    static int k = -1;
+    if (k < 0) {
+        const char* v = getenv("FUSEDLOSS_ROW_STAGE");
+        k = (v && *v) ? atoi(v) != 0 : 1;
+    }
+    return k;
+}
+// dynamic shared memory of the staged kernel for rows of C elements of es bytes (0: not staged)
+static inline size_t rl_stage_bytes(int64_t C, size_t es, bool vec16, int fused) {
+    const int64_t bytes = (C / (int64_t)(16 / es)) * 16;
+    return (fused && vec16 && C > 1024 && rl_stage_knob() && bytes <= RL_STAGE_MAX_BYTES) ? (size_t)bytes : 0;
+}
+// grid of a staged kernel: its resident CTAs (with `smem` bytes each; the kernel's shared-memory cap
+// raised once), at most one per row
+static inline cudaError_t rl_stage_grid(const void* fn, int threads, size_t smem, int64_t N, unsigned* grid) {
+    int dev = 0, sms = 0, occ = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, RL_STAGE_MAX_BYTES);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, threads, smem);
+    if (e != cudaSuccess) return e;
+    const int64_t cap = (int64_t)(sms > 0 ? sms : 1) * (occ > 0 ? occ : 1);
+    *grid = (unsigned)(N < cap ? N : cap);
+    return cudaSuccess;
+}
+
 // ---- host helpers ---------------------------------------------------------------------------------
 static inline int64_t rp_env_i64(const char* name, int64_t dflt) {
     const char* v = getenv(name);

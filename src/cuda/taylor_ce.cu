@@ -4,9 +4,11 @@
  *   C <= 1024 : tc_warp_kernel, one warp per row (8 rows per CTA, rows grid-strided): the row's
  *               values in registers (VPL = up to 32 per lane, lane l holding columns l + 32 k), so
  *               the logits are read once and dlogits written once;
- *   C >  1024 : tc_cta_kernel, one 512-thread CTA per row, 2 per SM: pass 1 sums f(x) over the row,
- *               pass 2 reads it again (from L2: at most 2 rows per SM in flight) and writes the
- *               gradient; 16-byte vectors when the rows are 16-byte aligned.
+ *   C >  1024 : tc_cta_kernel, one 512-thread CTA per row: pass 1 sums f(x) over the row, pass 2
+ *               writes the gradient; 16-byte vectors when the rows are 16-byte aligned. Fused and
+ *               aligned with rows up to RL_STAGE_MAX_BYTES (STAGE): pass 1 keeps the row in shared
+ *               memory (rowpass.cuh), so it is read once, as many CTAs per SM as fit; otherwise pass 2
+ *               reads it again from L2 (at most 2 rows per SM in flight).
  *   Row sums: per-lane / per-thread partials in column order, then a fixed shuffle / shared tree:
  *   deterministic. MEAN's count of rows not ignored and the SUM / MEAN reduction of the per-row
  *   losses are rowpass.cuh's two-stage kernels (rp_count before, rp_reduce after: fixed ranges,
@@ -149,12 +151,15 @@ static __device__ __forceinline__ void tc_store_v(T* p, const float* in) {
 }
 
 /* One CTA of TC_CTA_THREADS per row; thread t takes the 16-byte groups t, t + 512, ... then the
- * tail; VEC16: rows (and dlogits) 16-byte aligned, so the groups move as vectors. The grid keeps
- * at most 2 rows per SM in flight so that pass 2's re-read of the row comes from L2 (tc_cuda). */
+ * tail; VEC16: rows (and dlogits) 16-byte aligned, so the groups move as vectors. STAGE (VEC16,
+ * fused): pass 1 keeps group q in stage[q] for pass 2 (the same thread's groups: no barrier), the
+ * grid is the resident CTAs; else the grid keeps at most 2 rows per SM in flight so that pass 2's
+ * re-read of the row comes from L2 (tc_cuda). */
 #define TC_CTA_THREADS 512
-template <typename T, bool VEC16>
+template <typename T, bool VEC16, bool STAGE>
 static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a) {
     constexpr int VEC = 16 / (int)sizeof(T);
+    extern __shared__ uint4 stage[];
     __shared__ float sh[TC_CTA_THREADS / 32];
     __shared__ float tot;
     const T* x = (const T*)a.x;
@@ -178,7 +183,13 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a)
 #pragma unroll 4
         for (int64_t q = threadIdx.x; q < nvec; q += TC_CTA_THREADS) {
             float v[VEC];
-            tc_load_v<T, VEC16>(x + r0 + q * VEC, v);
+            if (STAGE) {
+                const uint4 u = __ldcs((const uint4*)(x + r0 + q * VEC));  /* read once: evict first */
+                stage[q] = u;
+                rp_unpack<T>(u, v);
+            } else {
+                tc_load_v<T, VEC16>(x + r0 + q * VEC, v);
+            }
 #pragma unroll
             for (int k = 0; k < VEC; k++) s += tc_f(v[k], a.order);
         }
@@ -203,7 +214,8 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a)
 #pragma unroll 4
             for (int64_t q = threadIdx.x; q < nvec; q += TC_CTA_THREADS) {
                 float v[VEC];
-                tc_load_v<T, VEC16>(x + r0 + q * VEC, v);
+                if (STAGE) rp_unpack<T>(stage[q], v);
+                else tc_load_v<T, VEC16>(x + r0 + q * VEC, v);
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
                     v[k] = tc_df(v[k], a.order) * ginvS - (q * VEC + k == y ? gdy : 0.0f);
@@ -220,20 +232,21 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a)
 typedef void (*tc_fn)(TcArgs);
 
 template <typename T>
-static tc_fn tc_pick_t(int64_t C, bool vec16) {
+static tc_fn tc_pick_t(int64_t C, bool vec16, bool stage) {
     if (C <= 32) return tc_warp_kernel<T, 1>;
     if (C <= 64) return tc_warp_kernel<T, 2>;
     if (C <= 128) return tc_warp_kernel<T, 4>;
     if (C <= 256) return tc_warp_kernel<T, 8>;
     if (C <= 512) return tc_warp_kernel<T, 16>;
     if (C <= 1024) return tc_warp_kernel<T, 32>;
-    return vec16 ? tc_cta_kernel<T, true> : tc_cta_kernel<T, false>;
+    if (stage) return tc_cta_kernel<T, true, true>;
+    return vec16 ? tc_cta_kernel<T, true, false> : tc_cta_kernel<T, false, false>;
 }
-static tc_fn tc_pick(fl_dtype dt, int64_t C, bool vec16) {
+static tc_fn tc_pick(fl_dtype dt, int64_t C, bool vec16, bool stage) {
     switch (dt) {
-        case FL_DTYPE_F32: return tc_pick_t<float>(C, vec16);
-        case FL_DTYPE_F16: return tc_pick_t<__half>(C, vec16);
-        default: return tc_pick_t<__nv_bfloat16>(C, vec16);
+        case FL_DTYPE_F32: return tc_pick_t<float>(C, vec16, stage);
+        case FL_DTYPE_F16: return tc_pick_t<__half>(C, vec16, stage);
+        default: return tc_pick_t<__nv_bfloat16>(C, vec16, stage);
     }
 }
 
@@ -271,10 +284,13 @@ static fl_status tc_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
     a.rowloss = loss ? w.rowloss : nullptr;
     a.error_flag = p.error_flag;
 
-    const tc_fn kfn = tc_pick(dtype, C, rl_vec16(logits, dlogits, fused, ld, fl__dtype_size(dtype)));
+    const bool vec16 = rl_vec16(logits, dlogits, fused, ld, fl__dtype_size(dtype));
+    const size_t smem = rl_stage_bytes(C, fl__dtype_size(dtype), vec16, fused);
+    const tc_fn kfn = tc_pick(dtype, C, vec16, smem > 0);
     unsigned grid = 0;
-    FL_CUDA_TRY(rl_grid(N, C, TC_THREADS, &grid));
-    kfn<<<grid, C <= 1024 ? TC_THREADS : TC_CTA_THREADS, 0, stream>>>(a);
+    if (smem > 0) FL_CUDA_TRY(rl_stage_grid((const void*)kfn, TC_CTA_THREADS, smem, N, &grid));
+    else FL_CUDA_TRY(rl_grid(N, C, TC_THREADS, &grid));
+    kfn<<<grid, C <= 1024 ? TC_THREADS : TC_CTA_THREADS, smem, stream>>>(a);
     FL_CUDA_TRY(cudaGetLastError());
     FL_CUDA_TRY(rl_end(w, loss, N, stream));
     return FL_OK;
