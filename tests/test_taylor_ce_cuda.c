@@ -965,8 +965,8 @@ int main(int argc, char** argv) {
                 c.xoff = (v + ci) % 5 == 4;
                 c.doff = c.pass == 1 && (v + si) % 7 == 3 ? !c.xoff : c.xoff;
                 /* graph capture: C <= 1024 (one warp per row) and C > 1024 (one CTA per row) */
-                const int graph = v == 1 && ((si == 2 && ci == 7) || (si == 3 && ci == 4) || (si == 1 && ci == 9) ||
-                                             (si == 2 && ci == 10) || (si == 0 && ci == 0));
+                const int graph = v == 1 && ((si == 2 && ci == 7) || (si == 3 && ci == 4) || (si == 1 && ci == 10) ||
+                                             (si == 2 && ci == 12) || (si == 2 && ci == 11) || (si == 0 && ci == 0));
                 if (graph && c.pass == 2) c.pass = 1;
                 if (g_small && (N * c.ld > (1 << 18) || (v % 2 && !graph))) continue;
                 cases++;
