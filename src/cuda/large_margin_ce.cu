@@ -489,7 +489,10 @@ static fl_status lm_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
     a.error_flag = p.error_flag;
 
     const bool vec16 = rl_vec16(logits, dlogits, fused, ld, fl__dtype_size(dtype));
-    const size_t smem = rl_stage_bytes(C, fl__dtype_size(dtype), vec16, fused);
+    /* staged only where 3 CTAs fit an SM (rows <= 72 KB): the kernel is bound by its exponentials,
+     * not by the re-read, and with 2 per SM staging lost (H200 s10 run 2, fwd+bwd in a CUDA graph:
+     * 8192x32000 bf16 0.635 ms staged vs 0.638 re-read; 8192x20000 fp32, 80 KB rows, 0.551 vs 0.533) */
+    const size_t smem = rl_stage_bytes(C, fl__dtype_size(dtype), vec16, fused, 72 * 1024);
     const lm_fn kfn = lm_pick(dtype, C, vec16, smem > 0);
     unsigned grid = 0;
     if (smem > 0) FL_CUDA_TRY(rl_stage_grid((const void*)kfn, LM_CTA_THREADS, smem, N, &grid));

@@ -335,10 +335,12 @@ static inline int rl_stage_knob(void) {
     }
     return k;
 }
-// dynamic shared memory of the staged kernel for rows of C elements of es bytes (0: not staged)
-static inline size_t rl_stage_bytes(int64_t C, size_t es, bool vec16, int fused) {
+// dynamic shared memory of the staged kernel for rows of C elements of es bytes (0: not staged);
+// max_bytes <= RL_STAGE_MAX_BYTES: the caller's cap
+static inline size_t rl_stage_bytes(int64_t C, size_t es, bool vec16, int fused, int64_t max_bytes) {
     const int64_t bytes = (C / (int64_t)(16 / es)) * 16;
-    return (fused && vec16 && C > 1024 && rl_stage_knob() && bytes <= RL_STAGE_MAX_BYTES) ? (size_t)bytes : 0;
+    return (fused && vec16 && C > 1024 && rl_stage_knob() && bytes <= max_bytes && bytes <= RL_STAGE_MAX_BYTES)
+               ? (size_t)bytes : 0;
 }
 // grid of a staged kernel: its resident CTAs (with `smem` bytes each; the kernel's shared-memory cap
 // raised once), at most one per row

@@ -2,8 +2,8 @@
  * the semantics of src/cpu/taylor_ce.c in fp32 arithmetic.
  *
  *   C <= 1024 : tc_warp_kernel, one warp per row (8 rows per CTA, rows grid-strided): the row's
- *               values in registers (VPL = up to 32 per lane, lane l holding columns l + 32 k), so
- *               the logits are read once and dlogits written once;
+ *               values in registers (lane l holding the 16-byte column groups l + 32 g), so the
+ *               logits are read once and dlogits written once;
  *   C >  1024 : tc_cta_kernel, one 512-thread CTA per row: pass 1 sums f(x) over the row, pass 2
  *               writes the gradient; 16-byte vectors when the rows are 16-byte aligned. Fused and
  *               aligned with rows up to RL_STAGE_MAX_BYTES (STAGE): pass 1 keeps the row in shared
@@ -64,15 +64,22 @@ static __device__ __forceinline__ int tc_row_kind(const TcArgs& a, int64_t y) {
     return 0;
 }
 
-template <typename T, int VPL>
+/* One warp per row, C <= 1024: lane l holds the G groups l + 32 g of VEC = 16 / sizeof(T) columns
+ * (a full group moves as one 16-byte vector when VEC16, streaming; the row's last, partial group
+ * element by element, never past C), as large_margin_ce.cu's warp kernel. Why vectors: one scalar
+ * load per column and lane (the first cut) ran 65536x1000 fp32 fwd+bwd at 1.81x the floor in a CUDA
+ * graph, the large-margin kernel with this layout 1.42x (H200 2026-12-03 s10 run 2). */
+template <typename T, int G, bool VEC16>
 static __global__ void __launch_bounds__(TC_THREADS) tc_warp_kernel(TcArgs a) {
-    const T* x = (const T*)a.x;
+    constexpr int VEC = 16 / (int)sizeof(T);
+    constexpr int VPL = G * VEC;
     T* dx = (T*)a.dx;
     const int lane = threadIdx.x & 31;
+    const int C = (int)a.C;   /* <= 1024: 32-bit column arithmetic */
     const int64_t warps = (int64_t)gridDim.x * (TC_THREADS / 32);
     for (int64_t i = (int64_t)blockIdx.x * (TC_THREADS / 32) + (threadIdx.x >> 5); i < a.N; i += warps) {
-        const int64_t y = rp_label(a.tg, a.lab64, i);
-        const int kind = tc_row_kind(a, y);
+        const int64_t y64 = rp_label(a.tg, a.lab64, i);
+        const int kind = tc_row_kind(a, y64);
         const int64_t r0 = i * a.ld;
         if (kind != 0) {
             const float v = kind == 1 ? 0.0f : NAN;
@@ -82,21 +89,29 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_warp_kernel(TcArgs a) {
                 for (int64_t j = lane; j < a.C; j += 32) dx[r0 + j] = from_float<T>(v);
             continue;
         }
+        const int y = (int)y64;
+        const T* x = (const T*)a.x + r0;
         float v[VPL];
-        float s = 0.0f;
 #pragma unroll
-        for (int k = 0; k < VPL; k++) {
-            const int64_t j = lane + 32 * k;
-            v[k] = j < a.C ? to_float(x[r0 + j]) : 0.0f;
-            if (j < a.C) s += tc_f(v[k], a.order);
+        for (int g = 0; g < G; g++) {
+            const int c0 = (lane + 32 * g) * VEC;
+            if (VEC16 && c0 + VEC <= C) {
+                rp_unpack<T>(__ldcs((const uint4*)(x + c0)), v + g * VEC);
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; k++) v[g * VEC + k] = c0 + k < C ? to_float(__ldcs(x + c0 + k)) : 0.0f;
+            }
         }
-        /* x_y from the registers of the lane that holds it: no second global read, which in place
-         * could see another lane's gradient already stored there */
-        float t = 0.0f;
+        /* sums in column order per lane, then a butterfly; x_y from the registers of the lane that
+         * holds it: no second global read, which in place could see another lane's gradient */
+        float s = 0.0f, t = 0.0f;
 #pragma unroll
-        for (int k = 0; k < VPL; k++)
-            if (lane + 32 * k == y) t = v[k];
-        const float xy = __shfl_sync(0xffffffffu, t, (int)(y & 31));
+        for (int q = 0; q < VPL; q++) {
+            const int j = (lane + 32 * (q / VEC)) * VEC + q % VEC;
+            if (j < C) s += tc_f(v[q], a.order);
+            if (j == y) t = v[q];
+        }
+        const float xy = __shfl_sync(0xffffffffu, t, (y / VEC) & 31);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         const float fy = tc_f(xy, a.order);
@@ -104,10 +119,21 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_warp_kernel(TcArgs a) {
         if (a.fused) {
             const float g = tc_g(a, i);
             const float ginvS = g / s, gdy = g * (tc_df(xy, a.order) / fy);
+            T* d = dx + r0;
 #pragma unroll
-            for (int k = 0; k < VPL; k++) {
-                const int64_t j = lane + 32 * k;
-                if (j < a.C) dx[r0 + j] = from_float<T>(tc_df(v[k], a.order) * ginvS - (j == y ? gdy : 0.0f));
+            for (int g2 = 0; g2 < G; g2++) {
+                const int c0 = (lane + 32 * g2) * VEC;
+                float o[VEC];
+#pragma unroll
+                for (int kk = 0; kk < VEC; kk++)
+                    o[kk] = tc_df(v[g2 * VEC + kk], a.order) * ginvS - (c0 + kk == y ? gdy : 0.0f);
+                if (VEC16 && c0 + VEC <= C) {
+                    rp_vstore<T, VEC>(d + c0, o);
+                } else {
+#pragma unroll
+                    for (int kk = 0; kk < VEC; kk++)
+                        if (c0 + kk < C) d[c0 + kk] = from_float<T>(o[kk]);
+                }
             }
         }
     }
@@ -233,12 +259,16 @@ typedef void (*tc_fn)(TcArgs);
 
 template <typename T>
 static tc_fn tc_pick_t(int64_t C, bool vec16, bool stage) {
-    if (C <= 32) return tc_warp_kernel<T, 1>;
-    if (C <= 64) return tc_warp_kernel<T, 2>;
-    if (C <= 128) return tc_warp_kernel<T, 4>;
-    if (C <= 256) return tc_warp_kernel<T, 8>;
-    if (C <= 512) return tc_warp_kernel<T, 16>;
-    if (C <= 1024) return tc_warp_kernel<T, 32>;
+    constexpr int VEC = 16 / (int)sizeof(T);
+    const int64_t G = ((C + VEC - 1) / VEC + 31) / 32;   /* groups per lane */
+    if (C <= 1024) {
+        if (G <= 1) return vec16 ? tc_warp_kernel<T, 1, true> : tc_warp_kernel<T, 1, false>;
+        if (G <= 2) return vec16 ? tc_warp_kernel<T, 2, true> : tc_warp_kernel<T, 2, false>;
+        if constexpr (VEC == 4) {   /* fp32: up to 8 groups of 4 at C = 1024; 16-bit: up to 4 of 8 */
+            if (G > 4) return vec16 ? tc_warp_kernel<T, 8, true> : tc_warp_kernel<T, 8, false>;
+        }
+        return vec16 ? tc_warp_kernel<T, 4, true> : tc_warp_kernel<T, 4, false>;
+    }
     if (stage) return tc_cta_kernel<T, true, true>;
     return vec16 ? tc_cta_kernel<T, true, false> : tc_cta_kernel<T, false, false>;
 }
@@ -285,7 +315,7 @@ static fl_status tc_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
     a.error_flag = p.error_flag;
 
     const bool vec16 = rl_vec16(logits, dlogits, fused, ld, fl__dtype_size(dtype));
-    const size_t smem = rl_stage_bytes(C, fl__dtype_size(dtype), vec16, fused);
+    const size_t smem = rl_stage_bytes(C, fl__dtype_size(dtype), vec16, fused, RL_STAGE_MAX_BYTES);
     const tc_fn kfn = tc_pick(dtype, C, vec16, smem > 0);
     unsigned grid = 0;
     if (smem > 0) FL_CUDA_TRY(rl_stage_grid((const void*)kfn, TC_CTA_THREADS, smem, N, &grid));
