@@ -2,9 +2,10 @@
  * against the CPU backend (the reference in double, itself checked against a long-double
  * reference and finite differences by tests/test_taylor_ce.c).
  *
- * Grid: N in {1, 7, 129, 4096} x C in {1, 2, 10, 31, 32, 33, 1000, 1024, 1025, 4099, 50257, 131072}
- * (the backend takes one warp per row up to C = 1024 and one CTA per row beyond: both sides of the
- * switch), N * C capped at 8M except (4096, 4099) and (129, 131072), 8 variants per shape up to
+ * Grid: N in {1, 7, 129, 4096} x C in {1, 2, 10, 31, 32, 33, 1000, 1024, 1025, 2048, 4099, 20000,
+ * 50257, 131072} (the backend takes one warp per row up to C = 1024 and one CTA per row beyond: both
+ * sides of the switch; 2048 and 20000 give 16-byte aligned rows, which the fused CTA kernel keeps in
+ * shared memory when they fit 100 KB: both sides of that switch too), N * C capped at 8M except (4096, 4099) and (129, 131072), 8 variants per shape up to
  * N * C = 2^20, 4 up to 8M, 2 beyond; each variant draws, through coprime cycles over (shape,
  * variant): fp32 / fp16 / bf16, order 2 / 4, NONE / SUM / MEAN, int32 / int64 targets, ignored
  * rows (none, some with -100, some with 255 (a real class when C > 255, rows with target 255
@@ -936,12 +937,12 @@ int main(int argc, char** argv) {
     const fl_dtype dts[3] = {FL_DTYPE_F32, FL_DTYPE_F16, FL_DTYPE_BF16};
     const fl_reduction reds[3] = {FL_REDUCTION_NONE, FL_REDUCTION_SUM, FL_REDUCTION_MEAN};
     static const int64_t Ns[4] = {1, 7, 129, 4096};
-    static const int64_t Cs[12] = {1, 2, 10, 31, 32, 33, 1000, 1024, 1025, 4099, 50257, 131072};
+    static const int64_t Cs[14] = {1, 2, 10, 31, 32, 33, 1000, 1024, 1025, 2048, 4099, 20000, 50257, 131072};
     static const int pads[6] = {0, 0, 1, 7, 0, 3};
     uint64_t seed = 29;
     long cases = 0, bad = 0, k = 0;
     for (int si = 0; si < 4; si++)
-        for (int ci = 0; ci < 12; ci++) {
+        for (int ci = 0; ci < 14; ci++) {
             const int64_t N = Ns[si], C = Cs[ci], NC = N * C;
             const int big = NC > NC_CAP;
             if (big && !((N == 4096 && C == 4099) || (N == 129 && C == 131072))) continue;
