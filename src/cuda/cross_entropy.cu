@@ -602,33 +602,6 @@ __device__ __forceinline__ Pack<T> vec_grad(const CeArgs& a, const GradCoef& c, 
     return pack_out<T>(g);
 }
 
-// dlogits of the vectors q, q + n, ... < end of a staged chunk (buf[q]: chunk coordinates; v0: the
-// chunk's first vector in the row) stored to drow; returns the thread's next vector. Four shared
-// loads are issued before the first store. Why: written as load, convert, store per vector (under
-// `#pragma unroll 4`), nvcc kept each LDS behind the previous vector's global store (a generic
-// store may alias shared memory; ce_pipe_kernel's SASS, s10), so every vector waited out the
-// shared-memory latency (ncu, s10 run 2: 3.3 of the 9.7 cycles per issued instruction of the ring
-// kernel were waits on shared-memory loads).
-template <int F, typename T>
-__device__ __forceinline__ int sweep_grad4(const CeArgs& a, const GradCoef& c, const uint4* buf, const RowGrid<T>& g,
-                                           int v0, int q, int end, int n, T* drow) {
-    for (; q + 3 * n < end; q += 4 * n) {
-        const Pack<T> x0 = lds_pack<T>(buf + q), x1 = lds_pack<T>(buf + q + n);
-        const Pack<T> x2 = lds_pack<T>(buf + q + 2 * n), x3 = lds_pack<T>(buf + q + 3 * n);
-        const int e0 = g.vec_elem(v0 + q), e1 = g.vec_elem(v0 + q + n);
-        const int e2 = g.vec_elem(v0 + q + 2 * n), e3 = g.vec_elem(v0 + q + 3 * n);
-        store_vec(vec_grad<F>(a, c, x0, e0), drow, e0);
-        store_vec(vec_grad<F>(a, c, x1, e1), drow, e1);
-        store_vec(vec_grad<F>(a, c, x2, e2), drow, e2);
-        store_vec(vec_grad<F>(a, c, x3, e3), drow, e3);
-    }
-    for (; q < end; q += n) {
-        const int e0 = g.vec_elem(v0 + q);
-        store_vec(vec_grad<F>(a, c, lds_pack<T>(buf + q), e0), drow, e0);
-    }
-    return q;
-}
-
 // Row loss pieces (a: CE + smoothing, b: z-loss) from combined stats; writes loss/lse/partials.
 __device__ __forceinline__ void finish_row_w(const CeArgs& a, const Denoms& d, int64_t i, bool bad, float w_t,
                                              float lse, float zt, float wz, float* a_out, float* b_out) {
@@ -1613,7 +1586,7 @@ __device__ __forceinline__ RowStats group_reduce_ms(RowStats r, float* sh, int g
 }
 
 template <typename T, int F>
-__global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int cs, int per, int sub, int R, int Ts, int gw) {
+__global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int cs, int per, int sub, int R, int Ts) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) uint4 pipe_buf[];     // [R][sub] 16-byte vectors: the ring
     __shared__ __align__(8) uint64_t full[PIPE_MAX_SLOTS];   // slot s's sub-chunk landed
@@ -1788,14 +1761,10 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
                     // this warp's release): the acquire makes the bulk copy's bytes visible here
                     mbar_wait(&full[rp.s], rp.ph);
                     const uint4* buf = pipe_buf + (size_t)rp.s * sub - lo;  // buf[q], q in [lo, end)
-                    if (gw == 4) {
-                        q = sweep_grad4<F, T>(a, c, buf, g, v0, q, end, n, drow);
-                    } else {  // FUSEDLOSS_CE_PIPE_GRAD4=0: the s7-s9 loop, for A/B
 #pragma unroll 4
-                        for (; q < end; q += n) {
-                            const int e0 = g.vec_elem(v0 + q);
-                            store_vec(vec_grad<F>(a, c, lds_pack<T>(buf + q), e0), drow, e0);
-                        }
+                    for (; q < end; q += n) {
+                        const int e0 = g.vec_elem(v0 + q);
+                        store_vec(vec_grad<F>(a, c, lds_pack<T>(buf + q), e0), drow, e0);
                     }
                 }
                 __syncwarp();  // why: the warp's reads of slot s are done before its release
@@ -2141,16 +2110,12 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  + 1 producer warp + gradient; default 672 without
 //                                                  options, 544 with), statistics threads (default
 //                                                  3/8 of the rest: 256 of 672, 192 of 544)
-//   FUSEDLOSS_CE_PIPE_GRAD4=0|1                    its gradient sweep: four shared loads before the
-//                                                  first store (1, default; sweep_grad4) or the s7-s9
-//                                                  one-vector loop (0)
 //   FUSEDLOSS_CE_PDL=0|1                           programmatic dependent launch of the fused kernel after
 //                                                  the setup and of the reduce after the main kernel (sm_90;
 //                                                  default 1)
 //   FUSEDLOSS_DEBUG=1                              print each new staged launch plan to stderr
 struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync;
-               int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_cs, pipe_ring, pdl;
-               int pipe_grad4; };
+               int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_cs, pipe_ring, pdl; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -2184,7 +2149,6 @@ static const Knobs* knobs(void) {
         n.pipe_slack = env_int("FUSEDLOSS_CE_PIPE_SLACK", 24);
         n.pipe_cs = env_int("FUSEDLOSS_CE_PIPE_CS", 0);
         n.pipe_ring = env_int("FUSEDLOSS_CE_PIPE_RING", 220);
-        n.pipe_grad4 = env_int("FUSEDLOSS_CE_PIPE_GRAD4", 1) != 0;
         n.pdl = env_int("FUSEDLOSS_CE_PDL", 1) != 0;
         if (n.pipe_sub < 0 || n.pipe_sub > 64) n.pipe_sub = 32;
         if (n.pipe_slack < 0 || n.pipe_slack > 200) n.pipe_slack = 24;
@@ -2410,7 +2374,7 @@ static cudaError_t launch_pipe(const CeArgs& a, const Config& c, cudaStream_t s,
     cfg.blockDim = dim3((unsigned)T_, 1, 1);
     cfg.dynamicSmemBytes = c.psmem;
     cfg.stream = s;
-    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F>, a, c.pcs, c.pper, c.psub, c.pR, Ts, knobs()->pipe_grad4 ? 4 : 1);
+    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F>, a, c.pcs, c.pper, c.psub, c.pR, Ts);
     if (e == cudaSuccess) *done = 1;
     return e;
 }
