@@ -10,11 +10,9 @@
  *               (STAGE): pass 1 keeps the row in shared memory (rowpass.cuh), so it is read once,
  *               as many CTAs per SM as fit; otherwise pass 2 reads it again from L2 (at most 2 rows
  *               per SM in flight).
- *   16-byte vectors: the warp kernel when the rows (and dlogits) are 16-byte aligned, otherwise the
- *   same groups element by element (the same values and summation order); the CTA kernel from
- *   each row's first 16-byte boundary when logits and dlogits have the same 16-byte phase (the
- *   grouping, hence the last bits, then follows the row's address), else from column 0 element by
- *   element.
+ *   16-byte vectors when the rows (and dlogits) are 16-byte aligned; otherwise the same groups
+ *   element by element, so the values and the summation order (hence the results) do not depend
+ *   on the alignment.
  *
  * Numerics (fp32; u = 2^-24). Only the non-target columns k != y and x_y are needed: with
  * m' = max_k x_k, d_k = x_k - m', e_k = exp(d_k), the row statistics are s = sum e_k (>= 1),
@@ -321,10 +319,8 @@ static __global__ void __launch_bounds__(LM_THREADS) lm_warp_kernel(LmArgs a) {
 }
 
 /* One CTA of LM_CTA_THREADS per row, C > 1024: thread t takes the VEC-column groups t, t + 512, ...
- * then the extra columns t, t + 512, ...; VEC16: logits and dlogits rows have the same 16-byte
- * phase, so each row's groups start at its first 16-byte boundary (the h head columns before it are
- * extras, with the tail) and move as vectors (without: groups from column 0, element by element;
- * 8192x50257 bf16 ran 4.92x the floor that way, s10 run 2). STAGE (VEC16, fused): pass 1 keeps group q in stage[q]
+ * then the tail columns (C % VEC of them) t, t + 512, ...; VEC16: rows (and dlogits) 16-byte
+ * aligned, so the groups move as vectors. STAGE (VEC16, fused): pass 1 keeps group q in stage[q]
  * for pass 2 (the same thread's groups: no barrier; rowpass.cuh), the grid is the resident CTAs;
  * else the grid keeps at most 2 rows per SM in flight so that pass 2's re-read of the row comes from
  * L2 (lm_cuda). */
@@ -335,6 +331,7 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
     constexpr int NW = LM_CTA_THREADS / 32;
     __shared__ float sh_stat[5][NW];   /* the warps' merged statistics (m, s, w, b, n) */
     __shared__ float sh_coef[6];       /* the row's gradient coefficients (LmCoef) */
+    const int64_t nvec = a.C / VEC, tail0 = nvec * VEC;
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     for (int64_t i = blockIdx.x; i < a.N; i += gridDim.x) {
         const int64_t y = rp_label(a.tg, a.lab64, i);
@@ -344,13 +341,6 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
             continue;
         }
         const T* x = (const T*)a.x + i * a.ld;   /* 64-bit row offset */
-        int64_t h = 0;  /* head columns before the row's first 16-byte boundary */
-        if (VEC16) {
-            h = (int64_t)(((16u - ((unsigned)(uintptr_t)x & 15u)) & 15u) / sizeof(T));
-            if (h > a.C) h = a.C;
-        }
-        const int64_t nvec = (a.C - h) / VEC, tail0 = h + nvec * VEC, nex = h + (a.C - tail0);
-        const T* xb = x + h;
         /* x_y by thread 0 before barrier A: in place, the owner's gradient store (after barrier B)
          * overwrites it */
         const float xy = tid == 0 ? to_float(x[y]) : 0.0f;
@@ -364,21 +354,20 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
             const bool two = q + LM_CTA_THREADS < nvec;
             float v0[VEC], v1[VEC];
             if (STAGE) {  /* read once: evict first, kept for pass 2 */
-                const uint4 u0 = __ldcs((const uint4*)(xb + q * VEC));
-                const uint4 u1 = two ? __ldcs((const uint4*)(xb + (q + LM_CTA_THREADS) * VEC)) : u0;
+                const uint4 u0 = __ldcs((const uint4*)(x + q * VEC));
+                const uint4 u1 = two ? __ldcs((const uint4*)(x + (q + LM_CTA_THREADS) * VEC)) : u0;
                 stage[q] = u0;
                 if (two) stage[q + LM_CTA_THREADS] = u1;
                 rp_unpack<T>(u0, v0);
                 rp_unpack<T>(u1, v1);
             } else {
-                lm_load16<T, VEC16, false>(xb + q * VEC, v0);
-                if (two) lm_load16<T, VEC16, false>(xb + (q + LM_CTA_THREADS) * VEC, v1);
+                lm_load16<T, VEC16, false>(x + q * VEC, v0);
+                if (two) lm_load16<T, VEC16, false>(x + (q + LM_CTA_THREADS) * VEC, v1);
             }
-            lm_push_group<VEC>(st, v0, y - h - q * VEC);
-            if (two) lm_push_group<VEC>(st, v1, y - h - (q + LM_CTA_THREADS) * VEC);
+            lm_push_group<VEC>(st, v0, y - q * VEC);
+            if (two) lm_push_group<VEC>(st, v1, y - (q + LM_CTA_THREADS) * VEC);
         }
-        for (int64_t e = tid; e < nex; e += LM_CTA_THREADS) {  /* head, then tail columns */
-            const int64_t j = e < h ? e : tail0 + (e - h);
+        for (int64_t j = tail0 + tid; j < a.C; j += LM_CTA_THREADS) {
             if (j == y) continue;
             const float v = to_float(__ldcg(x + j));
             if (v > st.m) lm_shift(st, v);
@@ -424,15 +413,13 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
         for (int64_t q = tid; q < nvec; q += LM_CTA_THREADS) {
             float v[VEC];
             if (STAGE) rp_unpack<T>(stage[q], v);
-            else lm_load16<T, VEC16, true>(xb + q * VEC, v);
-            const int64_t dq = y - h - q * VEC;
+            else lm_load16<T, VEC16, true>(x + q * VEC, v);
+            const int64_t dq = y - q * VEC;
 #pragma unroll
             for (int kk = 0; kk < VEC; kk++) v[kk] = dq == kk ? k.dy : lm_grad(k, v[kk]);
-            lm_store16<T, VEC16>(dx + h + q * VEC, v);
+            lm_store16<T, VEC16>(dx + q * VEC, v);
         }
-        /* each extra column read and written by the same thread: safe in place */
-        for (int64_t e = tid; e < nex; e += LM_CTA_THREADS) {
-            const int64_t j = e < h ? e : tail0 + (e - h);
+        for (int64_t j = tail0 + tid; j < a.C; j += LM_CTA_THREADS) {
             const float v = to_float(__ldcs(x + j));
             dx[j] = from_float<T>(j == y ? k.dy : lm_grad(k, v));
         }
@@ -501,16 +488,11 @@ static fl_status lm_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
     a.rowloss = loss ? w.rowloss : nullptr;
     a.error_flag = p.error_flag;
 
-    const size_t es = fl__dtype_size(dtype);
-    /* the warp kernel's groups start at column 0: every row 16-byte aligned; the CTA kernel's at
-     * each row's first boundary: logits and dlogits of the same 16-byte phase is enough */
-    const bool vec16 = C <= 1024 ? rl_vec16(logits, dlogits, fused, ld, es)
-                                 : (uintptr_t)logits % es == 0 &&
-                                       (!fused || ((uintptr_t)logits - (uintptr_t)dlogits) % 16 == 0);
+    const bool vec16 = rl_vec16(logits, dlogits, fused, ld, fl__dtype_size(dtype));
     /* staged only where 3 CTAs fit an SM (rows <= 72 KB): the kernel is bound by its exponentials,
      * not by the re-read, and with 2 per SM staging lost (H200 s10 run 2, fwd+bwd in a CUDA graph:
      * 8192x32000 bf16 0.635 ms staged vs 0.638 re-read; 8192x20000 fp32, 80 KB rows, 0.551 vs 0.533) */
-    const size_t smem = rl_stage_bytes(C, es, vec16, fused, 72 * 1024);
+    const size_t smem = rl_stage_bytes(C, fl__dtype_size(dtype), vec16, fused, 72 * 1024);
     const lm_fn kfn = lm_pick(dtype, C, vec16, smem > 0);
     unsigned grid = 0;
     if (smem > 0) FL_CUDA_TRY(rl_stage_grid((const void*)kfn, LM_CTA_THREADS, smem, N, &grid));

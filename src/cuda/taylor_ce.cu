@@ -5,8 +5,7 @@
  *               values in registers (lane l holding the 16-byte column groups l + 32 g), so the
  *               logits are read once and dlogits written once;
  *   C >  1024 : tc_cta_kernel, one 512-thread CTA per row: pass 1 sums f(x) over the row, pass 2
- *               writes the gradient; 16-byte vectors from each row's first 16-byte boundary when
- *               logits and dlogits have the same 16-byte phase (any V, any ld). Fused and
+ *               writes the gradient; 16-byte vectors when the rows are 16-byte aligned. Fused and
  *               aligned with rows up to RL_STAGE_MAX_BYTES (STAGE): pass 1 keeps the row in shared
  *               memory (rowpass.cuh), so it is read once, as many CTAs per SM as fit; otherwise pass 2
  *               reads it again from L2 (at most 2 rows per SM in flight).
@@ -156,8 +155,8 @@ static __device__ __forceinline__ void tc_store16(T* p, const float* in) {
     for (int k = 0; k < (int)(16 / sizeof(T)); k++) e[k] = from_float<T>(in[k]);
     *(uint4*)p = u;
 }
-/* the same 16 bytes' worth of elements, one at a time (VEC16 false: the groups start at column 0
- * and the rows are not aligned): the same values in the same order as a vector */
+/* the same 16 bytes' worth of elements, one at a time (unaligned rows): the same values in the
+ * same order, so the row sums do not depend on the alignment */
 template <typename T, bool VEC16>
 static __device__ __forceinline__ void tc_load_v(const T* p, float* out) {
     if (VEC16) {
@@ -178,11 +177,7 @@ static __device__ __forceinline__ void tc_store_v(T* p, const float* in) {
 }
 
 /* One CTA of TC_CTA_THREADS per row; thread t takes the 16-byte groups t, t + 512, ... then the
- * extra columns; VEC16: logits and dlogits rows have the same 16-byte phase, so each row's groups
- * start at its first 16-byte boundary (h head columns before it, handled with the tail as extras)
- * and move as vectors. Why per-row heads: with groups from column 0, rows whose stride is not a
- * multiple of 16 bytes (V = 50257) went element by element: 8192x50257 bf16 4.52x the floor (s10
- * run 2). Without VEC16 the groups start at column 0, element by element. STAGE (VEC16,
+ * tail; VEC16: rows (and dlogits) 16-byte aligned, so the groups move as vectors. STAGE (VEC16,
  * fused): pass 1 keeps group q in stage[q] for pass 2 (the same thread's groups: no barrier), the
  * grid is the resident CTAs; else the grid keeps at most 2 rows per SM in flight so that pass 2's
  * re-read of the row comes from L2 (tc_cuda). */
@@ -195,6 +190,7 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a)
     __shared__ float tot;
     const T* x = (const T*)a.x;
     T* dx = (T*)a.dx;
+    const int64_t nvec = a.C / VEC, tail0 = nvec * VEC;
     for (int64_t i = blockIdx.x; i < a.N; i += gridDim.x) {
         const int64_t y = rp_label(a.tg, a.lab64, i);
         const int kind = tc_row_kind(a, y);
@@ -207,13 +203,6 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a)
                 for (int64_t j = threadIdx.x; j < a.C; j += TC_CTA_THREADS) dx[r0 + j] = from_float<T>(v);
             continue;
         }
-        int64_t h = 0;  /* head columns before the row's first 16-byte boundary */
-        if (VEC16) {
-            h = (int64_t)(((16u - ((unsigned)(uintptr_t)(x + r0) & 15u)) & 15u) / sizeof(T));
-            if (h > a.C) h = a.C;
-        }
-        const int64_t nvec = (a.C - h) / VEC, tail0 = h + nvec * VEC, nex = h + (a.C - tail0);
-        const T* xb = x + r0 + h;
         /* x_y before the barriers below: in place, the gradient stores after them overwrite it */
         const float xy = to_float(x[r0 + y]);
         float s = 0.0f;
@@ -221,19 +210,16 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a)
         for (int64_t q = threadIdx.x; q < nvec; q += TC_CTA_THREADS) {
             float v[VEC];
             if (STAGE) {
-                const uint4 u = __ldcs((const uint4*)(xb + q * VEC));  /* read once: evict first */
+                const uint4 u = __ldcs((const uint4*)(x + r0 + q * VEC));  /* read once: evict first */
                 stage[q] = u;
                 rp_unpack<T>(u, v);
             } else {
-                tc_load_v<T, VEC16>(xb + q * VEC, v);
+                tc_load_v<T, VEC16>(x + r0 + q * VEC, v);
             }
 #pragma unroll
             for (int k = 0; k < VEC; k++) s += tc_f(v[k], a.order);
         }
-        for (int64_t e = threadIdx.x; e < nex; e += TC_CTA_THREADS) {  /* head, then tail columns */
-            const int64_t j = e < h ? e : tail0 + (e - h);
-            s += tc_f(to_float(x[r0 + j]), a.order);
-        }
+        for (int64_t j = tail0 + threadIdx.x; j < a.C; j += TC_CTA_THREADS) s += tc_f(to_float(x[r0 + j]), a.order);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
@@ -255,15 +241,13 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a)
             for (int64_t q = threadIdx.x; q < nvec; q += TC_CTA_THREADS) {
                 float v[VEC];
                 if (STAGE) rp_unpack<T>(stage[q], v);
-                else tc_load_v<T, VEC16>(xb + q * VEC, v);
+                else tc_load_v<T, VEC16>(x + r0 + q * VEC, v);
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
-                    v[k] = tc_df(v[k], a.order) * ginvS - (h + q * VEC + k == y ? gdy : 0.0f);
-                tc_store_v<T, VEC16>(dx + r0 + h + q * VEC, v);
+                    v[k] = tc_df(v[k], a.order) * ginvS - (q * VEC + k == y ? gdy : 0.0f);
+                tc_store_v<T, VEC16>(dx + r0 + q * VEC, v);
             }
-            /* each extra column read and written by the same thread: safe in place */
-            for (int64_t e = threadIdx.x; e < nex; e += TC_CTA_THREADS) {
-                const int64_t j = e < h ? e : tail0 + (e - h);
+            for (int64_t j = tail0 + threadIdx.x; j < a.C; j += TC_CTA_THREADS) {
                 const float v = to_float(x[r0 + j]);
                 dx[r0 + j] = from_float<T>(tc_df(v, a.order) * ginvS - (j == y ? gdy : 0.0f));
             }
@@ -330,13 +314,8 @@ static fl_status tc_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
     a.rowloss = loss ? w.rowloss : nullptr;
     a.error_flag = p.error_flag;
 
-    const size_t es = fl__dtype_size(dtype);
-    /* the warp kernel's groups start at column 0: every row 16-byte aligned; the CTA kernel's at
-     * each row's first boundary: logits and dlogits of the same 16-byte phase is enough */
-    const bool vec16 = C <= 1024 ? rl_vec16(logits, dlogits, fused, ld, es)
-                                 : (uintptr_t)logits % es == 0 &&
-                                       (!fused || ((uintptr_t)logits - (uintptr_t)dlogits) % 16 == 0);
-    const size_t smem = rl_stage_bytes(C, es, vec16, fused, RL_STAGE_MAX_BYTES);
+    const bool vec16 = rl_vec16(logits, dlogits, fused, ld, fl__dtype_size(dtype));
+    const size_t smem = rl_stage_bytes(C, fl__dtype_size(dtype), vec16, fused, RL_STAGE_MAX_BYTES);
     const tc_fn kfn = tc_pick(dtype, C, vec16, smem > 0);
     unsigned grid = 0;
     if (smem > 0) FL_CUDA_TRY(rl_stage_grid((const void*)kfn, TC_CTA_THREADS, smem, N, &grid));
