@@ -403,20 +403,9 @@ int main(int argc, char** argv) {
             FLK(fl_cross_entropy_workspace_size(&cwb, R, c->V, c->dt, NULL));
             void* cws = NULL;
             CK(cudaMalloc(&cws, cwb));
-            cudaEvent_t e0, e1;
-            CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-            float ce[64];
-            const int nce = g_reps < 64 ? g_reps : 64;
-            for (int k = 0; k < nce + 2; k++) {
-                CK(cudaEventRecord(e0, g_stream));
-                FLK(fl_cross_entropy_fused_cuda(j.loss, NULL, logits, logits, j.targets, NULL, 1.0f, R, c->V, Vp, c->dt,
-                                                FL_INDEX_I64, NULL, cws, cwb, (fl_stream)g_stream));
-                CK(cudaEventRecord(e1, g_stream));
-                CK(cudaEventSynchronize(e1));
-                if (k >= 2) CK(cudaEventElapsedTime(&ce[k - 2], e0, e1));
-            }
-            const float pce = median(ce, nce);
-            CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+            /* the CE alone, in place on the first R rows (overlap_probe's timer, one stream) */
+            const float pce = ovl_time(NULL, 0, 1, logits, j.loss, j.targets, R, c->V, Vp, c->dt, cws, cwb, g_stream,
+                                       g_stream);
             CK(cudaFree(cws));
             const double nch = (double)((c->N + R - 1) / R);
             printf("  phases at %lld rows (x%.0f chunks): logits %.3f dX %.3f dW(beta 0) %.3f CE fused in place %.3f ms;"
