@@ -63,7 +63,7 @@ LIB_SO := $(BUILD)/libfusedloss.so
 
 CPU_TESTS  := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out %_cuda.c,$(wildcard tests/test_*.c tests/fuzz_*.c)))
 CUDA_TESTS := $(patsubst tests/%.c,$(BUILD)/%,$(wildcard tests/*_cuda.c))
-TOOLS      := $(BUILD)/fl_demo $(if $(NVCC),$(BUILD)/bench_cross_entropy $(BUILD)/bench_gelu $(BUILD)/bench_linear_ce $(BUILD)/bench_vp_linear $(BUILD)/bench_launch_floor)
+TOOLS      := $(BUILD)/fl_demo $(if $(NVCC),$(BUILD)/bench_cross_entropy $(BUILD)/bench_gelu $(BUILD)/bench_linear_ce $(BUILD)/bench_vp_linear $(BUILD)/bench_launch_floor $(BUILD)/bench_stream_floor)
 
 .PHONY: all lib test test-cuda bench bench-gelu bench-lce demo install example clean
 all: lib $(CPU_TESTS) $(TOOLS) $(if $(NVCC),$(CUDA_TESTS))
@@ -102,6 +102,10 @@ $(BUILD)/bench_linear_ce: bench/bench_linear_ce.c $(LIB_A)
 
 # a CUDA program of its own (its probe kernels), linked with the library for the CE call
 $(BUILD)/bench_launch_floor: bench/bench_launch_floor.cu $(LIB_A)
+	$(NVCC) -O3 -std=c++17 -Iinclude -Ibench $(GENCODE) $< -o $@ $(LIB_A) -L$(CUDA_LIBDIR) -lcublasLt -lm -lpthread -Xcompiler -fopenmp
+
+# the streaming-floor sweep (issue 6): its own copy kernels; the library only for bench_begin
+$(BUILD)/bench_stream_floor: bench/bench_stream_floor.cu $(LIB_A)
 	$(NVCC) -O3 -std=c++17 -Iinclude -Ibench $(GENCODE) $< -o $@ $(LIB_A) -L$(CUDA_LIBDIR) -lcublasLt -lm -lpthread -Xcompiler -fopenmp
 
 $(BUILD)/bench_vp_linear: bench/bench_vp_linear.c $(LIB_A)
