@@ -6,13 +6,15 @@
  *               registers (lane l holds the VEC-column groups l, l + 32, ..., VEC = 16 / sizeof(T)),
  *               so the logits are read once and dlogits written once;
  *   C >  1024 : lm_cta_kernel, one 512-thread CTA per row: pass 1 gathers the row's statistics,
- *               pass 2 writes the gradient. Fused and aligned with rows up to RL_STAGE_MAX_BYTES
- *               (STAGE): pass 1 keeps the row in shared memory (rowpass.cuh), so it is read once,
- *               as many CTAs per SM as fit; otherwise pass 2 reads it again from L2 (at most 2 rows
- *               per SM in flight).
+ *               pass 2 writes the gradient (lm_cta_head_kernel for rows not all 16-byte aligned,
+ *               below). Fused and vectorised with rows up to 72 KB (STAGE, lm_cuda): pass 1 keeps
+ *               the row in shared memory (rowpass.cuh), so it is read once, as many CTAs per SM as
+ *               fit; otherwise pass 2 reads it again from L2 (at most 2 rows per SM in flight).
  *   16-byte vectors when the rows (and dlogits) are 16-byte aligned; otherwise the same groups
- *   element by element, so the values and the summation order (hence the results) do not depend
- *   on the alignment.
+ *   element by element (the same values and summation order, hence the same results) except for
+ *   C > 1024 with logits and dlogits of the same 16-byte phase (e.g. odd C): lm_cta_head_kernel,
+ *   vectors from each row's first 16-byte boundary, the head columns before it as scalar extras
+ *   (the grouping, hence the last bits, then follows the row's address).
  *
  * Numerics (fp32; u = 2^-24). Only the non-target columns k != y and x_y are needed: with
  * m' = max_k x_k, d_k = x_k - m', e_k = exp(d_k), the row statistics are s = sum e_k (>= 1),
@@ -319,8 +321,9 @@ static __global__ void __launch_bounds__(LM_THREADS) lm_warp_kernel(LmArgs a) {
 }
 
 /* One CTA of LM_CTA_THREADS per row, C > 1024: thread t takes the VEC-column groups t, t + 512, ...
- * then the tail columns (C % VEC of them) t, t + 512, ...; VEC16: rows (and dlogits) 16-byte
- * aligned, so the groups move as vectors. STAGE (VEC16, fused): pass 1 keeps group q in stage[q]
+ * (from column 0) then the tail columns (C % VEC of them) t, t + 512, ...; VEC16: rows (and
+ * dlogits) 16-byte aligned, so the groups move as vectors (else element by element, or
+ * lm_cta_head_kernel below). STAGE (VEC16, fused): pass 1 keeps group q in stage[q]
  * for pass 2 (the same thread's groups: no barrier; rowpass.cuh), the grid is the resident CTAs;
  * else the grid keeps at most 2 rows per SM in flight so that pass 2's re-read of the row comes from
  * L2 (lm_cuda). */
@@ -426,6 +429,122 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
     }
 }
 
+/* lm_cta_kernel for rows that are not all 16-byte aligned while logits and dlogits have the same
+ * 16-byte phase (lm_cuda): each row's groups start at its first 16-byte boundary and move as
+ * vectors; the h head columns before it are extras, handled with the tail (thread t takes the
+ * extras t, t + 512, ..., head first). The grouping, hence the last bits, follows the row's
+ * address; an aligned row (h = 0) is grouped as in lm_cta_kernel. Why: with groups from column 0
+ * such rows (V = 50257) went element by element, 8192x50257 bf16 4.92x the floor (s10 run 2);
+ * 2.51x with heads (run 5). A kernel of its own so that the aligned kernel's code stays as it was
+ * (the head inside taylor_ce.cu's aligned kernel slowed it, s10 run 6). STAGE (fused): as
+ * lm_cta_kernel's, with a row's (C - h) / VEC groups in the C / VEC slots. In place: as
+ * lm_cta_kernel (x_y by thread 0 before barrier A; every column, head and tail included, written
+ * by the thread that read it). */
+template <typename T, bool STAGE>
+static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmArgs a) {
+    constexpr int VEC = 16 / (int)sizeof(T);
+    extern __shared__ uint4 stage[];
+    constexpr int NW = LM_CTA_THREADS / 32;
+    __shared__ float sh_stat[5][NW];   /* the warps' merged statistics (m, s, w, b, n) */
+    __shared__ float sh_coef[6];       /* the row's gradient coefficients (LmCoef) */
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    for (int64_t i = blockIdx.x; i < a.N; i += gridDim.x) {
+        const int64_t y = rp_label(a.tg, a.lab64, i);
+        const int kind = lm_row_kind(a, y);
+        if (kind != 0) {   /* the same branch for the whole CTA: no barrier skipped by some threads */
+            lm_special_row<T>(a, i, kind, tid, LM_CTA_THREADS);
+            continue;
+        }
+        const T* x = (const T*)a.x + i * a.ld;   /* 64-bit row offset */
+        /* head columns before the row's first 16-byte boundary (dlogits: the same phase) */
+        int64_t h = (int64_t)(((16u - ((unsigned)(uintptr_t)x & 15u)) & 15u) / sizeof(T));
+        if (h > a.C) h = a.C;
+        const int64_t nvec = (a.C - h) / VEC, tail0 = h + nvec * VEC, nex = h + (a.C - tail0);
+        const T* xb = x + h;
+        /* x_y by thread 0 before barrier A: in place, the owner's gradient store (after barrier B)
+         * overwrites it */
+        const float xy = tid == 0 ? to_float(x[y]) : 0.0f;
+        LmStat st;
+        st.m = -INFINITY;
+        st.s = st.w = st.b = st.n = 0.0f;
+        /* two groups per step, both loads issued before either is processed (as lm_cta_kernel) */
+        for (int64_t q = tid; q < nvec; q += 2 * LM_CTA_THREADS) {
+            const bool two = q + LM_CTA_THREADS < nvec;
+            float v0[VEC], v1[VEC];
+            if (STAGE) {  /* read once: evict first, kept for pass 2 */
+                const uint4 u0 = __ldcs((const uint4*)(xb + q * VEC));
+                const uint4 u1 = two ? __ldcs((const uint4*)(xb + (q + LM_CTA_THREADS) * VEC)) : u0;
+                stage[q] = u0;
+                if (two) stage[q + LM_CTA_THREADS] = u1;
+                rp_unpack<T>(u0, v0);
+                rp_unpack<T>(u1, v1);
+            } else {
+                lm_load16<T, true, false>(xb + q * VEC, v0);
+                if (two) lm_load16<T, true, false>(xb + (q + LM_CTA_THREADS) * VEC, v1);
+            }
+            lm_push_group<VEC>(st, v0, y - h - q * VEC);
+            if (two) lm_push_group<VEC>(st, v1, y - h - (q + LM_CTA_THREADS) * VEC);
+        }
+        for (int64_t e = tid; e < nex; e += LM_CTA_THREADS) {  /* head, then tail columns */
+            const int64_t j = e < h ? e : tail0 + (e - h);
+            if (j == y) continue;
+            const float v = to_float(__ldcg(x + j));
+            if (v > st.m) lm_shift(st, v);
+            lm_add(st, v);
+        }
+        st = lm_warp_merge(st);
+        if (lane == 0) {
+            sh_stat[0][wid] = st.m; sh_stat[1][wid] = st.s; sh_stat[2][wid] = st.w;
+            sh_stat[3][wid] = st.b; sh_stat[4][wid] = st.n;
+        }
+        /* barrier A (and no barrier at the end of the row: see lm_cta_kernel) */
+        __syncthreads();
+        if (wid == 0) {
+            LmStat u;
+            if (lane < NW) {
+                u.m = sh_stat[0][lane]; u.s = sh_stat[1][lane]; u.w = sh_stat[2][lane];
+                u.b = sh_stat[3][lane]; u.n = sh_stat[4][lane];
+            } else {
+                u.m = -INFINITY;
+                u.s = u.w = u.b = u.n = 0.0f;
+            }
+            u = lm_warp_merge(u);
+            if (lane == 0) {
+                LmCoef k;
+                const float g = a.fused ? lm_g(a, i) : 0.0f;
+                const float l = lm_row(a, xy, u.m, u.s, u.w, u.b, a.fused != 0, g, &k);
+                if (a.rowloss) a.rowloss[i] = l;
+                sh_coef[0] = k.mo; sh_coef[1] = k.gp; sh_coef[2] = k.gq; sh_coef[3] = k.k1;
+                sh_coef[4] = k.gc; sh_coef[5] = k.dy;
+            }
+        }
+        /* barrier B: the coefficients visible to every thread (also in the forward: see
+         * lm_cta_kernel) */
+        __syncthreads();
+        if (!a.fused) continue;
+        LmCoef k;
+        k.mo = sh_coef[0]; k.gp = sh_coef[1]; k.gq = sh_coef[2]; k.k1 = sh_coef[3]; k.gc = sh_coef[4];
+        k.dy = sh_coef[5];
+        T* dx = (T*)a.dx + i * a.ld;
+#pragma unroll 2
+        for (int64_t q = tid; q < nvec; q += LM_CTA_THREADS) {
+            float v[VEC];
+            if (STAGE) rp_unpack<T>(stage[q], v);
+            else lm_load16<T, true, true>(xb + q * VEC, v);
+            const int64_t dq = y - h - q * VEC;
+#pragma unroll
+            for (int kk = 0; kk < VEC; kk++) v[kk] = dq == kk ? k.dy : lm_grad(k, v[kk]);
+            lm_store16<T, true>(dx + h + q * VEC, v);
+        }
+        /* each extra column read and written by the same thread: safe in place */
+        for (int64_t e = tid; e < nex; e += LM_CTA_THREADS) {
+            const int64_t j = e < h ? e : tail0 + (e - h);
+            const float v = to_float(__ldcs(x + j));
+            dx[j] = from_float<T>(j == y ? k.dy : lm_grad(k, v));
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // launchers
 // ---------------------------------------------------------------------------------------------
@@ -433,9 +552,10 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
 typedef void (*lm_fn)(LmArgs);
 
 template <typename T>
-static lm_fn lm_pick_t(int64_t C, bool vec16, bool stage) {
+static lm_fn lm_pick_t(int64_t C, bool vec16, bool head, bool stage) {
     constexpr int VEC = 16 / (int)sizeof(T);
     const int64_t G = ((C + VEC - 1) / VEC + 31) / 32;   /* groups per lane */
+    if (C > 1024 && head) return stage ? lm_cta_head_kernel<T, true> : lm_cta_head_kernel<T, false>;
     if (C > 1024 && stage) return lm_cta_kernel<T, true, true>;
     if (C > 1024) return vec16 ? lm_cta_kernel<T, true, false> : lm_cta_kernel<T, false, false>;
     if (G <= 1) return vec16 ? lm_warp_kernel<T, 1, true> : lm_warp_kernel<T, 1, false>;
@@ -445,11 +565,11 @@ static lm_fn lm_pick_t(int64_t C, bool vec16, bool stage) {
     }
     return vec16 ? lm_warp_kernel<T, 4, true> : lm_warp_kernel<T, 4, false>;
 }
-static lm_fn lm_pick(fl_dtype dt, int64_t C, bool vec16, bool stage) {
+static lm_fn lm_pick(fl_dtype dt, int64_t C, bool vec16, bool head, bool stage) {
     switch (dt) {
-        case FL_DTYPE_F32: return lm_pick_t<float>(C, vec16, stage);
-        case FL_DTYPE_F16: return lm_pick_t<__half>(C, vec16, stage);
-        default: return lm_pick_t<__nv_bfloat16>(C, vec16, stage);
+        case FL_DTYPE_F32: return lm_pick_t<float>(C, vec16, head, stage);
+        case FL_DTYPE_F16: return lm_pick_t<__half>(C, vec16, head, stage);
+        default: return lm_pick_t<__nv_bfloat16>(C, vec16, head, stage);
     }
 }
 
@@ -488,12 +608,19 @@ static fl_status lm_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
     a.rowloss = loss ? w.rowloss : nullptr;
     a.error_flag = p.error_flag;
 
-    const bool vec16 = rl_vec16(logits, dlogits, fused, ld, fl__dtype_size(dtype));
+    const size_t es = fl__dtype_size(dtype);
+    /* vec16: every row (and dlogits) 16-byte aligned: groups from column 0 as vectors. Else, for
+     * C > 1024 with element-aligned logits and dlogits of the same 16-byte phase (always so in
+     * place), head: lm_cta_head_kernel, vectors from each row's first boundary. Else element by
+     * element from column 0. */
+    const bool vec16 = rl_vec16(logits, dlogits, fused, ld, es);
+    const bool head = !vec16 && C > 1024 && (uintptr_t)logits % es == 0 &&
+                      (!fused || ((uintptr_t)logits - (uintptr_t)dlogits) % 16 == 0);
     /* staged only where 3 CTAs fit an SM (rows <= 72 KB): the kernel is bound by its exponentials,
      * not by the re-read, and with 2 per SM staging lost (H200 s10 run 2, fwd+bwd in a CUDA graph:
      * 8192x32000 bf16 0.635 ms staged vs 0.638 re-read; 8192x20000 fp32, 80 KB rows, 0.551 vs 0.533) */
-    const size_t smem = rl_stage_bytes(C, fl__dtype_size(dtype), vec16, fused, 72 * 1024);
-    const lm_fn kfn = lm_pick(dtype, C, vec16, smem > 0);
+    const size_t smem = rl_stage_bytes(C, es, vec16 || head, fused, 72 * 1024);
+    const lm_fn kfn = lm_pick(dtype, C, vec16, head, smem > 0);
     unsigned grid = 0;
     if (smem > 0) FL_CUDA_TRY(rl_stage_grid((const void*)kfn, LM_CTA_THREADS, smem, N, &grid));
     else FL_CUDA_TRY(rl_grid(N, C, LM_THREADS, &grid));

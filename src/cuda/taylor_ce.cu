@@ -5,10 +5,14 @@
  *               values in registers (lane l holding the 16-byte column groups l + 32 g), so the
  *               logits are read once and dlogits written once;
  *   C >  1024 : tc_cta_kernel, one 512-thread CTA per row: pass 1 sums f(x) over the row, pass 2
- *               writes the gradient; 16-byte vectors when the rows are 16-byte aligned. Fused and
- *               aligned with rows up to RL_STAGE_MAX_BYTES (STAGE): pass 1 keeps the row in shared
- *               memory (rowpass.cuh), so it is read once, as many CTAs per SM as fit; otherwise pass 2
- *               reads it again from L2 (at most 2 rows per SM in flight).
+ *               writes the gradient; 16-byte vectors when the rows (and dlogits) are 16-byte
+ *               aligned, else element by element. Rows not all aligned (e.g. odd C) whose logits
+ *               and dlogits have the same 16-byte phase take tc_cta_head_kernel instead: the same
+ *               passes in 16-byte vectors from each row's first 16-byte boundary, the head columns
+ *               before it as scalar extras. Fused and vectorised with rows up to RL_STAGE_MAX_BYTES
+ *               (STAGE): pass 1 keeps the row in shared memory (rowpass.cuh), so it is read once,
+ *               as many CTAs per SM as fit; otherwise pass 2 reads it again from L2 (at most 2 rows
+ *               per SM in flight).
  *   Row sums: per-lane / per-thread partials in column order, then a fixed shuffle / shared tree:
  *   deterministic. MEAN's count of rows not ignored and the SUM / MEAN reduction of the per-row
  *   losses are rowpass.cuh's two-stage kernels (rp_count before, rp_reduce after: fixed ranges,
@@ -155,8 +159,8 @@ static __device__ __forceinline__ void tc_store16(T* p, const float* in) {
     for (int k = 0; k < (int)(16 / sizeof(T)); k++) e[k] = from_float<T>(in[k]);
     *(uint4*)p = u;
 }
-/* the same 16 bytes' worth of elements, one at a time (unaligned rows): the same values in the
- * same order, so the row sums do not depend on the alignment */
+/* the same 16 bytes' worth of elements, one at a time (VEC16 false: the groups start at column 0
+ * and the rows are not aligned): the same values in the same order as a vector */
 template <typename T, bool VEC16>
 static __device__ __forceinline__ void tc_load_v(const T* p, float* out) {
     if (VEC16) {
@@ -177,10 +181,11 @@ static __device__ __forceinline__ void tc_store_v(T* p, const float* in) {
 }
 
 /* One CTA of TC_CTA_THREADS per row; thread t takes the 16-byte groups t, t + 512, ... then the
- * tail; VEC16: rows (and dlogits) 16-byte aligned, so the groups move as vectors. STAGE (VEC16,
- * fused): pass 1 keeps group q in stage[q] for pass 2 (the same thread's groups: no barrier), the
- * grid is the resident CTAs; else the grid keeps at most 2 rows per SM in flight so that pass 2's
- * re-read of the row comes from L2 (tc_cuda). */
+ * tail; the groups start at column 0. VEC16: rows (and dlogits) 16-byte aligned, so the groups move
+ * as vectors (else element by element, or tc_cta_head_kernel below). STAGE (VEC16, fused): pass 1
+ * keeps group q in stage[q] for pass 2 (the same thread's groups: no barrier), the grid is the
+ * resident CTAs; else the grid keeps at most 2 rows per SM in flight so that pass 2's re-read of
+ * the row comes from L2 (tc_cuda). */
 #define TC_CTA_THREADS 512
 template <typename T, bool VEC16, bool STAGE>
 static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a) {
@@ -255,10 +260,102 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a)
     }
 }
 
+/* tc_cta_kernel for rows that are not all 16-byte aligned while logits and dlogits have the same
+ * 16-byte phase (tc_cuda): each row's groups start at its first 16-byte boundary and move as
+ * vectors; the h head columns before it are extras, handled with the tail (thread t takes the
+ * extras t, t + 512, ..., head first). The grouping, hence the last bits of the row sum, follows
+ * the row's address; an aligned row (h = 0) is grouped as in tc_cta_kernel. Why: with groups from
+ * column 0 such rows (V = 50257) went element by element, 8192x50257 bf16 4.52x the floor (s10
+ * run 2); 2.07x with heads (run 5). A kernel of its own because the head inside tc_cta_kernel
+ * changed the aligned kernel's code and slowed it (8192x32000 bf16 staged 0.347 -> 0.43 ms, s10
+ * run 6). STAGE (fused): as tc_cta_kernel's, with a row's (C - h) / VEC groups in the C / VEC
+ * slots. */
+template <typename T, bool STAGE>
+static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_head_kernel(TcArgs a) {
+    constexpr int VEC = 16 / (int)sizeof(T);
+    extern __shared__ uint4 stage[];
+    __shared__ float sh[TC_CTA_THREADS / 32];
+    __shared__ float tot;
+    const T* x = (const T*)a.x;
+    T* dx = (T*)a.dx;
+    for (int64_t i = blockIdx.x; i < a.N; i += gridDim.x) {
+        const int64_t y = rp_label(a.tg, a.lab64, i);
+        const int kind = tc_row_kind(a, y);
+        const int64_t r0 = i * a.ld;
+        if (kind != 0) {
+            const float v = kind == 1 ? 0.0f : NAN;
+            if (kind == 2 && threadIdx.x == 0 && a.error_flag) atomicOr(a.error_flag, 1);
+            if (threadIdx.x == 0 && a.rowloss) a.rowloss[i] = v;
+            if (a.fused)
+                for (int64_t j = threadIdx.x; j < a.C; j += TC_CTA_THREADS) dx[r0 + j] = from_float<T>(v);
+            continue;
+        }
+        /* head columns before the row's first 16-byte boundary (dlogits: the same phase) */
+        int64_t h = (int64_t)(((16u - ((unsigned)(uintptr_t)(x + r0) & 15u)) & 15u) / sizeof(T));
+        if (h > a.C) h = a.C;
+        const int64_t nvec = (a.C - h) / VEC, tail0 = h + nvec * VEC, nex = h + (a.C - tail0);
+        const T* xb = x + r0 + h;
+        /* x_y before the barriers below: in place, the gradient stores after them overwrite it */
+        const float xy = to_float(x[r0 + y]);
+        float s = 0.0f;
+#pragma unroll 4
+        for (int64_t q = threadIdx.x; q < nvec; q += TC_CTA_THREADS) {
+            float v[VEC];
+            if (STAGE) {
+                const uint4 u = __ldcs((const uint4*)(xb + q * VEC));  /* read once: evict first */
+                stage[q] = u;
+                rp_unpack<T>(u, v);
+            } else {
+                tc_load16<T>(xb + q * VEC, v);
+            }
+#pragma unroll
+            for (int k = 0; k < VEC; k++) s += tc_f(v[k], a.order);
+        }
+        for (int64_t e = threadIdx.x; e < nex; e += TC_CTA_THREADS) {  /* head, then tail columns */
+            const int64_t j = e < h ? e : tail0 + (e - h);
+            s += tc_f(to_float(x[r0 + j]), a.order);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float t = 0.0f;
+            for (int k = 0; k < TC_CTA_THREADS / 32; k++) t += sh[k];
+            tot = t;
+        }
+        __syncthreads();
+        const float S = tot;
+        __syncthreads();   /* sh and tot are rewritten by the next row */
+        const float fy = tc_f(xy, a.order);
+        if (threadIdx.x == 0 && a.rowloss) a.rowloss[i] = logf(S) - logf(fy);
+        if (a.fused) {
+            const float g = tc_g(a, i);
+            const float ginvS = g / S, gdy = g * (tc_df(xy, a.order) / fy);
+#pragma unroll 4
+            for (int64_t q = threadIdx.x; q < nvec; q += TC_CTA_THREADS) {
+                float v[VEC];
+                if (STAGE) rp_unpack<T>(stage[q], v);
+                else tc_load16<T>(xb + q * VEC, v);
+#pragma unroll
+                for (int k = 0; k < VEC; k++)
+                    v[k] = tc_df(v[k], a.order) * ginvS - (h + q * VEC + k == y ? gdy : 0.0f);
+                tc_store16<T>(dx + r0 + h + q * VEC, v);
+            }
+            /* each extra column read and written by the same thread: safe in place */
+            for (int64_t e = threadIdx.x; e < nex; e += TC_CTA_THREADS) {
+                const int64_t j = e < h ? e : tail0 + (e - h);
+                const float v = to_float(x[r0 + j]);
+                dx[r0 + j] = from_float<T>(tc_df(v, a.order) * ginvS - (j == y ? gdy : 0.0f));
+            }
+        }
+    }
+}
+
 typedef void (*tc_fn)(TcArgs);
 
 template <typename T>
-static tc_fn tc_pick_t(int64_t C, bool vec16, bool stage) {
+static tc_fn tc_pick_t(int64_t C, bool vec16, bool head, bool stage) {
     constexpr int VEC = 16 / (int)sizeof(T);
     const int64_t G = ((C + VEC - 1) / VEC + 31) / 32;   /* groups per lane */
     if (C <= 1024) {
@@ -269,14 +366,15 @@ static tc_fn tc_pick_t(int64_t C, bool vec16, bool stage) {
         }
         return vec16 ? tc_warp_kernel<T, 4, true> : tc_warp_kernel<T, 4, false>;
     }
+    if (head) return stage ? tc_cta_head_kernel<T, true> : tc_cta_head_kernel<T, false>;
     if (stage) return tc_cta_kernel<T, true, true>;
     return vec16 ? tc_cta_kernel<T, true, false> : tc_cta_kernel<T, false, false>;
 }
-static tc_fn tc_pick(fl_dtype dt, int64_t C, bool vec16, bool stage) {
+static tc_fn tc_pick(fl_dtype dt, int64_t C, bool vec16, bool head, bool stage) {
     switch (dt) {
-        case FL_DTYPE_F32: return tc_pick_t<float>(C, vec16, stage);
-        case FL_DTYPE_F16: return tc_pick_t<__half>(C, vec16, stage);
-        default: return tc_pick_t<__nv_bfloat16>(C, vec16, stage);
+        case FL_DTYPE_F32: return tc_pick_t<float>(C, vec16, head, stage);
+        case FL_DTYPE_F16: return tc_pick_t<__half>(C, vec16, head, stage);
+        default: return tc_pick_t<__nv_bfloat16>(C, vec16, head, stage);
     }
 }
 
@@ -314,9 +412,16 @@ static fl_status tc_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
     a.rowloss = loss ? w.rowloss : nullptr;
     a.error_flag = p.error_flag;
 
-    const bool vec16 = rl_vec16(logits, dlogits, fused, ld, fl__dtype_size(dtype));
-    const size_t smem = rl_stage_bytes(C, fl__dtype_size(dtype), vec16, fused, RL_STAGE_MAX_BYTES);
-    const tc_fn kfn = tc_pick(dtype, C, vec16, smem > 0);
+    const size_t es = fl__dtype_size(dtype);
+    /* vec16: every row (and dlogits) 16-byte aligned: groups from column 0 as vectors. Else, for
+     * C > 1024 with element-aligned logits and dlogits of the same 16-byte phase (always so in
+     * place), head: tc_cta_head_kernel, vectors from each row's first boundary. Else element by
+     * element from column 0. */
+    const bool vec16 = rl_vec16(logits, dlogits, fused, ld, es);
+    const bool head = !vec16 && C > 1024 && (uintptr_t)logits % es == 0 &&
+                      (!fused || ((uintptr_t)logits - (uintptr_t)dlogits) % 16 == 0);
+    const size_t smem = rl_stage_bytes(C, es, vec16 || head, fused, RL_STAGE_MAX_BYTES);
+    const tc_fn kfn = tc_pick(dtype, C, vec16, head, smem > 0);
     unsigned grid = 0;
     if (smem > 0) FL_CUDA_TRY(rl_stage_grid((const void*)kfn, TC_CTA_THREADS, smem, N, &grid));
     else FL_CUDA_TRY(rl_grid(N, C, TC_THREADS, &grid));
