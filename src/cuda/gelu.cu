@@ -640,10 +640,12 @@ static fl__gelu_path choose_path(int64_t N, int64_t F, size_t es, const void* co
 //                                 one iteration per CTA, ceil(nvec / 1024) CTAs (default: H200
 //                                 2026-12-02 run 4, W = 0 / 1 / 2: 8192x3072 f32 forward 1.127 /
 //                                 1.199 / 1.200x, 8192x16384 f32 1.064 / 1.116 / 1.113x)
+//   FUSEDLOSS_GELU_STREAM_U=1|2|4 STREAM path: 16-byte vectors per input per thread (a CTA's tile is
+//                                 256 U vectors; default 4)
 //   FUSEDLOSS_GELU_DBIAS_CTAS=C   with dbias: target CTAs (device-independent: fixes dbias's summation
 //                                 order), 1..2048 (default 528 = 4 x 132 SMs: one full wave on an H200)
 struct GeluKnobs {
-    int exact16, unroll, dbias_rows, tx_dbias, tx_plain, dbias_ctas, ldhint, stream;
+    int exact16, unroll, dbias_rows, tx_dbias, tx_plain, dbias_ctas, ldhint, stream, stream_u;
     double waves, stream_waves;
 };
 static long env_long(const char* name, long dflt, long lo, long hi) {
@@ -667,6 +669,8 @@ static GeluKnobs read_knobs() {
     k.dbias_ctas = (int)env_long("FUSEDLOSS_GELU_DBIAS_CTAS", 528, 1, FL__GELU_DBIAS_CTAS_MAX);
     k.ldhint = (int)env_long("FUSEDLOSS_GELU_LDHINT", 0, 0, 2);
     k.stream = (int)env_long("FUSEDLOSS_GELU_STREAM", 1, 0, 1);
+    k.stream_u = (int)env_long("FUSEDLOSS_GELU_STREAM_U", 4, 1, 4);
+    if (k.stream_u == 3) k.stream_u = 4;
     k.stream_waves = 0.0;
     const char* sw = getenv("FUSEDLOSS_GELU_STREAM_WAVES");
     if (sw && *sw) {
@@ -748,28 +752,34 @@ static KSel ksel_t(int vec, int mode, int approx, int fast, int unroll) {
     return ksel_v<T, 16 / sizeof(T)>(mode, approx, fast, unroll);
 }
 
-// STREAM kernels: U = 4 vectors per input in flight per thread (16 KB per input per CTA)
-#define GELU_STREAM_U 4
-template <typename T, int MODE, int A, int V = 16 / (int)sizeof(T)>
+// STREAM kernels: U (FUSEDLOSS_GELU_STREAM_U: 1, 2 or 4) vectors per input in flight per thread
+template <typename T, int MODE, int A, int U, int V = 16 / (int)sizeof(T)>
 static KSel stream_fn_a(int fast) {
     static int occ_fast = 0, occ_exact = 0;  // benign race: every writer stores the same value
     if constexpr (sizeof(T) == 2) {
-        if (fast) return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, true, GELU_STREAM_U>, &occ_fast};
+        if (fast) return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, true, U>, &occ_fast};
     }
-    return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, false, GELU_STREAM_U>, &occ_exact};
+    return KSel{(const void*)gelu_stream_kernel<T, V, MODE, A, false, U>, &occ_exact};
 }
-template <typename T, int MODE>
+template <typename T, int MODE, int U>
 static KSel stream_fn_m(int approx, int fast) {
-    return approx == FL_GELU_TANH ? stream_fn_a<T, MODE, FL_GELU_TANH>(fast) : stream_fn_a<T, MODE, FL_GELU_NONE>(fast);
+    return approx == FL_GELU_TANH ? stream_fn_a<T, MODE, FL_GELU_TANH, U>(fast)
+                                  : stream_fn_a<T, MODE, FL_GELU_NONE, U>(fast);
+}
+template <typename T, int U>
+static KSel stream_fn_u(int mode, int approx, int fast) {
+    switch (mode) {
+        case M_FWD: return stream_fn_m<T, M_FWD, U>(approx, fast);
+        case M_FWD_BIAS: return stream_fn_m<T, M_FWD_BIAS, U>(approx, fast);
+        case M_BWD: return stream_fn_m<T, M_BWD, U>(approx, fast);
+        default: return stream_fn_m<T, M_BWD_BIAS, U>(approx, fast);
+    }
 }
 template <typename T>
-static KSel stream_fn(int mode, int approx, int fast) {
-    switch (mode) {
-        case M_FWD: return stream_fn_m<T, M_FWD>(approx, fast);
-        case M_FWD_BIAS: return stream_fn_m<T, M_FWD_BIAS>(approx, fast);
-        case M_BWD: return stream_fn_m<T, M_BWD>(approx, fast);
-        default: return stream_fn_m<T, M_BWD_BIAS>(approx, fast);
-    }
+static KSel stream_fn(int mode, int approx, int fast, int u) {
+    if (u == 1) return stream_fn_u<T, 1>(mode, approx, fast);
+    if (u == 2) return stream_fn_u<T, 2>(mode, approx, fast);
+    return stream_fn_u<T, 4>(mode, approx, fast);
 }
 
 // resident CTAs of 256 threads per SM of k.fn (cached in *k.occ) and this device's SM count
@@ -828,13 +838,13 @@ static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, cons
         s.fv = bias ? (unsigned)(F / vec) : 1u;
         KSel ks;
         switch (dt) {
-            case FL_DTYPE_F32: ks = stream_fn<float>(mode, approx, 0); break;
-            case FL_DTYPE_F16: ks = stream_fn<__half>(mode, approx, fast); break;
-            default: ks = stream_fn<__nv_bfloat16>(mode, approx, fast); break;
+            case FL_DTYPE_F32: ks = stream_fn<float>(mode, approx, 0, kn.stream_u); break;
+            case FL_DTYPE_F16: ks = stream_fn<__half>(mode, approx, fast, kn.stream_u); break;
+            default: ks = stream_fn<__nv_bfloat16>(mode, approx, fast, kn.stream_u); break;
         }
         // G: ceil(nvec / (256 U)) CTAs, one iteration each (default, stream_waves = 0); else
         // stream_waves x the resident CTAs, at most ceil(nvec / 256)
-        const int64_t tiles = (s.nvec + 256 * GELU_STREAM_U - 1) / (256 * GELU_STREAM_U);
+        const int64_t tiles = (s.nvec + 256 * kn.stream_u - 1) / (256 * kn.stream_u);
         int64_t g = tiles;
         if (kn.stream_waves > 0.0) {
             int occ = 1, sms = 1;
@@ -847,7 +857,7 @@ static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, cons
         if (bias) {
             const uint64_t S = (uint64_t)g * 256u;
             s.stepk = (unsigned)(S % s.fv);
-            s.stepi = (unsigned)((S * GELU_STREAM_U) % s.fv);
+            s.stepi = (unsigned)((S * (uint64_t)kn.stream_u) % s.fv);
         } else {
             s.stepk = s.stepi = 0u;
         }
