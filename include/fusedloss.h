@@ -854,18 +854,15 @@ FL_API fl_status fl_vp_linear_cross_entropy_nccl(
  *  Workspace: MEAN / SUM forward and fused need fl_{sigmoid_focal,bce_with_logits}_workspace_size()
  *  bytes (CUDA: device memory, 256-byte aligned; content ignored, clobbered); NONE and backward
  *  need none (pass NULL, 0).
- *  CUDA: one kernel of ceil(n / 2048) CTAs, one 2048-element tile each (grid-stride beyond 131072
- *  CTAs; 16-byte vector accesses when logits, targets and the other arrays share their alignment; a
- *  scalar head / tail; else a scalar path) plus, for MEAN / SUM, one small reduce kernel; the grid
- *  depends only on n. Asynchronous on `stream`, no allocation, no
+ *  CUDA: one grid-stride kernel (16-byte vector accesses when logits, targets and the other arrays
+ *  share their alignment; a scalar head / tail; else a scalar path) plus, for MEAN / SUM, one
+ *  small reduce kernel; the grid depends only on n. Asynchronous on `stream`, no allocation, no
  *  host sync, graph-capturable.
  ******************************************************************************/
 
 /*! fl_sigmoid_focal_workspace_size() / fl_bce_with_logits_workspace_size() :
  *  Bytes of workspace a MEAN / SUM forward or fused call needs for n (= N*C) elements, either
- *  backend: 256 + 8 min(131072, ceil(n / 2048)) rounded up to 256 (one double per 2048-element
- *  block); never 0, at most 1 MiB + 256 (8448 before 2026-12-04, when blocks were 4096 elements and
- *  at most 1024).
+ *  backend; never 0, at most 8448.
  * @return : FL_OK or FL_ERR_INVALID_ARGUMENT. */
 FL_API fl_status fl_sigmoid_focal_workspace_size(size_t* bytes, int64_t n);
 FL_API fl_status fl_bce_with_logits_workspace_size(size_t* bytes, int64_t N, int64_t C);

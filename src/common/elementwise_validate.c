@@ -14,7 +14,7 @@
 #include "../internal.h"
 #include "../cpu/elementwise_math.h"
 
-#define EW_BLOCK_ELEMS 2048  /* elements per reduction block (one CUDA tile) before the block cap */
+#define EW_BLOCK_ELEMS 4096  /* elements per reduction block before the 1024-block cap */
 
 int64_t fl__ew_blocks(int64_t n) {
     if (n <= 0) return 0;

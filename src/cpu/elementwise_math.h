@@ -33,12 +33,10 @@ typedef struct {
     int64_t      C;          /* bce: columns (1 for focal) */
 } fl__ew_params;
 
-/* Reduction blocks for n elements (0 for n <= 0): min(131072, ceil(n / 2048)). The CUDA grid (256
- * threads a block, one 2048-element tile each up to 268M elements, grid-stride beyond) and the
- * CPU's fixed contiguous blocks both use it, so neither depends on the device or the thread count.
- * (The cap was 1024 blocks of 4096 until 2026-12-04: a grid that strides measured 1.2x the copy
- * floor against 1.03-1.08x for one tile per CTA, bench/bench_stream_floor.cu.) */
-#define FL__EW_MAX_BLOCKS 131072
+/* Reduction blocks for n elements (0 for n <= 0): min(1024, ceil(n / 4096)). The CUDA grid (256
+ * threads a block, grid-stride) and the CPU's fixed contiguous blocks both use it, so neither
+ * depends on the device or the thread count. */
+#define FL__EW_MAX_BLOCKS 1024
 int64_t fl__ew_blocks(int64_t n);
 /* Workspace bytes of a MEAN / SUM forward or fused call: 256 + align256(8 * blocks). */
 size_t fl__ew_workspace_bytes(int64_t n);

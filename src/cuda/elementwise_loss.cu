@@ -14,15 +14,15 @@
  * Dtypes built: logits / targets / dlogits fp32, fp16, bf16; loss and grad_loss fp32.
  *
  * Work decomposition: a grid of fl__ew_blocks(n) CTAs of 256 threads (a function of n only:
- * the reduction order, and so the bits of a MEAN / SUM, are the same on every GPU; one
- * 2048-element tile per CTA up to 268M elements), grid-stride over 16-byte vectors (VEC = 16 / sizeof(T) elements: LDG.128 / STG.128) when logits, targets
+ * the reduction order, and so the bits of a MEAN / SUM, are the same on every GPU), grid-stride
+ * over 16-byte vectors (VEC = 16 / sizeof(T) elements: LDG.128 / STG.128) when logits, targets
  * and every other per-element array have the same address phase modulo 16 bytes; the < VEC
  * elements before the first aligned vector (head) and after the last (tail) are done by the
  * first threads one element each. Otherwise (mismatched phases) the same kernel with VEC = 1.
  * Streaming cache hints (__ldcs / __stcs): every byte is touched once.
  * MEAN / SUM: each thread adds its elements' fp32 losses (a vector's VEC values summed in fp32
  * first) into a double; the CTA reduces its 256 doubles in a fixed tree (warp shuffles, then the
- * 8 warp sums in order) into workspace[blockIdx.x]; one 1024-thread reduce kernel adds those in a
+ * 8 warp sums in order) into workspace[blockIdx.x]; one 256-thread reduce kernel adds those in a
  * fixed order and writes loss[0]. No float atomics: deterministic.
  * Launches per call: 1 (NONE, backward) or 2 (MEAN / SUM). No allocation, no host sync; all on
  * `stream`: graph-capturable. 64-bit element offsets throughout (n may exceed 2^31).
@@ -47,8 +47,7 @@ static __host__ __device__ __noinline__ float ew_powf(float q, float g) { return
 #define EW_THREADS 256
 // vectors per input in flight per thread in the body's unrolled loop: 4 fp32 / 2 fp16-bf16 (16
 // elements either way; 4 16-bit vectors took 80 registers and spilled 8 bytes: ptxas, sm_90)
-// vectors per thread: 256 U V = 2048 elements = one tile of fl__ew_blocks (EW_BLOCK_ELEMS)
-template <typename T> struct EwUnroll { static constexpr int U = sizeof(T) == 4 ? 2 : 1; };
+template <typename T> struct EwUnroll { static constexpr int U = sizeof(T) == 4 ? 4 : 2; };
 
 struct EwArgs {
     float* loss;            // NONE: [n]; else unused (partials go to part)
@@ -193,12 +192,11 @@ __device__ __forceinline__ void ew_vec(const EwArgs& a, int64_t k, const Vec<T, 
 }
 
 // PASS: FL__PASS_FORWARD / BACKWARD / FUSED. One thread: its grid-stride vectors, then at most
-// one head and one tail element. The grid is fl__ew_blocks(n) CTAs of one 2048-element tile each
-// (U vectors per thread) up to 131072 CTAs, so below 268M elements no CTA strides: short
-// independent CTAs keep HBM busier to the end than a grid that strides (1024 CTAs x 4 vectors per
-// thread x 2 iterations took 34.5 us, 1.47x the floor, for BCE 8192x1000 fp32: H200 2026-12-04
-// s11 run 1; bench_stream_floor's copies: one tile per CTA 1.03-1.08x, a striding grid ~1.2x).
-// (256, 4): at most 64 registers.
+// one head and one tail element. (256, 4): at most 64 registers, 4 CTAs per SM, so the grid of
+// fl__ew_blocks(n) <= 1024 CTAs runs in 2 nearly full waves on 132 SMs (528 + 496); unbounded,
+// fp32 took 34-40 registers (7 CTAs per SM: 924 resident, then a second wave of 100 CTAs, each
+// with as much work as the others) and the unrolled loop 59-73. ptxas spills 8 bytes in the
+// BCE forward / fused variants under this bound (sm_90).
 template <typename T, int V, int OP, int PASS>
 __global__ void __launch_bounds__(EW_THREADS, 4) ew_kernel(const EwArgs a) {
     constexpr bool LOSS = PASS != FL__PASS_BACKWARD, GRAD = PASS != FL__PASS_FORWARD;
@@ -270,30 +268,19 @@ __global__ void __launch_bounds__(EW_THREADS, 4) ew_kernel(const EwArgs a) {
     }
 }
 
-// loss[0] = sum of part[0, nb) in a fixed order (/ n for MEAN; n == 0: SUM 0, MEAN NaN): thread t
-// adds part[t], part[t + 1024], ... (8 loads in flight), then a fixed shuffle tree and the 32 warp
-// sums in order. nb <= 131072: at most 128 partials a thread.
-#define EW_RTHREADS 1024
-__global__ void __launch_bounds__(EW_RTHREADS) ew_reduce_kernel(float* loss, const double* part, int64_t nb, int64_t n,
-                                                                int mean) {
-    __shared__ double ws[EW_RTHREADS / 32];
+// loss[0] = sum of part[0, nb) in a fixed order (/ n for MEAN; n == 0: SUM 0, MEAN NaN)
+__global__ void __launch_bounds__(EW_THREADS) ew_reduce_kernel(float* loss, const double* part, int64_t nb, int64_t n,
+                                                               int mean) {
+    __shared__ double ws[EW_THREADS / 32];
     double s = 0.0;
-    int64_t b = threadIdx.x;
-    for (; b + 7 * EW_RTHREADS < nb; b += 8 * EW_RTHREADS) {
-        double v[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = part[b + k * EW_RTHREADS];
-#pragma unroll
-        for (int k = 0; k < 8; k++) s += v[k];
-    }
-    for (; b < nb; b += EW_RTHREADS) s += part[b];
+    for (int64_t b = threadIdx.x; b < nb; b += EW_THREADS) s += part[b];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
     if ((threadIdx.x & 31) == 0) ws[threadIdx.x >> 5] = s;
     __syncthreads();   // the warp sums are in shared memory
     if (threadIdx.x == 0) {
         double t = 0.0;
-        for (int w = 0; w < EW_RTHREADS / 32; w++) t += ws[w];
+        for (int w = 0; w < EW_THREADS / 32; w++) t += ws[w];
         if (mean) t = n > 0 ? t / (double)n : __longlong_as_double(0x7ff8000000000000ll);
         loss[0] = (float)t;
     }
@@ -397,7 +384,7 @@ static fl_status ew_cuda(const char* fn, const fl__ew_params* p, fl__pass pass, 
         FL_CUDA_TRY(cudaLaunchKernel(k, dim3((unsigned)nb), dim3(EW_THREADS), args, 0, stream));
     }
     if (want_loss && !none) {
-        ew_reduce_kernel<<<1, EW_RTHREADS, 0, stream>>>(loss, part, nb, n, p->reduction == FL_REDUCTION_MEAN);
+        ew_reduce_kernel<<<1, EW_THREADS, 0, stream>>>(loss, part, nb, n, p->reduction == FL_REDUCTION_MEAN);
         FL_CUDA_TRY(cudaGetLastError());
     }
     return FL_OK;
