@@ -60,6 +60,9 @@ struct EwArgs {
     double* part;           // [gridDim.x] per-CTA partial sums (MEAN / SUM forward / fused)
     int64_t n, head, nvec;  // head elements, then nvec vectors of VEC, then the tail
     int64_t C;
+    int64_t cstep;          // bce weights: (grid threads x V) mod C, a thread's column step per vector
+    int wvec;               // bce weights: C and head multiples of V, w / pw 16-byte aligned: a vector's
+                            // V columns are j .. j + V - 1 (no wrap), read as float4s
     float gscale;
     float alpha, gamma;
     int use_alpha, gk;
@@ -130,18 +133,44 @@ template <int OP, int V>
 __device__ __forceinline__ void elems(const EwArgs& a, const float (&xv)[V], const float (&yv)[V], int64_t j,
                                       float (&l)[V], float (&d)[V]) {
     constexpr int op = OP & 3, fast = (OP & EW_FAST) ? 1 : 0;
+    if constexpr (op == EW_BCE_W) {
+        // the V columns' weights first: j .. j + V - 1 as float4s when a.wvec (no wrap inside a
+        // vector), else one by one with the wrap at C; the same values either way
+        float w[V], pw[V];
+        bool done = false;
+        if constexpr (V % 4 == 0) {
+            if (a.wvec) {
 #pragma unroll
-    for (int v = 0; v < V; v++) {
-        if constexpr (op == EW_FOCAL) {
-            fl__ew_focal(xv[v], yv[v], a.alpha, a.use_alpha, a.gamma, a.gk, fast, &l[v], &d[v]);
-        } else if constexpr (op == EW_FOCAL2) {
-            fl__ew_focal(xv[v], yv[v], a.alpha, a.use_alpha, 2.0f, 2, fast, &l[v], &d[v]);
-        } else if constexpr (op == EW_BCE) {
-            fl__ew_bce(xv[v], yv[v], 1.0f, 0, 1.0f, 0, fast, &l[v], &d[v]);
-        } else {
-            fl__ew_bce(xv[v], yv[v], a.w ? a.w[j] : 1.0f, a.w != nullptr, a.pw ? a.pw[j] : 1.0f, a.pw != nullptr,
-                       fast, &l[v], &d[v]);
-            if (++j == a.C) j = 0;
+                for (int q = 0; q < V / 4; q++) {
+                    const float4 a4 = a.w ? __ldg(reinterpret_cast<const float4*>(a.w + j) + q) : make_float4(1.f, 1.f, 1.f, 1.f);
+                    const float4 b4 = a.pw ? __ldg(reinterpret_cast<const float4*>(a.pw + j) + q) : make_float4(1.f, 1.f, 1.f, 1.f);
+                    w[4 * q] = a4.x; w[4 * q + 1] = a4.y; w[4 * q + 2] = a4.z; w[4 * q + 3] = a4.w;
+                    pw[4 * q] = b4.x; pw[4 * q + 1] = b4.y; pw[4 * q + 2] = b4.z; pw[4 * q + 3] = b4.w;
+                }
+                done = true;
+            }
+        }
+        if (!done) {
+#pragma unroll
+            for (int v = 0; v < V; v++) {
+                w[v] = a.w ? a.w[j] : 1.0f;
+                pw[v] = a.pw ? a.pw[j] : 1.0f;
+                if (++j == a.C) j = 0;
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            fl__ew_bce(xv[v], yv[v], w[v], a.w != nullptr, pw[v], a.pw != nullptr, fast, &l[v], &d[v]);
+    } else {
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            if constexpr (op == EW_FOCAL) {
+                fl__ew_focal(xv[v], yv[v], a.alpha, a.use_alpha, a.gamma, a.gk, fast, &l[v], &d[v]);
+            } else if constexpr (op == EW_FOCAL2) {
+                fl__ew_focal(xv[v], yv[v], a.alpha, a.use_alpha, 2.0f, 2, fast, &l[v], &d[v]);
+            } else {
+                fl__ew_bce(xv[v], yv[v], 1.0f, 0, 1.0f, 0, fast, &l[v], &d[v]);
+            }
         }
     }
 }
@@ -151,14 +180,15 @@ __device__ __forceinline__ void elems(const EwArgs& a, const float (&xv)[V], con
 
 // One vector of V elements at element k (loaded by the caller): loss (NONE: stored; else added
 // to acc, the V values in fp32 first) and the gradient (stored; in place: the caller read x[k..]).
+// j: the column of element k (bce weights; else unused), from the caller's running column
 template <typename T, int V, int OP, int PASS>
-__device__ __forceinline__ void ew_vec(const EwArgs& a, int64_t k, const Vec<T, V>& xr, const Vec<T, V>& yr,
-                                       float g0, double& acc, T* dx) {
+__device__ __forceinline__ void ew_vec(const EwArgs& a, int64_t k, int64_t j, const Vec<T, V>& xr,
+                                       const Vec<T, V>& yr, float g0, double& acc, T* dx) {
     constexpr bool LOSS = PASS != FL__PASS_BACKWARD, GRAD = PASS != FL__PASS_FORWARD;
     float xv[V], yv[V], l[V], d[V];
 #pragma unroll
     for (int v = 0; v < V; v++) { xv[v] = to_float(xr.v[v]); yv[v] = to_float(yr.v[v]); }
-    elems<OP, V>(a, xv, yv, (OP & 3) == EW_BCE_W && a.C > 1 ? k % a.C : 0, l, d);
+    elems<OP, V>(a, xv, yv, j, l, d);
     if constexpr (LOSS) {
         if (a.none) {
             fstore<V>(a.loss + k, l);
@@ -195,8 +225,9 @@ __device__ __forceinline__ void ew_vec(const EwArgs& a, int64_t k, const Vec<T, 
 // one head and one tail element. (256, 4): at most 64 registers, 4 CTAs per SM, so the grid of
 // fl__ew_blocks(n) <= 1024 CTAs runs in 2 nearly full waves on 132 SMs (528 + 496); unbounded,
 // fp32 took 34-40 registers (7 CTAs per SM: 924 resident, then a second wave of 100 CTAs, each
-// with as much work as the others) and the unrolled loop 59-73. ptxas spills 8 bytes in the
-// BCE forward / fused variants under this bound (sm_90).
+// with as much work as the others) and the unrolled loop 59-73. Under this bound ptxas (CUDA 13)
+// spills 8-20 bytes in the weighted-BCE fused variants (fp32 sm_90, fp16 / bf16 both archs; the fp32
+// one spilled 24-32 bytes before the running column) and the fp32 / fp16 generic-gamma focal fused.
 template <typename T, int V, int OP, int PASS>
 __global__ void __launch_bounds__(EW_THREADS, 4) ew_kernel(const EwArgs a) {
     constexpr bool LOSS = PASS != FL__PASS_BACKWARD, GRAD = PASS != FL__PASS_FORWARD;
@@ -212,6 +243,16 @@ __global__ void __launch_bounds__(EW_THREADS, 4) ew_kernel(const EwArgs a) {
         if (a.mean) g0 = (float)((double)g0 / (double)a.n);
     }
     double acc = 0.0;
+    // bce weights: the column of this thread's current vector, advanced by a.cstep (mod C) per
+    // vector: one 64-bit modulo per thread instead of one per vector (it was a division call)
+    constexpr bool COLS = (OP & 3) == EW_BCE_W;
+    int64_t jc = 0;
+    if (COLS && a.C > 1) jc = (a.head + tid * V) % a.C;
+    auto next_col = [&](int64_t j) -> int64_t {
+        if (!COLS || a.C <= 1) return 0;
+        j += a.cstep;
+        return j >= a.C ? j - a.C : j;
+    };
     // body: vectors [head + i V, head + (i + 1) V), this thread's i = tid + m nthreads in order of
     // m; EwUnroll<T>::U of them loaded before the first is used (one vector per input in flight per
     // thread measured 2.4x the floor: H200 2026-12-01 run 23). The loss is added in the same m
@@ -227,13 +268,16 @@ __global__ void __launch_bounds__(EW_THREADS, 4) ew_kernel(const EwArgs a) {
                 yr[u] = vload<T, V>(y + a.head + (i + u * nthreads) * V);
             }
 #pragma unroll
-            for (int u = 0; u < EW_UNROLL; u++)
-                ew_vec<T, V, OP, PASS>(a, a.head + (i + u * nthreads) * V, xr[u], yr[u], g0, acc, dx);
+            for (int u = 0; u < EW_UNROLL; u++) {
+                ew_vec<T, V, OP, PASS>(a, a.head + (i + u * nthreads) * V, jc, xr[u], yr[u], g0, acc, dx);
+                jc = next_col(jc);
+            }
         }
     }
     for (; i < a.nvec; i += nthreads) {
         const int64_t k = a.head + i * V;
-        ew_vec<T, V, OP, PASS>(a, k, vload<T, V>(x + k), vload<T, V>(y + k), g0, acc, dx);
+        ew_vec<T, V, OP, PASS>(a, k, jc, vload<T, V>(x + k), vload<T, V>(y + k), g0, acc, dx);
+        jc = next_col(jc);
     }
     // head [0, head) and tail [head + nvec V, n): fewer than V elements each, one per thread
     const int64_t tail0 = a.head + a.nvec * V;
@@ -363,6 +407,11 @@ static fl_status ew_cuda(const char* fn, const fl__ew_params* p, fl__pass pass, 
         a.head = vec ? head : 0;
         a.nvec = vec ? (n - head) / VV : n;
         a.C = p->C;
+        {
+            const int64_t nthr = fl__ew_blocks(n) * (int64_t)EW_THREADS, vv = vec ? VV : 1;
+            a.cstep = p->C > 1 ? (int64_t)(((uint64_t)nthr % (uint64_t)p->C) * (uint64_t)vv % (uint64_t)p->C) : 0;
+            a.wvec = vec && p->C % VV == 0 && head % VV == 0 && aligned16(p->weight, 0) && aligned16(p->pos_weight, 0);
+        }
         a.gscale = gscale;
         a.alpha = p->alpha;
         a.gamma = p->gamma;

@@ -28,7 +28,8 @@
  *   SCALAR anything else (misaligned views, mixed strides): one element per access.
  * Without dbias, contiguous inputs (ROWS or FLAT with ld == F; with a bias also F a multiple of
  * the vector width) take the STREAM path instead (gelu_stream_kernel): one flat array, a tile of
- * 256 x 4 consecutive vectors per CTA, no row structure at all (FUSEDLOSS_GELU_STREAM=0: off).
+ * 256 x U vectors per CTA (U = 2; 4 for the 16-bit erf forward), no row structure at all
+ * (FUSEDLOSS_GELU_STREAM=0: off).
  * Each thread has FL__GELU_UNROLL rows' vectors of every input in flight (all loads issued
  * before any use; streaming cache hints, as everything is touched once).
  *
@@ -641,7 +642,11 @@ static fl__gelu_path choose_path(int64_t N, int64_t F, size_t es, const void* co
 //                                 2026-12-02 run 4, W = 0 / 1 / 2: 8192x3072 f32 forward 1.127 /
 //                                 1.199 / 1.200x, 8192x16384 f32 1.064 / 1.116 / 1.113x)
 //   FUSEDLOSS_GELU_STREAM_U=1|2|4 STREAM path: 16-byte vectors per input per thread (a CTA's tile is
-//                                 256 U vectors; default 4)
+//                                 256 U vectors). Default: 4 for the 16-bit erf forward (the most
+//                                 arithmetic per byte), else 2. H200 2026-12-04 s11 run 2, U = 4 / 1 / 2,
+//                                 x floor: 8192x3072 bf16 tanh fwd 1.295 / 1.342 / 1.254, f32 1.161 /
+//                                 1.156 / 1.150; 8192x16384 f32 fwd 1.058 / 1.069 / 1.048, bf16 tanh
+//                                 1.081 / 1.170 / 1.082, bf16 erf fwd 1.102 / 1.202 / 1.170
 //   FUSEDLOSS_GELU_DBIAS_CTAS=C   with dbias: target CTAs (device-independent: fixes dbias's summation
 //                                 order), 1..2048 (default 528 = 4 x 132 SMs: one full wave on an H200)
 struct GeluKnobs {
@@ -669,8 +674,8 @@ static GeluKnobs read_knobs() {
     k.dbias_ctas = (int)env_long("FUSEDLOSS_GELU_DBIAS_CTAS", 528, 1, FL__GELU_DBIAS_CTAS_MAX);
     k.ldhint = (int)env_long("FUSEDLOSS_GELU_LDHINT", 0, 0, 2);
     k.stream = (int)env_long("FUSEDLOSS_GELU_STREAM", 1, 0, 1);
-    k.stream_u = (int)env_long("FUSEDLOSS_GELU_STREAM_U", 4, 1, 4);
-    if (k.stream_u == 3) k.stream_u = 4;
+    k.stream_u = (int)env_long("FUSEDLOSS_GELU_STREAM_U", 0, 1, 4);   // 0: per kernel (below)
+    if (k.stream_u == 3) k.stream_u = 0;
     k.stream_waves = 0.0;
     const char* sw = getenv("FUSEDLOSS_GELU_STREAM_WAVES");
     if (sw && *sw) {
@@ -836,15 +841,16 @@ static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, cons
         s.n = N * F;
         s.nvec = s.n / vec;
         s.fv = bias ? (unsigned)(F / vec) : 1u;
+        const int su = kn.stream_u ? kn.stream_u : (dt != FL_DTYPE_F32 && approx == FL_GELU_NONE && !bwd) ? 4 : 2;
         KSel ks;
         switch (dt) {
-            case FL_DTYPE_F32: ks = stream_fn<float>(mode, approx, 0, kn.stream_u); break;
-            case FL_DTYPE_F16: ks = stream_fn<__half>(mode, approx, fast, kn.stream_u); break;
-            default: ks = stream_fn<__nv_bfloat16>(mode, approx, fast, kn.stream_u); break;
+            case FL_DTYPE_F32: ks = stream_fn<float>(mode, approx, 0, su); break;
+            case FL_DTYPE_F16: ks = stream_fn<__half>(mode, approx, fast, su); break;
+            default: ks = stream_fn<__nv_bfloat16>(mode, approx, fast, su); break;
         }
         // G: ceil(nvec / (256 U)) CTAs, one iteration each (default, stream_waves = 0); else
         // stream_waves x the resident CTAs, at most ceil(nvec / 256)
-        const int64_t tiles = (s.nvec + 256 * kn.stream_u - 1) / (256 * kn.stream_u);
+        const int64_t tiles = (s.nvec + 256 * su - 1) / (256 * su);
         int64_t g = tiles;
         if (kn.stream_waves > 0.0) {
             int occ = 1, sms = 1;
@@ -857,7 +863,7 @@ static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, cons
         if (bias) {
             const uint64_t S = (uint64_t)g * 256u;
             s.stepk = (unsigned)(S % s.fv);
-            s.stepi = (unsigned)((S * (uint64_t)kn.stream_u) % s.fv);
+            s.stepi = (unsigned)((S * (uint64_t)su) % s.fv);
         } else {
             s.stepk = s.stepi = 0u;
         }
