@@ -60,14 +60,14 @@ struct EwArgs {
     double* part;           // [gridDim.x] per-CTA partial sums (MEAN / SUM forward / fused)
     int64_t n, head, nvec;  // head elements, then nvec vectors of VEC, then the tail
     int64_t C;
-    int64_t cstep;          // bce weights: (grid threads x V) mod C, a thread's column step per vector
-    int wvec;               // bce weights: C and head multiples of V, w / pw 16-byte aligned: a vector's
-                            // V columns are j .. j + V - 1 (no wrap), read as float4s
     float gscale;
     float alpha, gamma;
     int use_alpha, gk;
     int none;               // reduction NONE
     int mean;
+    // (two more fields here, the weighted BCE's column step and vector flag, changed the machine
+    // code of EVERY variant of ew_kernel, CUDA 13, and cost the bf16 focal 3% (H200 s11 run 4): the
+    // kernel derives them itself)
 };
 
 template <typename T, int V>
@@ -129,48 +129,40 @@ __device__ __forceinline__ void fstore(float* p, const float (&d)[V]) {
 enum { EW_FOCAL = FL__EW_FOCAL, EW_BCE_W = FL__EW_BCE, EW_FOCAL2, EW_BCE, EW_FAST = 4 };
 
 // V consecutive elements starting at k (column j of the first, weighted bce): losses l[], gradients d[]
+// j: the column of xv[0] (bce weights); wvec: j .. j + V - 1 do not wrap and the weights are
+// 16-byte aligned (the kernel's test)
 template <int OP, int V>
 __device__ __forceinline__ void elems(const EwArgs& a, const float (&xv)[V], const float (&yv)[V], int64_t j,
-                                      float (&l)[V], float (&d)[V]) {
+                                      bool wvec, float (&l)[V], float (&d)[V]) {
     constexpr int op = OP & 3, fast = (OP & EW_FAST) ? 1 : 0;
-    if constexpr (op == EW_BCE_W) {
-        // the V columns' weights first: j .. j + V - 1 as float4s when a.wvec (no wrap inside a
-        // vector), else one by one with the wrap at C; the same values either way
-        float w[V], pw[V];
-        bool done = false;
-        if constexpr (V % 4 == 0) {
-            if (a.wvec) {
+    if constexpr (op == EW_BCE_W && V % 4 == 0) {
+        if (wvec) {   // columns j .. j + V - 1 (no wrap inside a vector) as float4s: the values of the loop below
+            float w[V], pw[V];
 #pragma unroll
-                for (int q = 0; q < V / 4; q++) {
-                    const float4 a4 = a.w ? __ldg(reinterpret_cast<const float4*>(a.w + j) + q) : make_float4(1.f, 1.f, 1.f, 1.f);
-                    const float4 b4 = a.pw ? __ldg(reinterpret_cast<const float4*>(a.pw + j) + q) : make_float4(1.f, 1.f, 1.f, 1.f);
-                    w[4 * q] = a4.x; w[4 * q + 1] = a4.y; w[4 * q + 2] = a4.z; w[4 * q + 3] = a4.w;
-                    pw[4 * q] = b4.x; pw[4 * q + 1] = b4.y; pw[4 * q + 2] = b4.z; pw[4 * q + 3] = b4.w;
-                }
-                done = true;
+            for (int q = 0; q < V / 4; q++) {
+                const float4 a4 = a.w ? __ldg(reinterpret_cast<const float4*>(a.w + j) + q) : make_float4(1.f, 1.f, 1.f, 1.f);
+                const float4 b4 = a.pw ? __ldg(reinterpret_cast<const float4*>(a.pw + j) + q) : make_float4(1.f, 1.f, 1.f, 1.f);
+                w[4 * q] = a4.x; w[4 * q + 1] = a4.y; w[4 * q + 2] = a4.z; w[4 * q + 3] = a4.w;
+                pw[4 * q] = b4.x; pw[4 * q + 1] = b4.y; pw[4 * q + 2] = b4.z; pw[4 * q + 3] = b4.w;
             }
+#pragma unroll
+            for (int v = 0; v < V; v++)
+                fl__ew_bce(xv[v], yv[v], w[v], a.w != nullptr, pw[v], a.pw != nullptr, fast, &l[v], &d[v]);
+            return;
         }
-        if (!done) {
+    }
 #pragma unroll
-            for (int v = 0; v < V; v++) {
-                w[v] = a.w ? a.w[j] : 1.0f;
-                pw[v] = a.pw ? a.pw[j] : 1.0f;
-                if (++j == a.C) j = 0;
-            }
-        }
-#pragma unroll
-        for (int v = 0; v < V; v++)
-            fl__ew_bce(xv[v], yv[v], w[v], a.w != nullptr, pw[v], a.pw != nullptr, fast, &l[v], &d[v]);
-    } else {
-#pragma unroll
-        for (int v = 0; v < V; v++) {
-            if constexpr (op == EW_FOCAL) {
-                fl__ew_focal(xv[v], yv[v], a.alpha, a.use_alpha, a.gamma, a.gk, fast, &l[v], &d[v]);
-            } else if constexpr (op == EW_FOCAL2) {
-                fl__ew_focal(xv[v], yv[v], a.alpha, a.use_alpha, 2.0f, 2, fast, &l[v], &d[v]);
-            } else {
-                fl__ew_bce(xv[v], yv[v], 1.0f, 0, 1.0f, 0, fast, &l[v], &d[v]);
-            }
+    for (int v = 0; v < V; v++) {
+        if constexpr (op == EW_FOCAL) {
+            fl__ew_focal(xv[v], yv[v], a.alpha, a.use_alpha, a.gamma, a.gk, fast, &l[v], &d[v]);
+        } else if constexpr (op == EW_FOCAL2) {
+            fl__ew_focal(xv[v], yv[v], a.alpha, a.use_alpha, 2.0f, 2, fast, &l[v], &d[v]);
+        } else if constexpr (op == EW_BCE) {
+            fl__ew_bce(xv[v], yv[v], 1.0f, 0, 1.0f, 0, fast, &l[v], &d[v]);
+        } else {
+            fl__ew_bce(xv[v], yv[v], a.w ? a.w[j] : 1.0f, a.w != nullptr, a.pw ? a.pw[j] : 1.0f, a.pw != nullptr,
+                       fast, &l[v], &d[v]);
+            if (++j == a.C) j = 0;
         }
     }
 }
@@ -180,15 +172,16 @@ __device__ __forceinline__ void elems(const EwArgs& a, const float (&xv)[V], con
 
 // One vector of V elements at element k (loaded by the caller): loss (NONE: stored; else added
 // to acc, the V values in fp32 first) and the gradient (stored; in place: the caller read x[k..]).
-// j: the column of element k (bce weights; else unused), from the caller's running column
+// j: the column of element k (bce weights; else unused), from the caller's running column; wvec:
+// see elems
 template <typename T, int V, int OP, int PASS>
-__device__ __forceinline__ void ew_vec(const EwArgs& a, int64_t k, int64_t j, const Vec<T, V>& xr,
+__device__ __forceinline__ void ew_vec(const EwArgs& a, int64_t k, int64_t j, bool wvec, const Vec<T, V>& xr,
                                        const Vec<T, V>& yr, float g0, double& acc, T* dx) {
     constexpr bool LOSS = PASS != FL__PASS_BACKWARD, GRAD = PASS != FL__PASS_FORWARD;
     float xv[V], yv[V], l[V], d[V];
 #pragma unroll
     for (int v = 0; v < V; v++) { xv[v] = to_float(xr.v[v]); yv[v] = to_float(yr.v[v]); }
-    elems<OP, V>(a, xv, yv, j, l, d);
+    elems<OP, V>(a, xv, yv, (OP & 3) == EW_BCE_W ? j : 0, (OP & 3) == EW_BCE_W && wvec, l, d);
     if constexpr (LOSS) {
         if (a.none) {
             fstore<V>(a.loss + k, l);
@@ -221,13 +214,20 @@ __device__ __forceinline__ void ew_vec(const EwArgs& a, int64_t k, int64_t j, co
     }
 }
 
+// bce weights: the next vector's column, j + step (step = (grid threads x V) mod C), wrapped at C
+__device__ __forceinline__ int64_t ew_next_col(int64_t j, int64_t step, int64_t C) {
+    if (C <= 1) return 0;
+    j += step;
+    return j >= C ? j - C : j;
+}
+
 // PASS: FL__PASS_FORWARD / BACKWARD / FUSED. One thread: its grid-stride vectors, then at most
 // one head and one tail element. (256, 4): at most 64 registers, 4 CTAs per SM, so the grid of
 // fl__ew_blocks(n) <= 1024 CTAs runs in 2 nearly full waves on 132 SMs (528 + 496); unbounded,
 // fp32 took 34-40 registers (7 CTAs per SM: 924 resident, then a second wave of 100 CTAs, each
 // with as much work as the others) and the unrolled loop 59-73. Under this bound ptxas (CUDA 13)
-// spills 8-20 bytes in the weighted-BCE fused variants (fp32 sm_90, fp16 / bf16 both archs; the fp32
-// one spilled 24-32 bytes before the running column) and the fp32 / fp16 generic-gamma focal fused.
+// spills 4-20 bytes (stores) in the weighted-BCE variants only (fp32 forward / backward / fused,
+// 16-bit fused; the fp32 fused spilled 24-32 bytes before the running column).
 template <typename T, int V, int OP, int PASS>
 __global__ void __launch_bounds__(EW_THREADS, 4) ew_kernel(const EwArgs a) {
     constexpr bool LOSS = PASS != FL__PASS_BACKWARD, GRAD = PASS != FL__PASS_FORWARD;
@@ -243,16 +243,19 @@ __global__ void __launch_bounds__(EW_THREADS, 4) ew_kernel(const EwArgs a) {
         if (a.mean) g0 = (float)((double)g0 / (double)a.n);
     }
     double acc = 0.0;
-    // bce weights: the column of this thread's current vector, advanced by a.cstep (mod C) per
+    // bce weights: the column of this thread's current vector, advanced by cstep (mod C) per
     // vector: one 64-bit modulo per thread instead of one per vector (it was a division call)
     constexpr bool COLS = (OP & 3) == EW_BCE_W;
-    int64_t jc = 0;
-    if (COLS && a.C > 1) jc = (a.head + tid * V) % a.C;
-    auto next_col = [&](int64_t j) -> int64_t {
-        if (!COLS || a.C <= 1) return 0;
-        j += a.cstep;
-        return j >= a.C ? j - a.C : j;
-    };
+    int64_t jc = 0, cstep = 0;
+    bool wvec = false;   // a vector's V columns are j .. j + V - 1 (C and head multiples of V), float4 weights
+    if constexpr (COLS) {
+        if (a.C > 1) {
+            jc = (a.head + tid * V) % a.C;
+            cstep = (int64_t)(((uint64_t)nthreads % (uint64_t)a.C) * (uint64_t)V % (uint64_t)a.C);
+        }
+        wvec = V % 4 == 0 && a.C % V == 0 && a.head % V == 0 &&
+               (((uintptr_t)a.w | (uintptr_t)a.pw) & 15u) == 0;
+    }
     // body: vectors [head + i V, head + (i + 1) V), this thread's i = tid + m nthreads in order of
     // m; EwUnroll<T>::U of them loaded before the first is used (one vector per input in flight per
     // thread measured 2.4x the floor: H200 2026-12-01 run 23). The loss is added in the same m
@@ -269,15 +272,15 @@ __global__ void __launch_bounds__(EW_THREADS, 4) ew_kernel(const EwArgs a) {
             }
 #pragma unroll
             for (int u = 0; u < EW_UNROLL; u++) {
-                ew_vec<T, V, OP, PASS>(a, a.head + (i + u * nthreads) * V, jc, xr[u], yr[u], g0, acc, dx);
-                jc = next_col(jc);
+                ew_vec<T, V, OP, PASS>(a, a.head + (i + u * nthreads) * V, jc, wvec, xr[u], yr[u], g0, acc, dx);
+                if constexpr (COLS) jc = ew_next_col(jc, cstep, a.C);
             }
         }
     }
     for (; i < a.nvec; i += nthreads) {
         const int64_t k = a.head + i * V;
-        ew_vec<T, V, OP, PASS>(a, k, jc, vload<T, V>(x + k), vload<T, V>(y + k), g0, acc, dx);
-        jc = next_col(jc);
+        ew_vec<T, V, OP, PASS>(a, k, jc, wvec, vload<T, V>(x + k), vload<T, V>(y + k), g0, acc, dx);
+        if constexpr (COLS) jc = ew_next_col(jc, cstep, a.C);
     }
     // head [0, head) and tail [head + nvec V, n): fewer than V elements each, one per thread
     const int64_t tail0 = a.head + a.nvec * V;
@@ -285,7 +288,7 @@ __global__ void __launch_bounds__(EW_THREADS, 4) ew_kernel(const EwArgs a) {
         const int64_t k = side == 0 ? tid : tail0 + tid;
         if (side == 0 ? tid >= a.head : k >= a.n) continue;
         float xv[1] = {to_float(x[k])}, yv[1] = {to_float(y[k])}, l[1], d[1];
-        elems<OP, 1>(a, xv, yv, (OP & 3) == EW_BCE_W && a.C > 1 ? k % a.C : 0, l, d);
+        elems<OP, 1>(a, xv, yv, (OP & 3) == EW_BCE_W && a.C > 1 ? k % a.C : 0, false, l, d);
         if constexpr (LOSS) {
             if (a.none) a.loss[k] = l[0];
             else acc += (double)l[0];
@@ -407,11 +410,6 @@ static fl_status ew_cuda(const char* fn, const fl__ew_params* p, fl__pass pass, 
         a.head = vec ? head : 0;
         a.nvec = vec ? (n - head) / VV : n;
         a.C = p->C;
-        {
-            const int64_t nthr = fl__ew_blocks(n) * (int64_t)EW_THREADS, vv = vec ? VV : 1;
-            a.cstep = p->C > 1 ? (int64_t)(((uint64_t)nthr % (uint64_t)p->C) * (uint64_t)vv % (uint64_t)p->C) : 0;
-            a.wvec = vec && p->C % VV == 0 && head % VV == 0 && aligned16(p->weight, 0) && aligned16(p->pos_weight, 0);
-        }
         a.gscale = gscale;
         a.alpha = p->alpha;
         a.gamma = p->gamma;
