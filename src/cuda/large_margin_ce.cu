@@ -439,7 +439,8 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
  * (the head inside taylor_ce.cu's aligned kernel slowed it, s10 run 6). STAGE (fused): as
  * lm_cta_kernel's, with a row's (C - h) / VEC groups in the C / VEC slots. In place: as
  * lm_cta_kernel (x_y by thread 0 before barrier A; every column, head and tail included, written
- * by the thread that read it). */
+ * by the thread that read it). Its body is a copy of lm_cta_kernel's with the heads added: a change
+ * to one belongs in the other (see tc_cta_head_kernel). */
 template <typename T, bool STAGE>
 static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmArgs a) {
     constexpr int VEC = 16 / (int)sizeof(T);

@@ -269,7 +269,9 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a)
  * run 2); 2.07x with heads (run 5). A kernel of its own because the head inside tc_cta_kernel
  * changed the aligned kernel's code and slowed it (8192x32000 bf16 staged 0.347 -> 0.43 ms, s10
  * run 6). STAGE (fused): as tc_cta_kernel's, with a row's (C - h) / VEC groups in the C / VEC
- * slots. */
+ * slots. Its body is a copy of tc_cta_kernel's with the heads added: a change to one belongs in the
+ * other (a shared body with a HEAD template flag changed all 18 aligned instantiations' SASS even
+ * with the flag off, 2026-12-04). */
 template <typename T, bool STAGE>
 static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_head_kernel(TcArgs a) {
     constexpr int VEC = 16 / (int)sizeof(T);
