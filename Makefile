@@ -101,11 +101,8 @@ $(BUILD)/bench_linear_ce: bench/bench_linear_ce.c $(LIB_A)
 	$(CC) $(CFLAGS) $(CUDA_INC) $< -o $@ $(LIB_A) $(CUDA_LIBS) $(LDLIBS)
 
 # a CUDA program of its own (its probe kernels), linked with the library for the CE call
-$(BUILD)/bench_launch_floor: bench/bench_launch_floor.cu $(LIB_A)
-	$(NVCC) -O3 -std=c++17 -Iinclude -Ibench $(GENCODE) $< -o $@ $(LIB_A) -L$(CUDA_LIBDIR) -lcublasLt -lm -lpthread -Xcompiler -fopenmp
-
-# the streaming-floor sweep (issue 6): its own copy kernels; the library only for bench_begin
-$(BUILD)/bench_stream_floor: bench/bench_stream_floor.cu $(LIB_A)
+# (bench_stream_floor, issue 6: the streaming-floor sweep, its own copy kernels; the library only for bench_begin)
+$(BUILD)/bench_launch_floor $(BUILD)/bench_stream_floor: $(BUILD)/%: bench/%.cu $(LIB_A)
 	$(NVCC) -O3 -std=c++17 -Iinclude -Ibench $(GENCODE) $< -o $@ $(LIB_A) -L$(CUDA_LIBDIR) -lcublasLt -lm -lpthread -Xcompiler -fopenmp
 
 $(BUILD)/bench_vp_linear: bench/bench_vp_linear.c $(LIB_A)
