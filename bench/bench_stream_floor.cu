@@ -21,7 +21,9 @@
  *                pure copy; the bf16 GeLU forward is ~17 SASS instructions an element
  * Printed per size: the 8 fastest variants of each work level and the B256 U4 'one' cases (the
  * GeLU STREAM kernel's shape until 2026-12-04), then a SUMMARY line.
- * Usage: bench_stream_floor [MB ...]   (default 50.3 100.7 268.4: 8192 x 3072 bf16, f32, 8192 x 16384 bf16)
+ * --reads 2: every case reads two S-byte arrays and writes one (the GeLU backward's traffic), floor 3 S / BW;
+ * memcpy is then still the copy of S bytes (2 S moved), for reference.
+ * Usage: bench_stream_floor [--reads 1|2] [MB ...]   (default 50.3 100.7 268.4: 8192 x 3072 bf16, f32, 8192 x 16384 bf16)
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -70,39 +72,55 @@ __device__ __forceinline__ uint4 work(uint4 v) {
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-template <int B, int U, int H, int W>
-__global__ void __launch_bounds__(B) k_stream(const uint4* __restrict__ x, uint4* __restrict__ y, int64_t nvec) {
+template <int R>
+__device__ __forceinline__ uint4 mix(uint4 a, uint4 b) {
+    if (R == 1) return a;
+    return make_uint4(a.x ^ b.x, a.y ^ b.y, a.z ^ b.z, a.w ^ b.w);
+}
+
+/* R = 1: y = work(x); R = 2: y = work(x ^ z) (the GeLU backward's traffic: read x and dy, write dx) */
+template <int B, int U, int H, int W, int R>
+__global__ void __launch_bounds__(B) k_stream(const uint4* __restrict__ x, const uint4* __restrict__ z,
+                                              uint4* __restrict__ y, int64_t nvec) {
     const int64_t S = (int64_t)gridDim.x * B;
     for (int64_t v0 = (int64_t)blockIdx.x * B + threadIdx.x; v0 < nvec; v0 += S * U) {
         if (v0 + (int64_t)(U - 1) * S < nvec) {
-            uint4 r[U];
+            uint4 r[U], q[U];
 #pragma unroll
-            for (int u = 0; u < U; u++) r[u] = ldv<H>(x + v0 + S * u);
+            for (int u = 0; u < U; u++) {
+                r[u] = ldv<H>(x + v0 + S * u);
+                if (R == 2) q[u] = ldv<H>(z + v0 + S * u);
+            }
 #pragma unroll
-            for (int u = 0; u < U; u++) stv<H>(y + v0 + S * u, work<W>(r[u]));
+            for (int u = 0; u < U; u++) stv<H>(y + v0 + S * u, work<W>(mix<R>(r[u], q[u])));
         } else {
             for (int u = 0; u < U; u++) {
                 const int64_t v = v0 + S * u;
                 if (v >= nvec) break;
-                stv<H>(y + v, work<W>(ldv<H>(x + v)));
+                stv<H>(y + v, work<W>(mix<R>(ldv<H>(x + v), R == 2 ? ldv<H>(z + v) : make_uint4(0, 0, 0, 0))));
             }
         }
     }
 }
 
-typedef void (*kfn)(const uint4*, uint4*, int64_t);
-typedef struct { kfn f; int B, U, H, W; } kvar;
+typedef void (*kfn)(const uint4*, const uint4*, uint4*, int64_t);
+typedef struct { kfn f; int B, U, H, W, R; } kvar;
 
-#define KV(B, U, H, W) {k_stream<B, U, H, W>, B, U, H, W}
+#define KV(B, U, H, W) {k_stream<B, U, H, W, 1>, B, U, H, W, 1}
 #define KV_H(B, U, W) KV(B, U, H_LD, W), KV(B, U, H_CS, W), KV(B, U, H_NC, W)
 #define KV_U(B, W) KV_H(B, 1, W), KV_H(B, 2, W), KV_H(B, 4, W), KV_H(B, 8, W)
+#define KV2(B, U, H, W) {k_stream<B, U, H, W, 2>, B, U, H, W, 2}
+#define KV2_H(B, U, W) KV2(B, U, H_LD, W), KV2(B, U, H_CS, W), KV2(B, U, H_NC, W)
+#define KV2_U(B, W) KV2_H(B, 1, W), KV2_H(B, 2, W), KV2_H(B, 4, W)
 static const kvar g_vars[] = {
     KV_U(128, 0), KV_U(256, 0), KV_U(512, 0), KV_U(1024, 0),
     KV_U(256, 8), KV_U(256, 16), KV_U(512, 16), KV_U(128, 16), KV_U(128, 32), KV_U(256, 32),
+    KV2_U(128, 0), KV2_U(256, 0), KV2_U(512, 0), KV2_U(128, 8), KV2_U(256, 8), KV2_U(128, 16), KV2_U(256, 16),
+    KV2_U(256, 32),
 };
 enum { NVARS = (int)(sizeof g_vars / sizeof g_vars[0]) };
 
-typedef struct { uint4 *x[MAXSETS], *y[MAXSETS]; int nsets; int64_t nvec; } sets_t;
+typedef struct { uint4 *x[MAXSETS], *z[MAXSETS], *y[MAXSETS]; int nsets; int64_t nvec; } sets_t;
 
 static float time_calls(int kind, const kvar* kv, unsigned grid, const sets_t* s, cudaStream_t st) {
     static cudaEvent_t e[2 * REPS];
@@ -113,7 +131,7 @@ static float time_calls(int kind, const kvar* kv, unsigned grid, const sets_t* s
     for (int r = -WARMUP; r < REPS; r++, k = (k + 1) % s->nsets) {
         if (r >= 0) CK(cudaEventRecord(e[2 * r], st));
         if (kind == 0) CK(cudaMemcpyAsync(s->y[k], s->x[k], (size_t)s->nvec * 16, cudaMemcpyDeviceToDevice, st));
-        else kv->f<<<grid, kv->B, 0, st>>>(s->x[k], s->y[k], s->nvec);
+        else kv->f<<<grid, kv->B, 0, st>>>(s->x[k], s->z[k], s->y[k], s->nvec);
         if (r >= 0) CK(cudaEventRecord(e[2 * r + 1], st));
     }
     CK(cudaGetLastError());
@@ -124,10 +142,15 @@ static float time_calls(int kind, const kvar* kv, unsigned grid, const sets_t* s
 
 int main(int argc, char** argv) {
     double mbs[8] = {50.331648, 100.663296, 268.435456};
-    int nsz = 3;
-    if (argc > 1) {
-        nsz = 0;
-        for (int i = 1; i < argc && nsz < 8; i++) mbs[nsz++] = atof(argv[i]);
+    int nsz = 3, R = 1, given = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reads") && i + 1 < argc) {
+            R = atoi(argv[++i]);
+            if (R != 1 && R != 2) { fprintf(stderr, "--reads: 1 or 2\n"); return 2; }
+        } else if (nsz < 8 || !given) {
+            if (!given) { nsz = 0; given = 1; }
+            if (nsz < 8) mbs[nsz++] = atof(argv[i]);
+        }
     }
     cudaStream_t st;
     struct cudaDeviceProp prop;
@@ -135,25 +158,31 @@ int main(int argc, char** argv) {
     char commit[64], date[64];
     const int rc = bench_begin(&st, &prop, &bw, commit, sizeof commit, date, sizeof date);
     if (rc >= 0) return rc;
-    printf("stream floor sweep: median of %d calls after %d, sets rotated over >= %zu MiB; ratio = ms / (2 S / %.0f GB/s)\n",
-           REPS, WARMUP, ROTATE_BYTES >> 20, bw);
+    printf("stream floor sweep, %d input array(s) + 1 output of S bytes each: median of %d calls after %d, sets rotated "
+           "over >= %zu MiB; ratio = ms / (%d S / %.0f GB/s)\n", R, REPS, WARMUP, ROTATE_BYTES >> 20, R + 1, bw);
     for (int zi = 0; zi < nsz; zi++) {
         sets_t s;
         memset(&s, 0, sizeof s);
         s.nvec = (int64_t)(mbs[zi] * 1e6 / 16.0);
         const size_t bytes = (size_t)s.nvec * 16;
-        s.nsets = (int)((ROTATE_BYTES + 2 * bytes - 1) / (2 * bytes)) + 1;
+        s.nsets = (int)((ROTATE_BYTES + (R + 1) * bytes - 1) / ((R + 1) * bytes)) + 1;
         if (s.nsets < 2) s.nsets = 2;
         if (s.nsets > MAXSETS) s.nsets = MAXSETS;
         for (int k = 0; k < s.nsets; k++) {
             CK(cudaMalloc((void**)&s.x[k], bytes));
             CK(cudaMalloc((void**)&s.y[k], bytes));
             CK(cudaMemsetAsync(s.x[k], 0x3c + k, bytes, st));  /* bf16 0x3c3c ~ 0.0115: finite, non-zero */
+            if (R == 2) {
+                CK(cudaMalloc((void**)&s.z[k], bytes));
+                CK(cudaMemsetAsync(s.z[k], 0x01 + k, bytes, st));
+            }
         }
         CK(cudaStreamSynchronize(st));
-        const double floor_ms = 2.0 * (double)bytes / (bw * 1e6);
+        const double floor_ms = (double)(R + 1) * (double)bytes / (bw * 1e6);
         const float mc = time_calls(0, NULL, 0, &s, st);
-        printf("size %.1f MB floor %.4f ms  memcpy %.4f ms %.3fx\n", bytes / 1e6, floor_ms, mc, mc / floor_ms);
+        const double copy_floor_ms = 2.0 * (double)bytes / (bw * 1e6);  /* memcpy of S bytes: its own floor */
+        printf("size %.1f MB floor %.4f ms  memcpy %.4f ms %.3fx of its 2 S floor\n", bytes / 1e6, floor_ms, mc,
+               mc / copy_floor_ms);
         enum { NW = 4 };  /* work levels 0 / 8 / 16 / 32 */
         double best[NW] = {1e30, 1e30, 1e30, 1e30};
         char bestn[NW][64] = {"", "", "", ""};
@@ -161,6 +190,7 @@ int main(int argc, char** argv) {
         int nres = 0;
         for (int vi = 0; vi < NVARS; vi++) {
             const kvar* kv = &g_vars[vi];
+            if (kv->R != R) continue;
             int occ = 0;
             CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kv->f, kv->B, 0));
             const int64_t one = (s.nvec + (int64_t)kv->B * kv->U - 1) / ((int64_t)kv->B * kv->U);
@@ -196,10 +226,10 @@ int main(int argc, char** argv) {
             if (strstr(res[i].name, "B256 U4 ") && strstr(res[i].name, " one"))
                 printf("  ref %-20s grid %7u occ %2d  %.4f ms %.3fx\n", res[i].name, res[i].grid, res[i].occ, res[i].ms,
                        res[i].ms / floor_ms);
-        printf("SUMMARY stream %.1f MB: memcpy %.3fx; best copy kernel %.3fx (%s); W8 %.3fx (%s); W16 %.3fx (%s); "
-               "W32 %.3fx (%s)\n", bytes / 1e6, mc / floor_ms, best[0] / floor_ms, bestn[0], best[1] / floor_ms,
+        printf("SUMMARY stream %d-in %.1f MB: memcpy %.3fx; best copy kernel %.3fx (%s); W8 %.3fx (%s); W16 %.3fx (%s); "
+               "W32 %.3fx (%s)\n", R, bytes / 1e6, mc / copy_floor_ms, best[0] / floor_ms, bestn[0], best[1] / floor_ms,
                bestn[1], best[2] / floor_ms, bestn[2], best[3] / floor_ms, bestn[3]);
-        for (int k = 0; k < s.nsets; k++) { CK(cudaFree(s.x[k])); CK(cudaFree(s.y[k])); }
+        for (int k = 0; k < s.nsets; k++) { CK(cudaFree(s.x[k])); CK(cudaFree(s.y[k])); if (s.z[k]) CK(cudaFree(s.z[k])); }
     }
     printf("SUMMARY copy BW %.0f GB/s on %s, commit %s, %s\n", bw, prop.name, commit, date);
     return 0;

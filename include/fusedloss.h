@@ -527,8 +527,8 @@ typedef enum { FL_GELU_NONE = 0, FL_GELU_TANH = 1 } fl_gelu_approx;
 /*! fl_gelu_workspace_size() :
  *  Bytes of workspace fl_gelu_backward_{cpu,cuda}() need for these sizes when dbias is
  *  requested (either backend; the same answer for both). Without dbias no workspace is needed
- *  (pass NULL, 0). The answer is never 0 and at most about 4 KiB + max(2 MiB, 128 bytes * F)
- *  (0.75 MiB at F = 3072, 2 MiB at F = 16384).
+ *  (pass NULL, 0). The answer is never 0 and at most about 4 KiB + max(2 MiB, 1024 bytes * F)
+ *  (3 MiB at F = 3072, 16 MiB at F = 16384: fp32 partial column sums of up to 256 row blocks).
  *  CUDA workspace rules: device memory, 256-byte aligned, and its first 4096 bytes (the
  *  row-block counters) must be ZERO before the first call that uses it, e.g. one
  *  cudaMemsetAsync after allocating it; every backward call leaves them zero again, so the
@@ -562,8 +562,9 @@ FL_API fl_status fl_gelu_forward_cuda(void* y, const void* x, const void* bias,
  *  In place: dx == dy (ld_dx == ld_dy) or dx == x (ld_dx == ld_x).
  *  workspace: fl_gelu_workspace_size() bytes when dbias != NULL (see its rules), else unused.
  *  CUDA: asynchronous on `stream`; dx and dbias come from one kernel that reads x and dy once
- *  (the last thread block of each column slab sums the row blocks' partials, in a fixed
- *  order); when rows are not 16-byte aligned (odd F) a second small kernel sums them instead.
+ *  (row blocks write fp32 partial column sums; the last thread blocks to finish add them, in
+ *  an order fixed by N, F and dtype alone); when rows are not 16-byte aligned (odd F) a second
+ *  small kernel sums them instead.
  * @return : FL_OK or an error status. */
 FL_API fl_status fl_gelu_backward_cpu(void* dx, void* dbias, const void* dy, const void* x,
                                       const void* bias, int64_t N, int64_t F,

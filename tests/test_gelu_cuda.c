@@ -471,7 +471,9 @@ static void grid(tu_rng* rng) {
     static const fl_dtype DT[3] = {FL_DTYPE_F32, FL_DTYPE_F16, FL_DTYPE_BF16};
     /* odd and small shapes; every layout */
     static const int64_t SH[][2] = {{1, 1}, {1, 7}, {3, 5}, {2, 8}, {7, 1001}, {9, 1002}, {17, 1004},
-                                    {33, 1000}, {129, 24}, {130, 3071}, {64, 4096}, {5, 50257}};
+                                    {33, 1000}, {129, 24}, {130, 3071}, {64, 4096}, {5, 50257},
+                                    /* many short dbias row blocks (FUSEDLOSS_GELU_DBIAS_RPB): uneven groups */
+                                    {1000, 128}, {2049, 64}};
     for (size_t s = 0; s < sizeof SH / sizeof SH[0]; s++) {
         const int64_t N = SH[s][0], F = SH[s][1];
         if (g_small && N * F > (1 << 17)) continue;

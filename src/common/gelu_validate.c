@@ -26,7 +26,7 @@ static int64_t gcd64(int64_t a, int64_t b) {
 #define GELU_PART_BUDGET ((size_t)2 << 20)   /* bytes of fp32 dbias partials (nb * width * 4) */
 
 void fl__gelu_make_plan_ex(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
-                           int with_dbias, int unroll, int tx, int64_t target_ctas) {
+                           int with_dbias, int unroll, int tx, int64_t target_ctas, int dbias_rpb) {
     memset(p, 0, sizeof(*p));
     p->path = path;
     p->vec = path == FL__GELU_SCALAR ? 1 : (int)(16u / esize);
@@ -50,12 +50,27 @@ void fl__gelu_make_plan_ex(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int6
     p->ty = 256 / p->tx;
     p->slabs = cdiv64(p->wvec, p->tx);
     if (p->rows == 0) return;
-    if (unroll != 2 && unroll != 4 && unroll != 8) unroll = FL__GELU_UNROLL;
+    if (unroll != 1 && unroll != 2 && unroll != 4 && unroll != 8) unroll = FL__GELU_UNROLL;
     if (p->vec == 1) unroll = 4;   /* the scalar path is built with 4 only */
     const int64_t step = (int64_t)p->ty * unroll;
     /* Row blocks: about target_ctas CTAs in all, rounded down (the launcher's target is whole
      * waves). With dbias each row block writes one fp32 partial per position, so their number
      * is capped (64, and 2 MiB of partials: ~1% of the N x F traffic at N = 8192). */
+    if (with_dbias && dbias_rpb > 0 && p->vec > 1 && path != FL__GELU_FLAT) {
+        /* short row blocks (finish 4): rpb ~ dbias_rpb rows in whole steps, at most
+         * FL__GELU_DBIAS_NB_MAX blocks (longer blocks for larger N); the CTAs write their
+         * partials and exit (no fence, no counter: a fence waits for the CTA's gradient stores
+         * to drain, which made short blocks with an in-kernel finish 1.6x slower), and a second
+         * kernel adds the nb partials of each column (float4 columns; else the scalar one) */
+        if (dbias_rpb > FL__GELU_DBIAS_RPB_MAX) dbias_rpb = FL__GELU_DBIAS_RPB_MAX;
+        int64_t rpb = cdiv64(dbias_rpb, step) * step;
+        if (cdiv64(p->rows, rpb) > FL__GELU_DBIAS_NB_MAX) rpb = cdiv64(cdiv64(p->rows, FL__GELU_DBIAS_NB_MAX), step) * step;
+        p->rpb = rpb;
+        p->nb = cdiv64(p->rows, rpb);
+        p->finish = (p->width & 3) == 0 ? 4 : 2;
+        p->ws_bytes = FL__GELU_COUNTER_BYTES + align256((size_t)p->nb * (size_t)p->width * 4u);
+        return;
+    }
     if (target_ctas < 1) target_ctas = 1;
     if (with_dbias && target_ctas > FL__GELU_DBIAS_CTAS_MAX) target_ctas = FL__GELU_DBIAS_CTAS_MAX;
     int64_t nb = target_ctas / p->slabs;
@@ -81,7 +96,7 @@ void fl__gelu_make_plan_ex(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int6
 /* the default launch shape (the workspace query takes the maximum over all shapes, below) */
 void fl__gelu_make_plan(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
                         int with_dbias) {
-    fl__gelu_make_plan_ex(p, path, N, F, esize, with_dbias, FL__GELU_UNROLL, 0, with_dbias ? 528 : 2048);
+    fl__gelu_make_plan_ex(p, path, N, F, esize, with_dbias, FL__GELU_UNROLL, 0, with_dbias ? 528 : 2048, 0);
 }
 
 int64_t fl__gelu_cpu_blocks(int64_t N) {
@@ -99,12 +114,14 @@ size_t fl__gelu_workspace_bytes(int64_t N, int64_t F, fl_dtype dtype) {
      * only grows with it), so a workspace sized once serves any FUSEDLOSS_GELU_* setting */
     static const int TX[4] = {32, 64, 128, 256};
     for (int path = 0; path < 3; path++)
-        for (int u = 2; u <= 8; u *= 2)
-            for (int t = 0; t < 4; t++) {
-                fl__gelu_plan p;
-                fl__gelu_make_plan_ex(&p, (fl__gelu_path)path, N, F, es, 1, u, TX[t], FL__GELU_DBIAS_CTAS_MAX);
-                if (p.ws_bytes > need) need = p.ws_bytes;
-            }
+        for (int u = 1; u <= 8; u *= 2)
+            for (int t = 0; t < 4; t++)
+                for (int r = 0; r < 2; r++) {  /* the long-block plan, and the shortest row blocks */
+                    fl__gelu_plan p;
+                    fl__gelu_make_plan_ex(&p, (fl__gelu_path)path, N, F, es, 1, u, TX[t], FL__GELU_DBIAS_CTAS_MAX,
+                                          r ? 1 : 0);
+                    if (p.ws_bytes > need) need = p.ws_bytes;
+                }
     return need;
 }
 

@@ -54,6 +54,7 @@
 
 #include "../internal.h"
 #include "common.cuh"
+#include "cluster.cuh"  // pdl_trigger / pdl_wait / set_pdl, dev_info
 
 
 
@@ -83,7 +84,7 @@ struct GeluArgs {
     int64_t rpb;           // virtual rows per row block
     float* part;           // workspace: [nb][width] fp32 dbias partials
     unsigned* counters;    // workspace: [slabs] arrival counters (zero between calls)
-    int finish;            // 0 none, 1 last CTA per slab, 2 separate kernel
+    int finish;            // 0 none, 1 last CTA per slab, 2 separate kernel, 4 separate kernel (PDL)
     int hint;              // load cache hint (load_full)
 };
 
@@ -94,14 +95,32 @@ struct alignas(sizeof(T) * V) Vec {
     T v[V];
 };
 
+// MODE: 0 forward, 1 forward + bias, 2 backward, 3 backward + bias (no dbias),
+//       4 backward + bias + dbias
+enum { M_FWD = 0, M_FWD_BIAS = 1, M_BWD = 2, M_BWD_BIAS = 3, M_BWD_DBIAS = 4 };
+
+// Cache policy of the 16-byte accesses, fixed per kernel at compile time (CS: ld/st.global.cs,
+// evict-first; else default-cached), from a same-run A/B of the two for every kernel (H200
+// 2026-12-04 s12 run 2, x floor, .cs -> default): the backward kernels (two reads, one write) all
+// stream better default-cached (8192x16384 bf16 bwd 1.073 -> 1.031, with dbias 1.135 -> 1.068, fp32
+// bwd 1.039 -> 0.985; 8192x3072 bf16 bwd 1.21 -> 1.17); the forward goes either way by kernel,
+// consistently in two alternations: default-cached for the 16-bit erf (8192x16384 1.102 -> 1.080)
+// and fp32 tanh (1.048 -> 1.019) forwards, evict-first for the 16-bit tanh (1.084 vs 1.143) and
+// fp32 erf (1.056 vs 1.103) ones. Why the forward flips with the formula was not found.
+template <typename T, int MODE, int A>
+__device__ __forceinline__ constexpr bool gelu_cs() {
+    return MODE < M_BWD && (sizeof(T) == 2 ? A == FL_GELU_TANH : A == FL_GELU_NONE);
+}
+
 // hint: unused. A runtime choice of ld.global.cs / .nc.L1::no_allocate / plain here (uniform
 // branch per load) raised the bf16 forward from 46 to 90+ registers (ptxas, CUDA 13, sm_90): rejected.
-template <typename T, int V>
+template <typename T, int V, bool CS>
 __device__ __forceinline__ Vec<T, V> load_full(const T* p, int hint) {
     Vec<T, V> r;
     if constexpr (sizeof(T) * V == 16) {
         uint4 u;
-            u = __ldcs(reinterpret_cast<const uint4*>(p));  // read once: evict first
+        if constexpr (CS) u = __ldcs(reinterpret_cast<const uint4*>(p));  // read once: evict first
+        else u = *reinterpret_cast<const uint4*>(p);
         r = *reinterpret_cast<Vec<T, V>*>(&u);
     } else {
         static_assert(V == 1, "vector width");
@@ -110,10 +129,11 @@ __device__ __forceinline__ Vec<T, V> load_full(const T* p, int hint) {
     return r;
 }
 
-template <typename T, int V>
+template <typename T, int V, bool CS>
 __device__ __forceinline__ void store_full(T* p, const Vec<T, V>& r) {
     if constexpr (sizeof(T) * V == 16) {
-        __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&r));
+        if constexpr (CS) __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&r));
+        else *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&r);
     } else {
         p[0] = r.v[0];
     }
@@ -301,16 +321,13 @@ __device__ __forceinline__ Vec<T, V> compute_vec(const Vec<T, V>& xv, const Vec<
 // ---------------------------------------------------------------------------------------------
 // kernels
 
-// MODE: 0 forward, 1 forward + bias, 2 backward, 3 backward + bias (no dbias),
-//       4 backward + bias + dbias
-enum { M_FWD = 0, M_FWD_BIAS = 1, M_BWD = 2, M_BWD_BIAS = 3, M_BWD_DBIAS = 4 };
-
 // grid (slabs, nb), block (tx, ty) = 256 threads; see the file comment. U: rows in flight per
 // thread. dbias (SUM) with U = 4 is capped at 64 registers: 4 CTAs (32 warps) per SM instead of 3
 // at 80 registers; its plan targets one full wave of 4 CTAs on each of 132 SMs.
 template <typename T, int V, int MODE, int A, bool FAST, int U>
 __device__ __forceinline__ void gelu_body(const GeluArgs& a) {
     constexpr bool BWD = MODE >= M_BWD, BIAS = MODE == M_FWD_BIAS || MODE >= M_BWD_BIAS, SUM = MODE == M_BWD_DBIAS;
+    constexpr bool CS = gelu_cs<T, MODE, A>();
     const int tx = (int)threadIdx.x, ty = (int)threadIdx.y;
     const int TX = (int)blockDim.x, TY = (int)blockDim.y;
     const int64_t slab = blockIdx.x, rbk = blockIdx.y;
@@ -349,14 +366,14 @@ __device__ __forceinline__ void gelu_body(const GeluArgs& a) {
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int64_t m = m0 + (int64_t)u * TY;  // 64-bit: m * ld exceeds 2^31 for big N*F
-                xv[u] = load_full<T, V>(xb + m * a.ld_x, hint);
-                if (BWD) gv[u] = load_full<T, V>(gb + m * a.ld_dy, hint);
+                xv[u] = load_full<T, V, CS>(xb + m * a.ld_x, hint);
+                if (BWD) gv[u] = load_full<T, V, CS>(gb + m * a.ld_dy, hint);
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int64_t m = m0 + (int64_t)u * TY;
                 // in place (out == x or dy): this thread read these elements above
-                store_full<T, V>(ob + m * a.ld_out,
+                store_full<T, V, CS>(ob + m * a.ld_out,
                                  compute_vec<T, V, BWD, BIAS, SUM, A, FAST, true>(xv[u], gv[u], b, acc, V));
             }
         } else if (active) {
@@ -454,6 +471,7 @@ __device__ __forceinline__ void gelu_body(const GeluArgs& a) {
                 if (tid == 0) a.counters[slab] = 0u;  // leave the counter as found: zero
             }
         }
+        if (a.finish == 4) pdl_trigger();  // the sum kernel (launched with PDL) may start: it waits for this grid
     }
 }
 
@@ -471,6 +489,41 @@ template <typename T, int V, int MODE, int A, bool FAST, int U>
 __global__ void __launch_bounds__(256, 4)
     gelu_dbias_kernel(const GeluArgs a) {
     gelu_body<T, V, MODE, A, FAST, U>(a);
+}
+
+// finish 4 (short row blocks; position == column, F % 4 == 0): dbias[c] = the nb partials of
+// column c added in a fixed order: thread (x, y) of an (8, 32) CTA adds rows y, y + 32, ... of the
+// float4 column vector 8 b + x, then thread row 0 adds the 32 sums in y order. Launched with PDL
+// right after the main kernel: it waits for that grid (its memory visible) before any access.
+__global__ void __launch_bounds__(256) gelu_dbias_sum4_kernel(const float* part, void* dbias, int bias_dt,
+                                                             int64_t F, int nb) {
+    pdl_wait();
+    __shared__ float4 red[32][8];
+    const int x = (int)threadIdx.x, y = (int)threadIdx.y;
+    const int64_t cv = (int64_t)blockIdx.x * 8 + x;
+    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (cv * 4 < F) {
+        const float4* q = reinterpret_cast<const float4*>(part) + cv;
+        const int64_t st = F / 4;
+#pragma unroll 4
+        for (int r = y; r < nb; r += 32) {
+            const float4 w = __ldcg(q + (int64_t)r * st);
+            s.x += w.x; s.y += w.y; s.z += w.z; s.w += w.w;
+        }
+    }
+    red[y][x] = s;
+    __syncthreads();  // why: the 32 row-group sums of every column vector visible to thread row 0
+    if (y == 0 && cv * 4 < F) {
+        float4 t = red[0][x];
+        for (int k = 1; k < 32; k++) {
+            const float4 w = red[k][x];
+            t.x += w.x; t.y += w.y; t.z += w.z; t.w += w.w;
+        }
+        store_bias_dt(dbias, bias_dt, 4 * cv, t.x);
+        store_bias_dt(dbias, bias_dt, 4 * cv + 1, t.y);
+        store_bias_dt(dbias, bias_dt, 4 * cv + 2, t.z);
+        store_bias_dt(dbias, bias_dt, 4 * cv + 3, t.w);
+    }
 }
 
 // FLAT path (or > 1024 slabs): dbias[c] = sum over the nb x G partials of column c, in the fixed
@@ -546,6 +599,7 @@ __device__ __forceinline__ unsigned add_mod(unsigned c, unsigned step, unsigned 
 template <typename T, int V, int MODE, int A, bool FAST, int U>
 __global__ void __launch_bounds__(256) gelu_stream_kernel(const GeluStream s) {
     constexpr bool BWD = MODE >= M_BWD, BIAS = MODE == M_FWD_BIAS || MODE == M_BWD_BIAS;
+    constexpr bool CS = gelu_cs<T, MODE, A>();
     static_assert(MODE != M_BWD_DBIAS && V > 1, "the stream path has no dbias and no scalar width");
     const int tid = (int)threadIdx.x;
     const T* xb = (const T*)s.x;
@@ -563,8 +617,8 @@ __global__ void __launch_bounds__(256) gelu_stream_kernel(const GeluStream s) {
             Vec<T, V> xv[U], gv[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                xv[u] = load_full<T, V>(xb + (v0 + S * u) * V, 0);
-                if (BWD) gv[u] = load_full<T, V>(gb + (v0 + S * u) * V, 0);
+                xv[u] = load_full<T, V, CS>(xb + (v0 + S * u) * V, 0);
+                if (BWD) gv[u] = load_full<T, V, CS>(gb + (v0 + S * u) * V, 0);
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -574,7 +628,7 @@ __global__ void __launch_bounds__(256) gelu_stream_kernel(const GeluStream s) {
                     cv = add_mod(cv, s.stepk, s.fv);
                 }
                 // in place (out == x or dy): this thread read these elements above
-                store_full<T, V>(ob + (v0 + S * u) * V,
+                store_full<T, V, CS>(ob + (v0 + S * u) * V,
                                  compute_vec<T, V, BWD, BIAS, false, A, FAST, true>(xv[u], gv[u], b, acc, V));
             }
         } else {  // the last iteration: 0..U-1 of this thread's slots are in range
@@ -586,9 +640,9 @@ __global__ void __launch_bounds__(256) gelu_stream_kernel(const GeluStream s) {
                     load_bias_vec<T, V>(s, cv, b);
                     cv = add_mod(cv, s.stepk, s.fv);
                 }
-                Vec<T, V> xv = load_full<T, V>(xb + v * V, 0), gv;
-                if (BWD) gv = load_full<T, V>(gb + v * V, 0);
-                store_full<T, V>(ob + v * V, compute_vec<T, V, BWD, BIAS, false, A, FAST, true>(xv, gv, b, acc, V));
+                Vec<T, V> xv = load_full<T, V, CS>(xb + v * V, 0), gv;
+                if (BWD) gv = load_full<T, V, CS>(gb + v * V, 0);
+                store_full<T, V, CS>(ob + v * V, compute_vec<T, V, BWD, BIAS, false, A, FAST, true>(xv, gv, b, acc, V));
             }
         }
     }
@@ -628,7 +682,7 @@ static fl__gelu_path choose_path(int64_t N, int64_t F, size_t es, const void* co
 //                                 dbias 1.23x -> 1.13x), 1 = the exact fp32 PyTorch operations
 //                                 (bitwise eager PyTorch on the same toolkit)
 //   FUSEDLOSS_GELU_ROWS=4|8       rows in flight per thread, vector paths, no dbias (default 4)
-//   FUSEDLOSS_GELU_DBIAS_ROWS=2|4 the same with dbias (default 2 for fp16/bf16: 64 registers with
+//   FUSEDLOSS_GELU_DBIAS_ROWS=1|2|4 the same with dbias (default 2 for fp16/bf16: 64 registers with
 //                                 4 rows spill; 2 rows x 2 inputs x 16 B x 1024 threads = 64 KiB in
 //                                 flight per SM is still ~2x what Little's law asks at 4.8 TB/s; fp32: 4)
 //   FUSEDLOSS_GELU_TX=32|64|128|256  threads along a row in a CTA of 256 (default 32 with dbias, 64 without)
@@ -649,8 +703,20 @@ static fl__gelu_path choose_path(int64_t N, int64_t F, size_t es, const void* co
 //                                 1.081 / 1.170 / 1.082, bf16 erf fwd 1.102 / 1.202 / 1.170
 //   FUSEDLOSS_GELU_DBIAS_CTAS=C   with dbias: target CTAs (device-independent: fixes dbias's summation
 //                                 order), 1..2048 (default 528 = 4 x 132 SMs: one full wave on an H200)
+//   FUSEDLOSS_GELU_DBIAS_RPB=R    with dbias (vector ROWS path): 0 = the plan above (long row blocks,
+//                                 one wave, the last CTA of a slab sums all its partials); R in
+//                                 1..256 = short row blocks of ~R rows (<= 256 blocks), many waves,
+//                                 their partials summed by a second kernel launched with PDL (finish 4).
+//                                 Default: 32 for the fp32 tanh backward, else 0. H200 2026-12-04 s12
+//                                 run 2 (default-cached accesses), bwd_dbias x floor, R = 0 / 32:
+//                                 8192x3072 f32 tanh 1.19 / 1.136, erf 1.145 / 1.197; 8192x16384 f32
+//                                 tanh 1.073 / 1.024, erf 1.030 / 1.096; bf16 tanh 1.068 / 1.207, 8192x3072
+//                                 1.304 / 1.427 (the 16-bit kernels: R = 16..128 all worse, run 1-2).
+//                                 An in-kernel two-level finish over short blocks (a fence + counter per
+//                                 CTA) measured 1.6x at 8192x3072 bf16 (run 1): the fence waits for
+//                                 the CTA's gradient stores to drain.
 struct GeluKnobs {
-    int exact16, unroll, dbias_rows, tx_dbias, tx_plain, dbias_ctas, ldhint, stream, stream_u;
+    int exact16, unroll, dbias_rows, tx_dbias, tx_plain, dbias_ctas, dbias_rpb, ldhint, stream, stream_u;
     double waves, stream_waves;
 };
 static long env_long(const char* name, long dflt, long lo, long hi) {
@@ -665,13 +731,14 @@ static GeluKnobs read_knobs() {
     k.exact16 = (int)env_long("FUSEDLOSS_GELU_EXACT16", 0, 0, 1);
     k.unroll = (int)env_long("FUSEDLOSS_GELU_ROWS", 4, 4, 8);
     if (k.unroll != 4 && k.unroll != 8) k.unroll = 4;
-    k.dbias_rows = (int)env_long("FUSEDLOSS_GELU_DBIAS_ROWS", 0, 2, 4);
-    if (k.dbias_rows != 2 && k.dbias_rows != 4) k.dbias_rows = 0;  // 0: per dtype (below)
+    k.dbias_rows = (int)env_long("FUSEDLOSS_GELU_DBIAS_ROWS", 0, 1, 4);
+    if (k.dbias_rows == 3) k.dbias_rows = 0;  // 0: per dtype (below)
     const long tx = env_long("FUSEDLOSS_GELU_TX", 0, 32, 256);
     const int txok = tx == 32 || tx == 64 || tx == 128 || tx == 256;
     k.tx_dbias = txok ? (int)tx : 32;
     k.tx_plain = txok ? (int)tx : 64;
     k.dbias_ctas = (int)env_long("FUSEDLOSS_GELU_DBIAS_CTAS", 528, 1, FL__GELU_DBIAS_CTAS_MAX);
+    k.dbias_rpb = (int)env_long("FUSEDLOSS_GELU_DBIAS_RPB", -1, 0, FL__GELU_DBIAS_RPB_MAX);  // -1: per kernel
     k.ldhint = (int)env_long("FUSEDLOSS_GELU_LDHINT", 0, 0, 2);
     k.stream = (int)env_long("FUSEDLOSS_GELU_STREAM", 1, 0, 1);
     k.stream_u = (int)env_long("FUSEDLOSS_GELU_STREAM_U", 0, 1, 4);   // 0: per kernel (below)
@@ -721,9 +788,11 @@ static KSel ksel_f(int unroll) {
         if (unroll == 8) return ksel_u<T, V, MODE, A, FAST, 8>();
     }
     if constexpr (V > 1 && MODE == M_BWD_DBIAS && FAST) {
+        if (unroll == 1) return ksel_u<T, V, MODE, A, FAST, 1>();
         return ksel_u<T, V, MODE, A, FAST, 2>();  // 4 rows spill (4-8 bytes) even unbounded: not built
     } else {
         if constexpr (V > 1 && MODE == M_BWD_DBIAS) {
+            if (unroll == 1) return ksel_u<T, V, MODE, A, FAST, 1>();
             if (unroll == 2) return ksel_u<T, V, MODE, A, FAST, 2>();
         }
         return ksel_u<T, V, MODE, A, FAST, 4>();
@@ -890,7 +959,8 @@ static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, cons
         if (target < 1) target = 1;
     }
     fl__gelu_plan p;
-    fl__gelu_make_plan_ex(&p, path, N, F, es, with_dbias, unroll, with_dbias ? kn.tx_dbias : kn.tx_plain, target);
+    fl__gelu_make_plan_ex(&p, path, N, F, es, with_dbias, unroll, with_dbias ? kn.tx_dbias : kn.tx_plain, target,
+                          !with_dbias ? 0 : kn.dbias_rpb >= 0 ? kn.dbias_rpb : (dt == FL_DTYPE_F32 && approx == FL_GELU_TANH) ? 32 : 0);
     if (p.slabs > 0x7fffffff || p.nb > 65535)
         return fl__fail(FL_ERR_UNSUPPORTED, "%s: F (%lld) too large for the CUDA grid", fn, (long long)F);
 
@@ -920,6 +990,22 @@ static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, cons
     const dim3 grid((unsigned)p.slabs, (unsigned)p.nb), block((unsigned)p.tx, (unsigned)p.ty);
     void* args[1] = {(void*)&a};
     FL_CUDA_TRY(cudaLaunchKernel(k.fn, grid, block, args, 0, stream));
+    if (p.finish == 4) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr;
+        cfg.gridDim = dim3((unsigned)((F / 4 + 7) / 8));
+        cfg.blockDim = dim3(8, 32);
+        cfg.stream = stream;
+        DevInfo di;
+        FL_CUDA_TRY(dev_info(&di));
+        if (di.cc_major >= 9) {  // PDL: the launch overlaps the main kernel's tail
+            set_pdl(&attr);
+            cfg.attrs = &attr;
+            cfg.numAttrs = 1;
+        }
+        FL_CUDA_TRY(cudaLaunchKernelEx(&cfg, gelu_dbias_sum4_kernel, (const float*)a.part, dbias, (int)bdt, F,
+                                       (int)p.nb));
+    }
     if (p.finish == 2) {
         gelu_dbias_finish_kernel<<<dim3((unsigned)((F + 31) / 32)), dim3(32, 8), 0, stream>>>(
             a.part, dbias, (int)bdt, F, p.width, p.nb, p.group);
