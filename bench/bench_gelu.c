@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
     /* the FUSEDLOSS_GELU_* knobs in effect (read by the library once, at its first call) */
     static const char* const KN[] = {"FUSEDLOSS_GELU_EXACT16", "FUSEDLOSS_GELU_ROWS", "FUSEDLOSS_GELU_DBIAS_ROWS",
                                      "FUSEDLOSS_GELU_TX", "FUSEDLOSS_GELU_GRID_WAVES", "FUSEDLOSS_GELU_DBIAS_CTAS",
-                                     "FUSEDLOSS_GELU_DBIAS_RPB", "FUSEDLOSS_GELU_STREAM", "FUSEDLOSS_GELU_STREAM_WAVES",
+                                     "FUSEDLOSS_GELU_DBIAS_RPB", "FUSEDLOSS_GELU_DBIAS_SUM", "FUSEDLOSS_GELU_STREAM", "FUSEDLOSS_GELU_STREAM_WAVES",
                                      "FUSEDLOSS_GELU_STREAM_U"};
     char knob_str[256] = "";
     for (size_t k = 0; k < sizeof KN / sizeof KN[0]; k++) {

@@ -519,7 +519,7 @@ FL_API fl_status fl_linear_cross_entropy_backward_cuda(
  *  CUDA speed notes: 16-byte vector accesses when every row of every matrix starts 16-byte
  *  aligned, or when the matrices are contiguous (ld == F) with 16-byte aligned bases (odd F:
  *  the matrix is then streamed as a flat array); otherwise a slower scalar path. One launch,
- *  plus one small launch for the dbias total when the rows are not 16-byte aligned (odd F).
+ *  plus (backward with dbias, in most layouts) one small launch for the dbias total.
  *  No allocation, no host synchronisation; graph-capturable.
  ******************************************************************************/
 typedef enum { FL_GELU_NONE = 0, FL_GELU_TANH = 1 } fl_gelu_approx;
@@ -562,9 +562,9 @@ FL_API fl_status fl_gelu_forward_cuda(void* y, const void* x, const void* bias,
  *  In place: dx == dy (ld_dx == ld_dy) or dx == x (ld_dx == ld_x).
  *  workspace: fl_gelu_workspace_size() bytes when dbias != NULL (see its rules), else unused.
  *  CUDA: asynchronous on `stream`; dx and dbias come from one kernel that reads x and dy once
- *  (row blocks write fp32 partial column sums; the last thread blocks to finish add them, in
- *  an order fixed by N, F and dtype alone); when rows are not 16-byte aligned (odd F) a second
- *  small kernel sums them instead.
+ *  (row blocks write fp32 partial column sums) and a small second kernel that adds the partials
+ *  in an order fixed by N, F, dtype and approx alone (deterministic); in a few layouts the
+ *  last thread blocks of the first kernel add them instead (one launch).
  * @return : FL_OK or an error status. */
 FL_API fl_status fl_gelu_backward_cpu(void* dx, void* dbias, const void* dy, const void* x,
                                       const void* bias, int64_t N, int64_t F,

@@ -36,14 +36,23 @@
  * dbias (deterministic, never re-reads x or dy): each thread sums its rows in order in fp32
  * registers; the CTA adds its ty partials in order (shared memory) and writes one fp32 partial
  * per position for its row block into the workspace; then
- *   ROWS / SCALAR: the last CTA of each slab to finish (a per-slab counter in the workspace,
- *          atomicAdd after a __threadfence) adds the slab's nb partials in row-block order,
- *          writes dbias and resets the counter to 0: ONE launch per call;
+ *   ROWS (rows a multiple of 4 positions; the default): a second small kernel, launched with
+ *          programmatic dependent launch so its launch overlaps the main kernel's tail, adds the
+ *          nb partials of each column in a fixed order (finish 4). The main kernel's CTAs just
+ *          write their partials and exit: no fence, no counter (a fence waits for the CTA's
+ *          gradient stores to drain). The fp32 tanh backward cuts its rows into short blocks
+ *          (~32 rows, up to 256 blocks: many waves of CTAs), the others into one wave of long
+ *          blocks (FUSEDLOSS_GELU_DBIAS_RPB; the measurements are at the knob);
+ *   ROWS with other widths, SCALAR, or FUSEDLOSS_GELU_DBIAS_SUM=0: the last CTA of each slab to
+ *          finish (a per-slab counter in the workspace, atomicAdd after a __threadfence) adds the
+ *          slab's nb partials in row-block order, writes dbias and resets the counter to 0;
  *   FLAT (a column's positions lie in several slabs) or > 1024 slabs: a second small kernel
  *          adds, for each column, the nb x G partials in a fixed order.
- * The order depends only on (N, F, dtype, path), so dbias has the same bits on every run.
- * Launches per call: forward 1; backward 1 (+1 for FLAT with dbias); N == 0 with dbias: one
- * cudaMemsetAsync. No allocation, no host sync, everything on `stream`: graph-capturable.
+ * The order depends only on (N, F, dtype, approx, path), so dbias has the same bits on every run.
+ * Launches per call: forward 1; backward 1 without dbias, 2 with it (1 on the counter paths);
+ * N == 0 with dbias: one cudaMemsetAsync. No allocation, no host sync, everything on `stream`:
+ * graph-capturable.
+ * Cache policy: default-cached or evict-first (.cs) accesses per kernel, see gelu_cs().
  */
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -715,8 +724,14 @@ static fl__gelu_path choose_path(int64_t N, int64_t F, size_t es, const void* co
 //                                 An in-kernel two-level finish over short blocks (a fence + counter per
 //                                 CTA) measured 1.6x at 8192x3072 bf16 (run 1): the fence waits for
 //                                 the CTA's gradient stores to drain.
+//   FUSEDLOSS_GELU_DBIAS_SUM=0|1  1 (default): the long-block plan's partials summed by the PDL kernel
+//                                 (finish 4) instead of by the last CTA of each slab (finish 1: a fence
+//                                 and a counter per CTA); H200 2026-12-04 s12 run 5, bwd_dbias x floor,
+//                                 0 / 1 in 3 alternations: 8192x3072 bf16 tanh 1.303-1.315 / 1.279-1.282,
+//                                 erf 1.301-1.310 / 1.272-1.280, f32 erf 1.143-1.149 / 1.138-1.139;
+//                                 8192x16384 equal or better (bf16 tanh 1.066-1.069 / 1.064-1.066)
 struct GeluKnobs {
-    int exact16, unroll, dbias_rows, tx_dbias, tx_plain, dbias_ctas, dbias_rpb, ldhint, stream, stream_u;
+    int exact16, unroll, dbias_rows, tx_dbias, tx_plain, dbias_ctas, dbias_rpb, dbias_sum, ldhint, stream, stream_u;
     double waves, stream_waves;
 };
 static long env_long(const char* name, long dflt, long lo, long hi) {
@@ -739,6 +754,7 @@ static GeluKnobs read_knobs() {
     k.tx_plain = txok ? (int)tx : 64;
     k.dbias_ctas = (int)env_long("FUSEDLOSS_GELU_DBIAS_CTAS", 528, 1, FL__GELU_DBIAS_CTAS_MAX);
     k.dbias_rpb = (int)env_long("FUSEDLOSS_GELU_DBIAS_RPB", -1, 0, FL__GELU_DBIAS_RPB_MAX);  // -1: per kernel
+    k.dbias_sum = (int)env_long("FUSEDLOSS_GELU_DBIAS_SUM", 1, 0, 1);
     k.ldhint = (int)env_long("FUSEDLOSS_GELU_LDHINT", 0, 0, 2);
     k.stream = (int)env_long("FUSEDLOSS_GELU_STREAM", 1, 0, 1);
     k.stream_u = (int)env_long("FUSEDLOSS_GELU_STREAM_U", 0, 1, 4);   // 0: per kernel (below)
@@ -961,6 +977,7 @@ static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, cons
     fl__gelu_plan p;
     fl__gelu_make_plan_ex(&p, path, N, F, es, with_dbias, unroll, with_dbias ? kn.tx_dbias : kn.tx_plain, target,
                           !with_dbias ? 0 : kn.dbias_rpb >= 0 ? kn.dbias_rpb : (dt == FL_DTYPE_F32 && approx == FL_GELU_TANH) ? 32 : 0);
+    if (kn.dbias_sum && p.finish == 1 && (p.width & 3) == 0) p.finish = 4;  // same partials, summed by the PDL kernel
     if (p.slabs > 0x7fffffff || p.nb > 65535)
         return fl__fail(FL_ERR_UNSUPPORTED, "%s: F (%lld) too large for the CUDA grid", fn, (long long)F);
 
