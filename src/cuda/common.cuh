@@ -13,6 +13,23 @@
 
 #include "../internal.h"
 
+// Evict-first (streaming) accesses of data touched once. FL_AB_PLAIN_LD / FL_AB_PLAIN_ST (A/B
+// builds only, never set by the Makefile: compile a .cu with -D... on the device into a second
+// binary) make them default-cached instead. Why it is worth measuring per kernel: GeLU's backward
+// kernels streamed 3-6% faster default-cached while its 16-bit tanh forward was 5% slower, and
+// the CE ring kernel gained 1-4% with default-cached stores where its whole-chunk mode lost 3%
+// (NOTES.md "Session 12"). GeLU chooses per kernel (gelu.cu's gelu_cs()).
+#ifdef FL_AB_PLAIN_LD
+#define FL_LDCS(p) (*(p))
+#else
+#define FL_LDCS(p) __ldcs(p)
+#endif
+#ifdef FL_AB_PLAIN_ST
+#define FL_STCS(p, v) (void)(*(p) = (v))
+#else
+#define FL_STCS(p, v) __stcs((p), (v))
+#endif
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -325,17 +325,13 @@ struct RowGrid {
 template <typename T>
 __device__ __forceinline__ void load_vec(Pack<T>& p, const T* row, int e0, bool streaming) {
     const uint4* src = reinterpret_cast<const uint4*>(row + e0);
-    uint4 u = streaming ? __ldcs(src) : *src;
+    uint4 u = streaming ? FL_LDCS(src) : *src;
     p = *reinterpret_cast<Pack<T>*>(&u);
 }
 
 template <typename T>
 __device__ __forceinline__ void store_vec(const Pack<T>& p, T* row, int e0) {
-#ifdef FL_CE_PLAIN_ST  // A/B builds only (scripts/tasks/2026-12-04-s12-run4.txt): default-cached stores
-    *reinterpret_cast<uint4*>(row + e0) = *reinterpret_cast<const uint4*>(&p);
-#else
-    __stcs(reinterpret_cast<uint4*>(row + e0), *reinterpret_cast<const uint4*>(&p));
-#endif
+    FL_STCS(reinterpret_cast<uint4*>(row + e0), *reinterpret_cast<const uint4*>(&p));
 }
 
 // A Pack from shared memory in ONE 16-byte access. Dereferencing a `const Pack<T>*` directly made

@@ -19,7 +19,7 @@
  * and every other per-element array have the same address phase modulo 16 bytes; the < VEC
  * elements before the first aligned vector (head) and after the last (tail) are done by the
  * first threads one element each. Otherwise (mismatched phases) the same kernel with VEC = 1.
- * Streaming cache hints (__ldcs / __stcs): every byte is touched once.
+ * Streaming cache hints (__ldcs / __stcs via FL_LDCS / FL_STCS, common.cuh): every byte is touched once.
  * MEAN / SUM: each thread adds its elements' fp32 losses (a vector's VEC values summed in fp32
  * first) into a double; the CTA reduces its 256 doubles in a fixed tree (warp shuffles, then the
  * 8 warp sums in order) into workspace[blockIdx.x]; one 256-thread reduce kernel adds those in a
@@ -79,7 +79,7 @@ template <typename T, int V>
 __device__ __forceinline__ Vec<T, V> vload(const T* p) {
     Vec<T, V> r;
     if constexpr (sizeof(T) * V == 16) {
-        uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));  // read once: evict first
+        uint4 u = FL_LDCS(reinterpret_cast<const uint4*>(p));  // read once: evict first
         r = *reinterpret_cast<Vec<T, V>*>(&u);
     } else {
         r.v[0] = p[0];
@@ -89,7 +89,7 @@ __device__ __forceinline__ Vec<T, V> vload(const T* p) {
 template <typename T, int V>
 __device__ __forceinline__ void vstore(T* p, const Vec<T, V>& r) {
     if constexpr (sizeof(T) * V == 16) {
-        __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&r));
+        FL_STCS(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&r));
     } else {
         p[0] = r.v[0];
     }
@@ -100,7 +100,7 @@ __device__ __forceinline__ void fload(float (&d)[V], const float* p) {
     if constexpr (V >= 4) {
 #pragma unroll
         for (int k = 0; k < V; k += 4) {
-            const float4 u = __ldcs(reinterpret_cast<const float4*>(p + k));
+            const float4 u = FL_LDCS(reinterpret_cast<const float4*>(p + k));
             d[k] = u.x; d[k + 1] = u.y; d[k + 2] = u.z; d[k + 3] = u.w;
         }
     } else {
@@ -112,7 +112,7 @@ template <int V>
 __device__ __forceinline__ void fstore(float* p, const float (&d)[V]) {
     if constexpr (V >= 4) {
 #pragma unroll
-        for (int k = 0; k < V; k += 4) __stcs(reinterpret_cast<float4*>(p + k), make_float4(d[k], d[k + 1], d[k + 2], d[k + 3]));
+        for (int k = 0; k < V; k += 4) FL_STCS(reinterpret_cast<float4*>(p + k), make_float4(d[k], d[k + 1], d[k + 2], d[k + 3]));
     } else {
 #pragma unroll
         for (int k = 0; k < V; k++) p[k] = d[k];

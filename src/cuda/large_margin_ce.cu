@@ -132,11 +132,11 @@ static __device__ __forceinline__ float lm_grad(const LmCoef& k, float v) {
 template <typename T, bool VEC16, bool LAST>
 static __device__ __forceinline__ void lm_load16(const T* p, float* out) {
     if (VEC16) {
-        const uint4 u = LAST ? __ldcs((const uint4*)p) : __ldcg((const uint4*)p);
+        const uint4 u = LAST ? FL_LDCS((const uint4*)p) : __ldcg((const uint4*)p);
         rp_unpack<T>(u, out);
     } else {
 #pragma unroll
-        for (int k = 0; k < (int)(16 / sizeof(T)); k++) out[k] = to_float(LAST ? __ldcs(p + k) : __ldcg(p + k));
+        for (int k = 0; k < (int)(16 / sizeof(T)); k++) out[k] = to_float(LAST ? FL_LDCS(p + k) : __ldcg(p + k));
     }
 }
 template <typename T, bool VEC16>
@@ -257,7 +257,7 @@ static __global__ void __launch_bounds__(LM_THREADS) lm_warp_kernel(LmArgs a) {
                 lm_load16<T, VEC16, true>(x + c0, v + g * VEC);
             } else {
 #pragma unroll
-                for (int k = 0; k < VEC; k++) v[g * VEC + k] = c0 + k < C ? to_float(__ldcs(x + c0 + k)) : 0.0f;
+                for (int k = 0; k < VEC; k++) v[g * VEC + k] = c0 + k < C ? to_float(FL_LDCS(x + c0 + k)) : 0.0f;
             }
         }
         /* x_y from the registers of the lane that holds it: no second global read, which in place
@@ -357,8 +357,8 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
             const bool two = q + LM_CTA_THREADS < nvec;
             float v0[VEC], v1[VEC];
             if (STAGE) {  /* read once: evict first, kept for pass 2 */
-                const uint4 u0 = __ldcs((const uint4*)(x + q * VEC));
-                const uint4 u1 = two ? __ldcs((const uint4*)(x + (q + LM_CTA_THREADS) * VEC)) : u0;
+                const uint4 u0 = FL_LDCS((const uint4*)(x + q * VEC));
+                const uint4 u1 = two ? FL_LDCS((const uint4*)(x + (q + LM_CTA_THREADS) * VEC)) : u0;
                 stage[q] = u0;
                 if (two) stage[q + LM_CTA_THREADS] = u1;
                 rp_unpack<T>(u0, v0);
@@ -423,7 +423,7 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
             lm_store16<T, VEC16>(dx + q * VEC, v);
         }
         for (int64_t j = tail0 + tid; j < a.C; j += LM_CTA_THREADS) {
-            const float v = to_float(__ldcs(x + j));
+            const float v = to_float(FL_LDCS(x + j));
             dx[j] = from_float<T>(j == y ? k.dy : lm_grad(k, v));
         }
     }
@@ -473,8 +473,8 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmAr
             const bool two = q + LM_CTA_THREADS < nvec;
             float v0[VEC], v1[VEC];
             if (STAGE) {  /* read once: evict first, kept for pass 2 */
-                const uint4 u0 = __ldcs((const uint4*)(xb + q * VEC));
-                const uint4 u1 = two ? __ldcs((const uint4*)(xb + (q + LM_CTA_THREADS) * VEC)) : u0;
+                const uint4 u0 = FL_LDCS((const uint4*)(xb + q * VEC));
+                const uint4 u1 = two ? FL_LDCS((const uint4*)(xb + (q + LM_CTA_THREADS) * VEC)) : u0;
                 stage[q] = u0;
                 if (two) stage[q + LM_CTA_THREADS] = u1;
                 rp_unpack<T>(u0, v0);
@@ -540,7 +540,7 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmAr
         /* each extra column read and written by the same thread: safe in place */
         for (int64_t e = tid; e < nex; e += LM_CTA_THREADS) {
             const int64_t j = e < h ? e : tail0 + (e - h);
-            const float v = to_float(__ldcs(x + j));
+            const float v = to_float(FL_LDCS(x + j));
             dx[j] = from_float<T>(j == y ? k.dy : lm_grad(k, v));
         }
     }

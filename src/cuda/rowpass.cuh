@@ -53,7 +53,7 @@ template <typename T> __device__ __forceinline__ float rp_sload(const T* p) { re
 template <typename T, int VEC>
 __device__ __forceinline__ void rp_vstore(T* p, const float* f) {
     if constexpr (sizeof(T) == 4) {
-        __stcs(reinterpret_cast<float4*>(p), make_float4(f[0], f[1], f[2], f[3]));
+        FL_STCS(reinterpret_cast<float4*>(p), make_float4(f[0], f[1], f[2], f[3]));
     } else {
         unsigned w[4];
 #pragma unroll
@@ -62,7 +62,7 @@ __device__ __forceinline__ void rp_vstore(T* p, const float* f) {
             w[k] = (unsigned)*reinterpret_cast<const unsigned short*>(&lo) |
                    ((unsigned)*reinterpret_cast<const unsigned short*>(&hi) << 16);
         }
-        __stcs(reinterpret_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
+        FL_STCS(reinterpret_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
     }
 }
 
@@ -104,11 +104,11 @@ __device__ __forceinline__ void rp_stream(const TS* srow, const TT* trow, const 
             inn[u] = col < g.vhi;
             if (inn[u]) {
                 const uint4* ps = reinterpret_cast<const uint4*>(srow + col);
-                rs[u] = LAST ? __ldcs(ps) : __ldcg(ps);
+                rs[u] = LAST ? FL_LDCS(ps) : __ldcg(ps);
                 if constexpr (TWO) {
                     const uint4* pt = reinterpret_cast<const uint4*>(trow + col);
 #pragma unroll
-                    for (int k = 0; k < NT; k++) rt[u][k] = LAST ? __ldcs(pt + k) : __ldcg(pt + k);
+                    for (int k = 0; k < NT; k++) rt[u][k] = LAST ? FL_LDCS(pt + k) : __ldcg(pt + k);
                 }
             }
         }

@@ -100,10 +100,10 @@ static __global__ void __launch_bounds__(TC_THREADS) tc_warp_kernel(TcArgs a) {
         for (int g = 0; g < G; g++) {
             const int c0 = (lane + 32 * g) * VEC;
             if (VEC16 && c0 + VEC <= C) {
-                rp_unpack<T>(__ldcs((const uint4*)(x + c0)), v + g * VEC);
+                rp_unpack<T>(FL_LDCS((const uint4*)(x + c0)), v + g * VEC);
             } else {
 #pragma unroll
-                for (int k = 0; k < VEC; k++) v[g * VEC + k] = c0 + k < C ? to_float(__ldcs(x + c0 + k)) : 0.0f;
+                for (int k = 0; k < VEC; k++) v[g * VEC + k] = c0 + k < C ? to_float(FL_LDCS(x + c0 + k)) : 0.0f;
             }
         }
         /* sums in column order per lane, then a butterfly; x_y from the registers of the lane that
@@ -215,7 +215,7 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a)
         for (int64_t q = threadIdx.x; q < nvec; q += TC_CTA_THREADS) {
             float v[VEC];
             if (STAGE) {
-                const uint4 u = __ldcs((const uint4*)(x + r0 + q * VEC));  /* read once: evict first */
+                const uint4 u = FL_LDCS((const uint4*)(x + r0 + q * VEC));  /* read once: evict first */
                 stage[q] = u;
                 rp_unpack<T>(u, v);
             } else {
@@ -304,7 +304,7 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_head_kernel(TcAr
         for (int64_t q = threadIdx.x; q < nvec; q += TC_CTA_THREADS) {
             float v[VEC];
             if (STAGE) {
-                const uint4 u = __ldcs((const uint4*)(xb + q * VEC));  /* read once: evict first */
+                const uint4 u = FL_LDCS((const uint4*)(xb + q * VEC));  /* read once: evict first */
                 stage[q] = u;
                 rp_unpack<T>(u, v);
             } else {
