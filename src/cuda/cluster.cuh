@@ -118,6 +118,16 @@ static inline void set_pdl(cudaLaunchAttribute* attr) {
 }
 
 // ---- host helpers ---------------------------------------------------------------------------
+// An empty kernel whose attributes tell which code of this translation unit's fatbin the driver
+// loaded for the current device. The sm_90-only kernels (TMA, clusters, st.async, PDL waits) are
+// compiled for __CUDA_ARCH__ >= 900 only (a __trap() or nothing below): on a device newer than the
+// fatbin's SASS (the build carries sm_90 and sm_80 SASS and compute_80 PTX; sm_90 SASS does not run
+// on sm_100 and later) the driver JITs the compute_80 PTX, where those bodies are gone although the
+// device's compute capability is >= 9. So dev_info() reports cc_major 8 there: no caller picks them.
+static __global__ void fl_code_arch_probe() {}
+
+// cc_major: the device's compute capability major, capped at 8 when the code loaded for it was
+// built for an older virtual architecture than compute_90 (see fl_code_arch_probe); sms: SMs.
 struct DevInfo { int cc_major; int sms; };
 
 static inline cudaError_t dev_info(DevInfo* out) {
@@ -133,6 +143,12 @@ static inline cudaError_t dev_info(DevInfo* out) {
     if (e != cudaSuccess) return e;
     e = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess) return e;
+    if (d.cc_major >= 9) {
+        cudaFuncAttributes fa;
+        e = cudaFuncGetAttributes(&fa, (const void*)fl_code_arch_probe);
+        if (e != cudaSuccess) return e;
+        if (fa.ptxVersion > 0 && fa.ptxVersion < 90) d.cc_major = 8;  // JIT from compute_80 PTX
+    }
     if (dev >= 0 && dev < 64) { cache[dev] = d; have[dev] = 1; }
     *out = d;
     return cudaSuccess;
