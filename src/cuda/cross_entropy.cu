@@ -329,9 +329,17 @@ __device__ __forceinline__ void load_vec(Pack<T>& p, const T* row, int e0, bool 
     p = *reinterpret_cast<Pack<T>*>(&u);
 }
 
-template <typename T>
+// PLAIN: a default-cached store instead of st.global.cs (evict-first). The ring mode of
+// ce_pipe_kernel and the staged kernel's fused pass store PLAIN (FUSEDLOSS_CE_PLAIN_ST, default 1);
+// every other kernel evict-first. H200 2026-12-04 s12 run 4 (all stores of a cross_entropy.cu built
+// default-cached, same-run A/B in 3 alternations, fused x floor, .cs -> default-cached): ring
+// 8192x128256 bf16 1.15-1.16 -> 1.14, 8192x50257 bf16 1.22-1.23 -> 1.18-1.19, 4096x50257 f32 1.21 ->
+// 1.20-1.21; staged 4096x256000 bf16 1.26-1.27 -> 1.25; but whole-chunk mode 16384x32000 bf16
+// 1.15-1.16 -> 1.19, 2048x32000 f16 1.36 -> 1.37-1.38, and the backward's chunk kernels 1.03 -> 1.05.
+template <typename T, bool PLAIN = false>
 __device__ __forceinline__ void store_vec(const Pack<T>& p, T* row, int e0) {
-    FL_STCS(reinterpret_cast<uint4*>(row + e0), *reinterpret_cast<const uint4*>(&p));
+    if constexpr (PLAIN) *reinterpret_cast<uint4*>(row + e0) = *reinterpret_cast<const uint4*>(&p);
+    else FL_STCS(reinterpret_cast<uint4*>(row + e0), *reinterpret_cast<const uint4*>(&p));
 }
 
 // A Pack from shared memory in ONE 16-byte access. Dereferencing a `const Pack<T>*` directly made
@@ -1342,7 +1350,7 @@ __device__ __forceinline__ TmaRow tma_row_at(const CeArgs& a, int64_t it, int cs
     return r;
 }
 
-template <typename T, int PASS, int F>
+template <typename T, int PASS, int F, bool PST = false>
 __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int per, int ns, int xasync_req) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // st.async needs a cluster of >= 2 CTAs (compute-sanitizer memcheck: "Invalid __shared__ write
@@ -1406,7 +1414,7 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
                 Pack<T> zero;
 #pragma unroll
                 for (int v = 0; v < Pack<T>::VEC; v++) zero.v[v] = from_float<T>(0.0f);
-                for (int q = tid; q < ch.n; q += T_) store_vec(zero, drow, g.vec_elem(ch.lo + q));
+                for (int q = tid; q < ch.n; q += T_) store_vec<T, PST>(zero, drow, g.vec_elem(ch.lo + q));
                 if (has_x) drow[ex] = from_float<T>(0.0f);
             }
             // the (empty) phases complete at once; every thread observes them before the barrier
@@ -1486,7 +1494,7 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
 #pragma unroll 4
                     for (int q = lo + tid; q < hi; q += T_) {
                         const int e0 = g.vec_elem(ch.lo + q);
-                        store_vec(vec_grad<F>(a, c, lds_pack<T>(tma_buf + q), e0), drow, e0);
+                        store_vec<T, PST>(vec_grad<F>(a, c, lds_pack<T>(tma_buf + q), e0), drow, e0);
                     }
                     __syncthreads();  // why: every thread has read sub-chunk k before it is refilled
                     if (tid < 32 && nx.valid)
@@ -1585,7 +1593,7 @@ __device__ __forceinline__ RowStats group_reduce_ms(RowStats r, float* sh, int g
     return t;
 }
 
-template <typename T, int F>
+template <typename T, int F, bool PST = false>
 __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int cs, int per, int sub, int R, int Ts) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) uint4 pipe_buf[];     // [R][sub] 16-byte vectors: the ring
@@ -1755,7 +1763,7 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
                     Pack<T> zero;
 #pragma unroll
                     for (int v = 0; v < Pack<T>::VEC; v++) zero.v[v] = from_float<T>(0.0f);
-                    for (; q < end; q += n) store_vec(zero, drow, g.vec_elem(v0 + q));
+                    for (; q < end; q += n) store_vec<T, PST>(zero, drow, g.vec_elem(v0 + q));
                 } else if (hi > 0) {
                     // already complete (the statistics group waited on it; it cannot refill before
                     // this warp's release): the acquire makes the bulk copy's bytes visible here
@@ -1764,7 +1772,7 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
 #pragma unroll 4
                     for (; q < end; q += n) {
                         const int e0 = g.vec_elem(v0 + q);
-                        store_vec(vec_grad<F>(a, c, lds_pack<T>(buf + q), e0), drow, e0);
+                        store_vec<T, PST>(vec_grad<F>(a, c, lds_pack<T>(buf + q), e0), drow, e0);
                     }
                 }
                 __syncwarp();  // why: the warp's reads of slot s are done before its release
@@ -2113,9 +2121,12 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //   FUSEDLOSS_CE_PDL=0|1                           programmatic dependent launch of the fused kernel after
 //                                                  the setup and of the reduce after the main kernel (sm_90;
 //                                                  default 1)
+//   FUSEDLOSS_CE_PLAIN_ST=0|1                      default-cached gradient stores in the pipelined kernel's
+//                                                  ring mode and the staged kernel's fused pass (default 1;
+//                                                  0: st.global.cs everywhere, as before; see store_vec)
 //   FUSEDLOSS_DEBUG=1                              print each new staged launch plan to stderr
 struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync;
-               int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_cs, pipe_ring, pdl; };
+               int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_cs, pipe_ring, pdl, plain_st; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -2150,6 +2161,7 @@ static const Knobs* knobs(void) {
         n.pipe_cs = env_int("FUSEDLOSS_CE_PIPE_CS", 0);
         n.pipe_ring = env_int("FUSEDLOSS_CE_PIPE_RING", 220);
         n.pdl = env_int("FUSEDLOSS_CE_PDL", 1) != 0;
+        n.plain_st = env_int("FUSEDLOSS_CE_PLAIN_ST", 1) != 0;
         if (n.pipe_sub < 0 || n.pipe_sub > 64) n.pipe_sub = 32;
         if (n.pipe_slack < 0 || n.pipe_slack > 200) n.pipe_slack = 24;
         if (n.pipe_cs < 0 || n.pipe_cs > TMA_MAX_CLUSTER) n.pipe_cs = 0;
@@ -2239,10 +2251,10 @@ static int tma_plan(int pass, int cc_major, int64_t N, int64_t V, int esize, int
 
 // Launches the staged kernel; *done = 0 (nothing launched) when the configuration cannot be
 // resident on this device.
-template <typename T, int PASS, int F>
-static cudaError_t launch_tma(const CeArgs& a, const TmaPlan& p, int sms, cudaStream_t s, int* done) {
+template <typename T, int PASS, int F, bool PST>
+static cudaError_t launch_tma_st(const CeArgs& a, const TmaPlan& p, int sms, cudaStream_t s, int* done) {
     *done = 0;
-    const void* fn = (const void*)ce_tma_kernel<T, PASS, F>;
+    const void* fn = (const void*)ce_tma_kernel<T, PASS, F, PST>;
     const int clustered = PASS != PASS_BACKWARD;
     int n = 0;
     cudaError_t e = tma_occupancy(fn, clustered ? p.cs : 0, p.T, p.smem, sms, &n);
@@ -2261,9 +2273,17 @@ static cudaError_t launch_tma(const CeArgs& a, const TmaPlan& p, int sms, cudaSt
     cfg.blockDim = dim3((unsigned)p.T, 1, 1);
     cfg.dynamicSmemBytes = p.smem;
     cfg.stream = s;
-    e = cudaLaunchKernelEx(&cfg, ce_tma_kernel<T, PASS, F>, a, p.cs, p.per, p.ns, knobs()->xasync);
+    e = cudaLaunchKernelEx(&cfg, ce_tma_kernel<T, PASS, F, PST>, a, p.cs, p.per, p.ns, knobs()->xasync);
     if (e == cudaSuccess) *done = 1;
     return e;
+}
+// the fused pass: default-cached gradient stores (see store_vec)
+template <typename T, int PASS, int F>
+static cudaError_t launch_tma(const CeArgs& a, const TmaPlan& p, int sms, cudaStream_t s, int* done) {
+    if constexpr (PASS == PASS_FUSED) {
+        if (knobs()->plain_st) return launch_tma_st<T, PASS, F, true>(a, p, sms, s, done);
+    }
+    return launch_tma_st<T, PASS, F, false>(a, p, sms, s, done);
 }
 
 // The warp-specialised kernel's plan (fused, sm_90, rows of > 512 vectors), by measurement (H200
@@ -2352,10 +2372,10 @@ static void pipe_threads_for(int F, const Config& c, int* T, int* Ts) {
     *Ts = s;
 }
 
-template <typename T, int F>
-static cudaError_t launch_pipe(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
+template <typename T, int F, bool PST>
+static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
     *done = 0;
-    const void* fn = (const void*)ce_pipe_kernel<T, F>;
+    const void* fn = (const void*)ce_pipe_kernel<T, F, PST>;
     int T_, Ts;
     pipe_threads_for(F, c, &T_, &Ts);
     int n = 0;
@@ -2374,9 +2394,15 @@ static cudaError_t launch_pipe(const CeArgs& a, const Config& c, cudaStream_t s,
     cfg.blockDim = dim3((unsigned)T_, 1, 1);
     cfg.dynamicSmemBytes = c.psmem;
     cfg.stream = s;
-    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F>, a, c.pcs, c.pper, c.psub, c.pR, Ts);
+    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F, PST>, a, c.pcs, c.pper, c.psub, c.pR, Ts);
     if (e == cudaSuccess) *done = 1;
     return e;
+}
+// ring mode (a row's chunk in several slots): default-cached gradient stores (see store_vec)
+template <typename T, int F>
+static cudaError_t launch_pipe(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
+    if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true>(a, c, s, done);
+    return launch_pipe_st<T, F, false>(a, c, s, done);
 }
 
 // Lanes per row of the row-group launch for one-warp rows (C == 1, T == 32, K == 2): the fewest
