@@ -215,6 +215,8 @@ if want test-knobs && have build/test_cross_entropy_cuda test-knobs; then
         FUSEDLOSS_CE_PIPE_THREADS=800 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PDL=0 (graph capture without programmatic dependent launch)"
         FUSEDLOSS_CE_PDL=0 build/test_cross_entropy_cuda --filter graph || rc=1
+        echo "### FUSEDLOSS_CE_PLAIN_ST=0 (evict-first gradient stores in the ring / staged kernels too)"
+        FUSEDLOSS_CE_PLAIN_ST=0 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NSUB=1 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128"
         FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NSUB=1 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128 \
             build/test_cross_entropy_cuda --no-big || rc=1
@@ -316,6 +318,9 @@ if want gelu && have build/test_gelu_cuda gelu; then
         FUSEDLOSS_GELU_STREAM=0 build/test_gelu_cuda --small | tail -3 || rc=1
         echo "### FUSEDLOSS_GELU_STREAM_WAVES=0.001 test_gelu_cuda --small (a one-CTA stream grid: many iterations)"
         FUSEDLOSS_GELU_STREAM_WAVES=0.001 build/test_gelu_cuda --small | grep -v "^OK " | tail -6 || rc=1
+        echo "### FUSEDLOSS_GELU_DBIAS_SUM=0 / DBIAS_RPB=1 test_gelu_cuda --small (the counter finish; the shortest dbias row blocks)"
+        FUSEDLOSS_GELU_DBIAS_SUM=0 build/test_gelu_cuda --small | tail -2 || rc=1
+        FUSEDLOSS_GELU_DBIAS_RPB=1 build/test_gelu_cuda --small | tail -2 || rc=1
         if [ -n "$SANITIZER" ]; then
             echo "### memcheck test_gelu_cuda --small --stride 5"
             timeout 75 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 build/test_gelu_cuda --small --stride 5 | tail -4 || rc=1
