@@ -238,18 +238,18 @@ typedef struct {
     size_t  ws_bytes;   /* CUDA workspace bytes this plan needs (0 without dbias) */
 } fl__gelu_plan;
 
-void fl__gelu_make_plan(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
-                        int with_dbias);
-/* The same with the launch knobs of src/cuda/gelu.cu (unroll = rows in flight per thread, tx =
+/* The plan for the launch knobs of src/cuda/gelu.cu (unroll = rows in flight per thread, tx =
  * threads along a row, target_ctas; with dbias target_ctas <= FL__GELU_DBIAS_CTAS_MAX).
  * dbias_rpb > 0 (with dbias, vector paths but FLAT): short row blocks of about dbias_rpb rows
  * (whole unrolled steps; at most FL__GELU_DBIAS_NB_MAX blocks) summed by a second kernel
- * (finish 4, or 2 when the row width is not a multiple of 4); target_ctas is then unused. */
+ * (finish 4, or 2 when the row width is not a multiple of 4); target_ctas is then unused.
+ * sum_kernel (long blocks): finish 4 instead of 1 where the width allows (the same workspace). */
 #define FL__GELU_DBIAS_CTAS_MAX 2048
 #define FL__GELU_DBIAS_NB_MAX 256
 #define FL__GELU_DBIAS_RPB_MAX 256
 void fl__gelu_make_plan_ex(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
-                           int with_dbias, int unroll, int tx, int64_t target_ctas, int dbias_rpb);
+                           int with_dbias, int unroll, int tx, int64_t target_ctas, int dbias_rpb,
+                           int sum_kernel);
 /* Row blocks of the CPU backend's dbias (fixed: thread-count independent) and its bytes. */
 int64_t fl__gelu_cpu_blocks(int64_t N);
 size_t fl__gelu_workspace_bytes(int64_t N, int64_t F, fl_dtype dtype);

@@ -26,7 +26,8 @@ static int64_t gcd64(int64_t a, int64_t b) {
 #define GELU_PART_BUDGET ((size_t)2 << 20)   /* bytes of fp32 dbias partials (nb * width * 4) */
 
 void fl__gelu_make_plan_ex(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
-                           int with_dbias, int unroll, int tx, int64_t target_ctas, int dbias_rpb) {
+                           int with_dbias, int unroll, int tx, int64_t target_ctas, int dbias_rpb,
+                           int sum_kernel) {
     memset(p, 0, sizeof(*p));
     p->path = path;
     p->vec = path == FL__GELU_SCALAR ? 1 : (int)(16u / esize);
@@ -87,16 +88,12 @@ void fl__gelu_make_plan_ex(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int6
     p->nb = cdiv64(p->rows, p->rpb);
     if (with_dbias) {
         /* the last-CTA-per-slab finish needs each slab's positions to be whole columns (not
-         * true of the flat path, where a column's positions are F apart) and a counter each */
-        p->finish = (path == FL__GELU_FLAT || p->slabs > FL__GELU_MAX_COUNTERS) ? 2 : 1;
+         * true of the flat path, where a column's positions are F apart) and a counter each;
+         * sum_kernel: the same partials added by the float4 sum kernel instead (finish 4) */
+        p->finish = (path == FL__GELU_FLAT || p->slabs > FL__GELU_MAX_COUNTERS) ? 2
+                    : (sum_kernel && (p->width & 3) == 0) ? 4 : 1;
         p->ws_bytes = FL__GELU_COUNTER_BYTES + align256((size_t)p->nb * (size_t)p->width * 4u);
     }
-}
-
-/* the default launch shape (the workspace query takes the maximum over all shapes, below) */
-void fl__gelu_make_plan(fl__gelu_plan* p, fl__gelu_path path, int64_t N, int64_t F, size_t esize,
-                        int with_dbias) {
-    fl__gelu_make_plan_ex(p, path, N, F, esize, with_dbias, FL__GELU_UNROLL, 0, with_dbias ? 528 : 2048, 0);
 }
 
 int64_t fl__gelu_cpu_blocks(int64_t N) {
@@ -119,7 +116,7 @@ size_t fl__gelu_workspace_bytes(int64_t N, int64_t F, fl_dtype dtype) {
                 for (int r = 0; r < 2; r++) {  /* the long-block plan, and the shortest row blocks */
                     fl__gelu_plan p;
                     fl__gelu_make_plan_ex(&p, (fl__gelu_path)path, N, F, es, 1, u, TX[t], FL__GELU_DBIAS_CTAS_MAX,
-                                          r ? 1 : 0);
+                                          r ? 1 : 0, 0);  /* sum_kernel: same partials either way */
                     if (p.ws_bytes > need) need = p.ws_bytes;
                 }
     return need;

@@ -13,7 +13,7 @@
  * checked for every 16-bit input by tests/test_gelu.c), 11-18 fp32 instructions per element
  * instead of PyTorch's 22-33, which made the 16-bit kernels instruction-bound (NOTES.md).
  *
- * Work decomposition (fl__gelu_make_plan() in src/common/gelu_validate.c; the same numbers size
+ * Work decomposition (fl__gelu_make_plan_ex() in src/common/gelu_validate.c; the same numbers size
  * the workspace): the problem is a matrix of virtual rows x positions. A CTA of tx x ty threads
  * (256) owns a slab of tx 16-byte vectors of positions (grid.x) times a block of rpb virtual
  * rows (grid.y); each thread keeps its vector's columns fixed for all its rows, so the bias
@@ -976,8 +976,8 @@ static fl_status gelu_cuda(const char* fn, int bwd, void* out, void* dbias, cons
     }
     fl__gelu_plan p;
     fl__gelu_make_plan_ex(&p, path, N, F, es, with_dbias, unroll, with_dbias ? kn.tx_dbias : kn.tx_plain, target,
-                          !with_dbias ? 0 : kn.dbias_rpb >= 0 ? kn.dbias_rpb : (dt == FL_DTYPE_F32 && approx == FL_GELU_TANH) ? 32 : 0);
-    if (kn.dbias_sum && p.finish == 1 && (p.width & 3) == 0) p.finish = 4;  // same partials, summed by the PDL kernel
+                          !with_dbias ? 0 : kn.dbias_rpb >= 0 ? kn.dbias_rpb : (dt == FL_DTYPE_F32 && approx == FL_GELU_TANH) ? 32 : 0,
+                          kn.dbias_sum);
     if (p.slabs > 0x7fffffff || p.nb > 65535)
         return fl__fail(FL_ERR_UNSUPPORTED, "%s: F (%lld) too large for the CUDA grid", fn, (long long)F);
 
