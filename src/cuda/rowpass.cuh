@@ -211,12 +211,34 @@ __device__ __forceinline__ V rp_block_sum(V v) {
 }
 
 // stage 1 of MEAN's count of entries != ignore
+// Ranges of a multiple of 4 entries, so that with 16-byte aligned labels each block reads 16-byte
+// vectors (2 int64 / 4 int32 a load, two loads a thread in flight): the scalar loop read 8 bytes
+// a thread at a time (13 us for 4.2M int64 labels, 2.6 TB/s, H200 2026-12-02 s5 run 4).
 static __global__ void __launch_bounds__(1024) rp_count_kernel(const void* labels, int lab64, int64_t ignore, int64_t n,
                                                               long long* part) {
-    const int64_t per = (n + gridDim.x - 1) / gridDim.x, lo = (int64_t)blockIdx.x * per;
+    const int64_t per = ((n + gridDim.x - 1) / gridDim.x + 3) & ~(int64_t)3, lo = (int64_t)blockIdx.x * per;
     const int64_t hi = lo + per < n ? lo + per : n;
     long long c = 0;
-    for (int64_t i = lo + threadIdx.x; i < hi; i += 1024) c += rp_label(labels, lab64, i) != ignore;
+    int64_t i0 = lo;
+    if (((uintptr_t)labels & 15u) == 0 && lo < hi) {
+        const int64_t nq = (hi - lo) / 4;   // 4-entry groups of the range
+        if (lab64) {
+            const longlong2* q = (const longlong2*)((const long long*)labels + lo);
+            for (int64_t g = threadIdx.x; g < nq; g += 1024) {
+                const longlong2 u = q[2 * g], w = q[2 * g + 1];   // default-cached: the main kernel reads them next
+                c += (u.x != ignore) + (u.y != ignore) + (w.x != ignore) + (w.y != ignore);
+            }
+        } else {
+            const int4* q = (const int4*)((const int*)labels + lo);
+            for (int64_t g = threadIdx.x; g < nq; g += 1024) {
+                const int4 u = q[g];
+                c += ((int64_t)u.x != ignore) + ((int64_t)u.y != ignore) + ((int64_t)u.z != ignore) +
+                     ((int64_t)u.w != ignore);
+            }
+        }
+        i0 = lo + 4 * nq;
+    }
+    for (int64_t i = i0 + threadIdx.x; i < hi; i += 1024) c += rp_label(labels, lab64, i) != ignore;
     c = rp_block_sum<long long, 1024>(c);
     if (threadIdx.x == 0) part[blockIdx.x] = c;
 }
@@ -229,11 +251,27 @@ static __global__ void __launch_bounds__(32) rp_count_final(const long long* par
 }
 
 // stage 1 of SUM / MEAN / BATCHMEAN: part[b] = the double sum of rowloss over block b's range
+// (ranges of a multiple of 4, float4 loads when rowloss is 16-byte aligned, as rp_count_kernel; the
+// order of the sum is fixed by n alone, whatever the alignment)
 static __global__ void __launch_bounds__(1024) rp_reduce_kernel(const float* rowloss, int64_t n, double* part) {
-    const int64_t per = (n + gridDim.x - 1) / gridDim.x, lo = (int64_t)blockIdx.x * per;
+    const int64_t per = ((n + gridDim.x - 1) / gridDim.x + 3) & ~(int64_t)3, lo = (int64_t)blockIdx.x * per;
     const int64_t hi = lo + per < n ? lo + per : n;
     double s = 0.0;
-    for (int64_t i = lo + threadIdx.x; i < hi; i += 1024) s += (double)rowloss[i];
+    const int64_t nq = lo < hi ? (hi - lo) / 4 : 0;   // 4-entry groups; thread t adds groups t, t + 1024, ...
+    if (((uintptr_t)rowloss & 15u) == 0) {
+        const float4* q = (const float4*)(rowloss + lo);
+        for (int64_t g = threadIdx.x; g < nq; g += 1024) {
+            const float4 u = __ldcs(q + g);
+            s += (double)u.x;
+            s += (double)u.y;
+            s += (double)u.z;
+            s += (double)u.w;
+        }
+    } else {   // the same order from scalar loads
+        for (int64_t g = threadIdx.x; g < nq; g += 1024)
+            for (int j = 0; j < 4; j++) s += (double)rowloss[lo + 4 * g + j];
+    }
+    for (int64_t i = lo + 4 * nq + threadIdx.x; i < hi; i += 1024) s += (double)rowloss[i];
     s = rp_block_sum<double, 1024>(s);
     if (threadIdx.x == 0) part[blockIdx.x] = s;
 }

@@ -554,51 +554,259 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_kernel(TArgs a) {
 }
 
 // ---- positions with few classes (C <= CMAX <= 64): the C values of a position in registers, loaded
-// together (independent loads in flight), one read and one write of the logits
+// together (independent loads in flight), one read and one write of the logits. Kept lean (it was
+// ~60 instructions a class, 2.43x the floor at 8x19x512x1024 fp32, H200 2026-12-02 s5 run 4): the
+// class addresses by pointer steps of d (no 64-bit multiply per class), the target's logit loaded
+// once more by itself (an L1 hit) so that its register is set to -inf and the max, the sum and the
+// gradient sweep need no per-class target test kept alive (the target's gradient is stored over the
+// sweep's 0 afterwards, as the rows kernels do), 32-bit position arithmetic when it fits, the
+// reductions' upstream gradient once per thread.
 template <typename T, int CMAX, bool FUSED>
 __global__ void __launch_bounds__(RP_THREADS) tgt_pos_reg_kernel(TArgs a) {
-    const int64_t P = a.nrows;
+    const int64_t P = a.nrows, d = a.d;
     const int C = (int)a.V;
-    for (int64_t pos = (int64_t)blockIdx.x * RP_THREADS + threadIdx.x; pos < P; pos += (int64_t)gridDim.x * RP_THREADS) {
-        const int64_t n = pos / a.d, k = pos % a.d;
-        const T* xp = (const T*)a.x + n * a.ld + k;
-        T* dp = FUSED ? (T*)a.dx + n * a.ld + k : nullptr;
+    const bool small = P <= (int64_t)0xFFFFFFFF && d <= (int64_t)0xFFFFFFFF;   // uniform
+    const float gred = FUSED && !a.none ? tgt_grad(a, 0) : 0.0f;   // SUM / MEAN: one value for every position
+    const float k2 = RP_LOG2E;                            // focal: logits in natural units
+    for (int64_t pos = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; pos < P; pos += (int64_t)gridDim.x * blockDim.x) {
+        int64_t n, k;
+        if (small) {
+            const uint32_t n32 = (uint32_t)pos / (uint32_t)d;
+            n = n32;
+            k = pos - (int64_t)n32 * d;
+        } else {
+            n = pos / d;
+            k = pos - n * d;
+        }
+        const int64_t off = n * a.ld + k;
+        const T* xp = (const T*)a.x + off;
+        T* dp = FUSED ? (T*)a.dx + off : nullptr;
         const int64_t y = rp_label(a.tg, a.lab64, pos);
         float loss = 0.0f;
         if (y == a.ignore || y < 0 || y >= C) {
             const bool bad = y != a.ignore;
             if (bad) { loss = NAN; tgt_flag(a); }
             if (FUSED) {
+                const T fill = from_float<T>(bad ? NAN : 0.0f);
+                T* q = dp;
 #pragma unroll
                 for (int c = 0; c < CMAX; c++)
-                    if (c < C) dp[c * a.d] = from_float<T>(bad ? NAN : 0.0f);
+                    if (c < C) { *q = fill; q += d; }
             }
         } else {
+            const int yi = (int)y;
+            const float xy = to_float(xp[(int64_t)yi * d]);   // the target's logit (L1: loaded below too)
+            // classes c >= C read as -inf (a predicated load; the pointer steps on regardless, never
+            // dereferenced past C), so the max and the sum need no guard
             float v[CMAX];
+            {
+                const T* q = xp;
 #pragma unroll
-            for (int c = 0; c < CMAX; c++) v[c] = c < C ? to_float(xp[c * a.d]) : 0.0f;
-            float m = -INFINITY, xy = 0.0f;
+                for (int c = 0; c < CMAX; c++) {
+                    if (c >= C) break;   // C is uniform: one branch a class, no dead classes issued
+                    v[c] = to_float(*q);
+                    q += d;
+                }
+            }
+            float m = -INFINITY;
 #pragma unroll
             for (int c = 0; c < CMAX; c++) {
-                if (c == y) xy = v[c];
-                if (c < C && c != y) m = fmaxf(m, v[c] * a.k2);
+                if (c >= C) break;
+                v[c] = c == yi ? -INFINITY : v[c];   // the target leaves the max, sum and sweep
+                m = fmaxf(m, v[c]);
             }
+            // max(v) k2 = max(v k2) exactly (rounding is monotone); every non-target -inf: S = 0, not NaN
+            const float m2 = m * k2, mu = m == -INFINITY ? 0.0f : m2;
             float S = 0.0f;
-            const float mu = m == -INFINITY ? 0.0f : m;   // every non-target -inf: S = 0, not NaN
 #pragma unroll
-            for (int c = 0; c < CMAX; c++)
-                if (c < C && c != y) S += exp2f(v[c] * a.k2 - mu);
+            for (int c = 0; c < CMAX; c++) {
+                if (c >= C) break;
+                S += fexp2(fmaf(v[c], k2, -mu));
+            }
             float lse, A, B, L2;
-            tgt_finish<TC_FOCAL>(a, m, S, xy, y, loss, lse, A, B, L2);
+            tgt_finish<TC_FOCAL>(a, m2, S, xy, y, loss, lse, A, B, L2);
             if (FUSED) {
-                const float gr = tgt_grad(a, pos), gA = gr * A, gB = gr * B;
+                const float gr = a.none ? tgt_grad(a, pos) : gred, gA = gr * A, gB = gr * B;
+                // the store's own copy of the step, opaque to nvcc: sharing the loads' per-class 64-bit
+                // indices kept 32 of them alive for 16-bit T (126 registers at CMAX 32, 64 without)
+                int64_t ds;
+                asm("mov.b64 %0, %1;" : "=l"(ds) : "l"(d));
+                T* q = dp;
 #pragma unroll
-                for (int c = 0; c < CMAX; c++)
-                    if (c < C) dp[c * a.d] = from_float<T>(c == y ? gB : gA * exp2f(v[c] * a.k2 - L2));
+                for (int c = 0; c < CMAX; c++) {
+                    if (c >= C) break;
+                    *q = from_float<T>(gA * fexp2(fmaf(v[c], k2, -L2)));
+                    q += ds;
+                }
+                dp[(int64_t)yi * d] = from_float<T>(gB);   // over the sweep's 0, by the same thread
             }
         }
         if (a.none) { if (a.loss) a.loss[pos] = loss; }
         else a.rowloss[pos] = loss;
+    }
+}
+
+// ---- the same with PV adjacent positions a thread (PV = 2 / 4): d, the batch stride and both
+// pointers multiples of PV elements, so the PV positions share n and every class is one PV-wide
+// load and store (fewer instructions an element, PV x the bytes a warp takes from each class row).
+// Each lane keeps its own label, statistics and coefficients; lanes that are ignored or out of range
+// are computed like the others on whatever they hold and replaced by 0 / NaN at the store (selects,
+// never a product with a stale value).
+template <typename T, int PV>
+__device__ __forceinline__ void pv_load(const T* p, float (&o)[PV]) {
+    if constexpr (sizeof(T) == 4) {
+        if constexpr (PV == 2) { const float2 u = *(const float2*)p; o[0] = u.x; o[1] = u.y; }
+        else { const float4 u = *(const float4*)p; o[0] = u.x; o[1] = u.y; o[2] = u.z; o[3] = u.w; }
+    } else {
+        if constexpr (PV == 2) { const float2 f = rp_u2f(*(const unsigned*)p, T()); o[0] = f.x; o[1] = f.y; }
+        else {
+            const uint2 u = *(const uint2*)p;
+            const float2 f0 = rp_u2f(u.x, T()), f1 = rp_u2f(u.y, T());
+            o[0] = f0.x; o[1] = f0.y; o[2] = f1.x; o[3] = f1.y;
+        }
+    }
+}
+template <typename T>
+__device__ __forceinline__ unsigned pv_pack2(float a, float b) {
+    const T lo = from_float<T>(a), hi = from_float<T>(b);
+    return (unsigned)*reinterpret_cast<const unsigned short*>(&lo) | ((unsigned)*reinterpret_cast<const unsigned short*>(&hi) << 16);
+}
+template <typename T, int PV>
+__device__ __forceinline__ void pv_store(T* p, const float (&f)[PV]) {
+    if constexpr (sizeof(T) == 4) {
+        if constexpr (PV == 2) *(float2*)p = make_float2(f[0], f[1]);
+        else *(float4*)p = make_float4(f[0], f[1], f[2], f[3]);
+    } else {
+        if constexpr (PV == 2) *(unsigned*)p = pv_pack2<T>(f[0], f[1]);
+        else *(uint2*)p = make_uint2(pv_pack2<T>(f[0], f[1]), pv_pack2<T>(f[2], f[3]));
+    }
+}
+
+template <typename T, int CMAX, int PV, bool FUSED>
+__global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
+    const int64_t P = a.nrows, d = a.d, G = P / PV;   // P, d multiples of PV (host)
+    const int C = (int)a.V;
+    const bool small = P <= (int64_t)0xFFFFFFFF && d <= (int64_t)0xFFFFFFFF;
+    const float gred = FUSED && !a.none ? tgt_grad(a, 0) : 0.0f;
+    const float k2 = RP_LOG2E;
+    for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < G; g += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t pos = g * PV;
+        int64_t n, k;
+        if (small) {
+            const uint32_t n32 = (uint32_t)pos / (uint32_t)d;
+            n = n32;
+            k = pos - (int64_t)n32 * d;
+        } else {
+            n = pos / d;
+            k = pos - n * d;
+        }
+        const int64_t off = n * a.ld + k;
+        const T* xp = (const T*)a.x + off;
+        T* dp = FUSED ? (T*)a.dx + off : nullptr;
+        int yi[PV];
+        bool ok[PV], bad[PV];
+        bool any_ok = false;
+#pragma unroll
+        for (int j = 0; j < PV; j++) {
+            const int64_t y = rp_label(a.tg, a.lab64, pos + j);
+            bad[j] = y != a.ignore && (y < 0 || y >= C);
+            ok[j] = y != a.ignore && !bad[j];
+            yi[j] = ok[j] ? (int)y : -1;   // -1: no class is the target
+            any_ok |= ok[j];
+            if (bad[j]) tgt_flag(a);
+        }
+        float loss[PV];
+        if (!any_ok) {
+#pragma unroll
+            for (int j = 0; j < PV; j++) loss[j] = bad[j] ? NAN : 0.0f;
+            if (FUSED) {
+                float fill[PV];
+#pragma unroll
+                for (int j = 0; j < PV; j++) fill[j] = bad[j] ? NAN : 0.0f;
+                T* q = dp;
+#pragma unroll
+                for (int c = 0; c < CMAX; c++) {
+                    if (c >= C) break;
+                    pv_store<T, PV>(q, fill);
+                    q += d;
+                }
+            }
+        } else {
+            float xy[PV];
+#pragma unroll
+            for (int j = 0; j < PV; j++) xy[j] = ok[j] ? to_float(xp[(int64_t)yi[j] * d + j]) : 0.0f;
+            float v[CMAX][PV];
+            {
+                const T* q = xp;
+#pragma unroll
+                for (int c = 0; c < CMAX; c++) {
+                    if (c >= C) break;
+                    pv_load<T, PV>(q, v[c]);
+                    q += d;
+                }
+            }
+            float m[PV];
+#pragma unroll
+            for (int j = 0; j < PV; j++) m[j] = -INFINITY;
+#pragma unroll
+            for (int c = 0; c < CMAX; c++) {
+                if (c >= C) break;
+#pragma unroll
+                for (int j = 0; j < PV; j++) {
+                    v[c][j] = c == yi[j] ? -INFINITY : v[c][j];
+                    m[j] = fmaxf(m[j], v[c][j]);
+                }
+            }
+            float mu[PV], m2[PV], S[PV];
+#pragma unroll
+            for (int j = 0; j < PV; j++) {
+                m2[j] = m[j] * k2;
+                mu[j] = m[j] == -INFINITY ? 0.0f : m2[j];
+                S[j] = 0.0f;
+            }
+#pragma unroll
+            for (int c = 0; c < CMAX; c++) {
+                if (c >= C) break;
+#pragma unroll
+                for (int j = 0; j < PV; j++) S[j] += fexp2(fmaf(v[c][j], k2, -mu[j]));
+            }
+            float gA[PV], gB[PV], L2[PV], fill[PV];
+#pragma unroll
+            for (int j = 0; j < PV; j++) {
+                float lse, A, B, l2, lj;
+                tgt_finish<TC_FOCAL>(a, m2[j], S[j], xy[j], ok[j] ? yi[j] : 0, lj, lse, A, B, l2);
+                loss[j] = ok[j] ? lj : bad[j] ? NAN : 0.0f;
+                if (FUSED) {
+                    const float gr = a.none ? tgt_grad(a, pos + j) : gred;
+                    gA[j] = gr * A;
+                    gB[j] = gr * B;
+                    L2[j] = l2;
+                    fill[j] = bad[j] ? NAN : 0.0f;
+                }
+            }
+            if (FUSED) {
+                int64_t ds;   // opaque copy of the step (see tgt_pos_reg_kernel)
+                asm("mov.b64 %0, %1;" : "=l"(ds) : "l"(d));
+                T* q = dp;
+#pragma unroll
+                for (int c = 0; c < CMAX; c++) {
+                    if (c >= C) break;
+                    float o[PV];
+#pragma unroll
+                    for (int j = 0; j < PV; j++) o[j] = ok[j] ? gA[j] * fexp2(fmaf(v[c][j], k2, -L2[j])) : fill[j];
+                    pv_store<T, PV>(q, o);
+                    q += ds;
+                }
+#pragma unroll
+                for (int j = 0; j < PV; j++)   // over the sweep's 0, by the same thread
+                    if (ok[j]) dp[(int64_t)yi[j] * d + j] = from_float<T>(gB[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < PV; j++) {
+            if (a.none) { if (a.loss) a.loss[pos + j] = loss[j]; }
+            else a.rowloss[pos + j] = loss[j];
+        }
     }
 }
 
@@ -614,18 +822,43 @@ static tk_fn pick_t(int mode, bool rows, bool fused) {
                 : (fused ? tgt_pos_kernel<T, TC_FOCAL, true> : tgt_pos_kernel<T, TC_FOCAL, false>);
 }
 template <typename T>
-static tk_fn pick_reg_t(int64_t C, bool fused) {
+static tk_fn pick_reg_t(int64_t C, bool fused, int pv) {
+    if (pv == 4) {   // C <= 16 (pos_pv)
+        if (C <= 8) return fused ? tgt_pos_vec_kernel<T, 8, 4, true> : tgt_pos_vec_kernel<T, 8, 4, false>;
+        return fused ? tgt_pos_vec_kernel<T, 16, 4, true> : tgt_pos_vec_kernel<T, 16, 4, false>;
+    }
+    if (pv == 2) {   // C <= 32
+        if (C <= 8) return fused ? tgt_pos_vec_kernel<T, 8, 2, true> : tgt_pos_vec_kernel<T, 8, 2, false>;
+        if (C <= 16) return fused ? tgt_pos_vec_kernel<T, 16, 2, true> : tgt_pos_vec_kernel<T, 16, 2, false>;
+        if (C <= 24) return fused ? tgt_pos_vec_kernel<T, 24, 2, true> : tgt_pos_vec_kernel<T, 24, 2, false>;
+        return fused ? tgt_pos_vec_kernel<T, 32, 2, true> : tgt_pos_vec_kernel<T, 32, 2, false>;
+    }
     if (C <= 8) return fused ? tgt_pos_reg_kernel<T, 8, true> : tgt_pos_reg_kernel<T, 8, false>;
     if (C <= 16) return fused ? tgt_pos_reg_kernel<T, 16, true> : tgt_pos_reg_kernel<T, 16, false>;
+    if (C <= 24) return fused ? tgt_pos_reg_kernel<T, 24, true> : tgt_pos_reg_kernel<T, 24, false>;
     if (C <= 32) return fused ? tgt_pos_reg_kernel<T, 32, true> : tgt_pos_reg_kernel<T, 32, false>;
     return fused ? tgt_pos_reg_kernel<T, 64, true> : tgt_pos_reg_kernel<T, 64, false>;
 }
-static tk_fn pick(fl_dtype dt, int mode, bool rows, bool fused, int64_t C) {
+// Positions a thread of the focal position kernels (1 / 2 / 4): the widest the layout allows (d, the
+// batch stride and the pointers multiples of it) and the registers (C <= 32 for 2, <= 16 for 4), up
+// to FUSEDLOSS_FOCAL_PV (default 2; 1 = the one-position kernel).
+static int pos_pv(const TArgs& a, size_t es, bool fused) {
+    int want = (int)rp_env_i64("FUSEDLOSS_FOCAL_PV", 2);
+    if (want != 1 && want != 2 && want != 4) want = 2;
+    for (int pv = want; pv > 1; pv /= 2) {
+        const uintptr_t al = (uintptr_t)pv * es - 1;
+        if ((pv == 4 && a.V > 16) || a.V > 32) continue;
+        if (a.d % pv || a.ld % pv || ((uintptr_t)a.x & al) || (fused && ((uintptr_t)a.dx & al))) continue;
+        return pv;
+    }
+    return 1;
+}
+static tk_fn pick(fl_dtype dt, int mode, bool rows, bool fused, int64_t C, int pv) {
     if (mode == TC_FOCAL && !rows && C <= 64 && !getenv("FUSEDLOSS_FOCAL_NOREG")) {
         switch (dt) {
-            case FL_DTYPE_F32: return pick_reg_t<float>(C, fused);
-            case FL_DTYPE_F16: return pick_reg_t<__half>(C, fused);
-            default: return pick_reg_t<__nv_bfloat16>(C, fused);
+            case FL_DTYPE_F32: return pick_reg_t<float>(C, fused, pv);
+            case FL_DTYPE_F16: return pick_reg_t<__half>(C, fused, pv);
+            default: return pick_reg_t<__nv_bfloat16>(C, fused, pv);
         }
     }
     switch (dt) {
@@ -634,7 +867,7 @@ static tk_fn pick(fl_dtype dt, int mode, bool rows, bool fused, int64_t C) {
         default: return pick_t<__nv_bfloat16>(mode, rows, fused);
     }
 }
-static int g_occ[3][2][2][2][2];   // dtype, mode, rows, fused, register kernel
+static int g_occ[3][2][2][2][4];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV)
 
 template <typename T>
 static const void* pick_staged_t(int mode, bool fused) {
@@ -727,23 +960,33 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         }
         return FL_OK;
     }
-    const tk_fn kfn = pick(dt, mode, rows, fused, a.V);
-    const int reg = mode == TC_FOCAL && !rows && a.V <= 64;
+    const int reg0 = mode == TC_FOCAL && !rows && a.V <= 64 && !getenv("FUSEDLOSS_FOCAL_NOREG");
+    const int pv = reg0 ? pos_pv(a, es, fused) : 1;
+    const tk_fn kfn = pick(dt, mode, rows, fused, a.V, pv);
+    const int reg = reg0 ? (pv == 4 ? 3 : pv) : 0;
     int64_t resident = 0;
     FL_CUDA_TRY(rp_resident((const void*)kfn, &g_occ[(int)dt][mode][rows][fused][reg], &resident));
     int64_t grid;
+    int threads = RP_THREADS;
     if (rows) {
         FL_CUDA_TRY(cudaMemsetAsync(ws, 0, 16, stream));
         FL_CUDA_TRY(cudaMemsetAsync(a.cnt, 0, a8, stream));
         a.sc = rp_plan(n, a.V, fused ? 2 : 1, resident, (unsigned long long*)ws);
         grid = resident;
         if (grid > n * a.sc.C * a.sc.P) grid = n * a.sc.C * a.sc.P;
+    } else if (reg) {   // the register position kernels: any CTA size <= RP_THREADS (blockDim-strided)
+        int t = (int)rp_env_i64("FUSEDLOSS_FOCAL_POS_THREADS", RP_THREADS);
+        if (t < 32 || t > RP_THREADS || t % 32) t = RP_THREADS;
+        threads = t;
+        resident = resident * RP_THREADS / t;   // the same threads in flight (rp_resident counts 256-thread CTAs)
+        grid = (n / pv + t - 1) / t;   // pv divides n (d % pv == 0)
+        if (grid > 8 * resident) grid = 8 * resident;
     } else {
         grid = (n + RP_THREADS - 1) / RP_THREADS;
         if (grid > 8 * resident) grid = 8 * resident;
     }
     if (grid < 1) grid = 1;
-    kfn<<<(unsigned)grid, RP_THREADS, 0, stream>>>(a);
+    kfn<<<(unsigned)grid, threads, 0, stream>>>(a);
     FL_CUDA_TRY(cudaGetLastError());
     if (!none && loss) {
         FL_CUDA_TRY(rp_reduce(a.rowloss, n, a.part, a.Ddev, 1.0f, loss, stream));
