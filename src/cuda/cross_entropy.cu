@@ -2108,11 +2108,14 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  0 = DSMEM stores + a cluster barrier per row
 //   FUSEDLOSS_CE_PIPE=0|1|2                        fused: the warp-specialised kernel (ce_pipe_kernel)
 //                                                  off / where rows fit 1-2 CTAs (default) / always
-//   FUSEDLOSS_CE_PIPE_SUB, _SLACK, _CS, _RING      its ring: slot size cap (KB, default 32; 0 = whole
-//                                                  chunks as ring slots, the s6 plan, by _KB and
-//                                                  _NBUF, everywhere), the least free ring space beside a
-//                                                  row's chunk (KB, default 24), the cluster size
-//                                                  (0 = the smallest that fits), ring bytes (KB, 220)
+//   FUSEDLOSS_CE_PIPE_SUB, _SLACK, _CS, _RING      its ring: slot size cap (KB; default per variant and
+//                                                  cluster, see pipe_plan; 0 = whole chunks as ring slots,
+//                                                  the s6 plan, by _KB and _NBUF, everywhere), the least
+//                                                  free ring space beside a row's chunk (KB; default per
+//                                                  variant), the cluster size (0 = the smallest that
+//                                                  fits), ring bytes (KB, 220)
+//   FUSEDLOSS_CE_PIPE_MAXCS                        widest cluster the default plan gives the ring
+//                                                  (default: 4 for 16-bit logits without options, else 2)
 //   FUSEDLOSS_CE_PIPE_KB, _NBUF                    whole-chunk mode: chunk cap (KB), chunks per CTA (2..4)
 //   FUSEDLOSS_CE_PIPE_THREADS, _STATS              CTA size (128..544, ..800 without options: statistics
 //                                                  + 1 producer warp + gradient; default 672 without
@@ -2126,7 +2129,8 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  0: st.global.cs everywhere, as before; see store_vec)
 //   FUSEDLOSS_DEBUG=1                              print each new staged launch plan to stderr
 struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync;
-               int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_cs, pipe_ring, pdl, plain_st; };
+               int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_maxcs, pipe_cs, pipe_ring, pdl,
+               plain_st; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -2156,14 +2160,16 @@ static const Knobs* knobs(void) {
         n.pipe = env_int("FUSEDLOSS_CE_PIPE", 1);
         n.pipe_kb = env_int("FUSEDLOSS_CE_PIPE_KB", 72);
         n.pipe_threads = env_int("FUSEDLOSS_CE_PIPE_THREADS", 0);  // 0: per variant (pipe_threads_for)
-        n.pipe_sub = env_int("FUSEDLOSS_CE_PIPE_SUB", 32);
-        n.pipe_slack = env_int("FUSEDLOSS_CE_PIPE_SLACK", 24);
+        n.pipe_sub = env_int("FUSEDLOSS_CE_PIPE_SUB", -1);      // -1: per variant and cluster (pipe_plan)
+        n.pipe_slack = env_int("FUSEDLOSS_CE_PIPE_SLACK", -1);  // -1: per variant (pipe_plan)
+        n.pipe_maxcs = env_int("FUSEDLOSS_CE_PIPE_MAXCS", 0);   // 0: per variant (pipe_plan)
         n.pipe_cs = env_int("FUSEDLOSS_CE_PIPE_CS", 0);
         n.pipe_ring = env_int("FUSEDLOSS_CE_PIPE_RING", 220);
         n.pdl = env_int("FUSEDLOSS_CE_PDL", 1) != 0;
         n.plain_st = env_int("FUSEDLOSS_CE_PLAIN_ST", 1) != 0;
-        if (n.pipe_sub < 0 || n.pipe_sub > 64) n.pipe_sub = 32;
-        if (n.pipe_slack < 0 || n.pipe_slack > 200) n.pipe_slack = 24;
+        if (n.pipe_sub < -1 || n.pipe_sub > 64) n.pipe_sub = -1;
+        if (n.pipe_slack < -1 || n.pipe_slack > 200) n.pipe_slack = -1;
+        if (n.pipe_maxcs < 0 || n.pipe_maxcs > TMA_MAX_CLUSTER) n.pipe_maxcs = 0;
         if (n.pipe_cs < 0 || n.pipe_cs > TMA_MAX_CLUSTER) n.pipe_cs = 0;
         if (n.pipe_ring < 16 || n.pipe_ring > 224) n.pipe_ring = 220;
         n.pipe_nbuf = env_int("FUSEDLOSS_CE_PIPE_NBUF", 3);
@@ -2292,12 +2298,12 @@ static cudaError_t launch_tma(const CeArgs& a, const TmaPlan& p, int sms, cudaSt
 //   8192x50257 bf16 (100 KB, cs 1) 1.21 / 1.38 / 1.41 (cs 2) / 1.31    4096x65536 bf16  1.24 / 1.32 / 1.26 / 1.27
 //   8192x128256 bf16 (cs 2)        1.17 / 1.25 / - / 1.23       4096x50257 f32 (cs 2)  1.23 / 1.24 / 1.23 / 1.25
 //   4096x256000 bf16 (cs 3)        1.36 / 1.40 / - / 1.26
-// Every slot costs a max -> sum turn of the statistics sweep and a release, so the fewer slots the
-// better as long as the row fits with slack. Default (knob 1): a row that fits ONE CTA in 3 whole
-// chunks of <= pipe_kb (72) KB takes whole-chunk slots (nbuf = 3); else the ring, slots of <=
-// pipe_sub (32) KB, on the smallest cluster of <= 2 CTAs that leaves >= pipe_slack KB free (wider
-// clusters at one CTA per SM leave SMs idle: 39 clusters of 3 = 117 SMs; the staged kernel wins
-// there). Knob 2: the ring on any cluster size (pipe_cs forces one). pipe_sub = 0: whole chunks
+// Then every slot cost a max -> sum turn of the statistics sweep and a release, so the fewer slots
+// the better as long as the row fits with slack (s8 made the sweep one pass: see the table below).
+// Default (knob 1): a row that fits ONE CTA in 3 whole chunks of <= pipe_kb (72) KB takes whole-chunk
+// slots (nbuf = 3); else the ring, on the smallest cluster that leaves the slack free, with the slot
+// cap, slack and widest cluster of the variant (below); else the staged kernel. Knob 2: the ring on
+// any cluster size (pipe_cs forces one). pipe_sub = 0: whole chunks
 // everywhere, the s6 plan (nbuf 3 x <= 72 KB on <= 2 CTAs, else 2 x <= 100 KB). R <= PIPE_MAX_SLOTS,
 // and few enough rows in flight for the xslot reuse rule at ce_pipe_kernel.
 static int pipe_cs(int64_t nv, int kb) {
@@ -2306,11 +2312,32 @@ static int pipe_cs(int64_t nv, int kb) {
     return need > TMA_MAX_CLUSTER ? 0 : (int)need;
 }
 
-static int pipe_plan(int pass, int cc_major, int64_t V, int esize, Config* c) {
+//
+// The ring's defaults since 2026-12-04 (s13 run 2, after s8's one-pass statistics had made slots
+// cheaper; fused x floor at slot caps 12 / 16 / 20 / 24 / 32 KB, the option-free variant):
+//   8192x128256 bf16 (cs 2)  1.17 / 1.11 / 1.11 / 1.11 / 1.14 (3 alternations, identical)
+//   8192x151936 bf16 (cs 2)  1.20 / 1.12 / 1.12 / 1.15 / 1.13   4096x128256 bf16  1.20 / 1.13 / 1.13 / 1.14 / 1.17
+//   2048x128256 bf16 (cs 2)  1.24 / 1.16 / 1.16 / 1.16 / 1.18   4096x50257 f32    1.20 / 1.22 / 1.21 / 1.21 / 1.20
+//   8192x50257 bf16 (cs 1)   1.26 / 1.35 / 1.17 / 1.17 / 1.19   4096x65536 bf16   1.24 / 1.23 / 1.23 / 1.18 / 1.22
+//   4096x256000 bf16, the ring at cs 3: 16 / 24 / 32 KB 1.23 / 1.20 / 1.23, at cs 4: 1.19 / 1.17 /
+//   **1.16** (the staged kernel, which the old plan gave it: 1.25)
+// With label smoothing (F_SMOOTH, 544 threads) small slots lose badly (8192x128256 bf16 16 KB
+// 1.61x vs 32 KB 1.44x; 4096x50257 f32 1.25 vs 1.17), so the option variants keep the old plan.
+// fp32 rows gain nothing from small slots and lose on a cluster of 3 (s13 run 3, new plan / old:
+// 4096x50257 f32 1.21 / 1.20, 4096x100000 f32 (ring cs 3 / staged) 1.19 / 1.16-1.17, 8192x128256
+// f32 (ring cs 4 / staged) 1.13-1.14 / 1.15), so they keep it too. Hence for 16-bit logits without
+// options: 20 KB slots on clusters of <= 2, 32 KB on 3-4, >= 48 KB of slack, clusters up to 4
+// (wider rows to the staged kernel); run 3, the same alternation: 8192x128256 bf16 1.14 -> 1.11,
+// 4096x256000 1.24 -> 1.16, 2048x256000 1.26 -> 1.18, 4096x200064 1.22 -> 1.17, 8192x50257 1.19-1.20
+// -> 1.17, 8192x151936 1.12 = 1.12, 4096x65536 1.23 = 1.23. Else: 32 KB, 24 KB of slack, clusters <= 2.
+static int pipe_plan(int pass, int cc_major, int64_t V, int esize, int flags, Config* c) {
     const Knobs* k = knobs();
     if (cc_major < 9 || !k->on || !k->pipe || pass != PASS_FUSED) return 0;
     const int64_t nv = V / (16 / esize) + 1;
     if (nv <= 512) return 0;
+    const int plain = flags == 0 && esize == 2;
+    const int slack = k->pipe_slack >= 0 ? k->pipe_slack : plain ? 48 : 24;
+    const int maxcs = k->pipe_maxcs ? k->pipe_maxcs : plain ? 4 : 2;
     int cs = 0, per = 0, sub = 0, R = 0;
     if (k->pipe_sub == 0 || (k->pipe == 1 && pipe_cs(nv, k->pipe_kb) == 1)) {
         int nb = k->pipe_nbuf;
@@ -2331,15 +2358,16 @@ static int pipe_plan(int pass, int cc_major, int64_t V, int esize, Config* c) {
     } else {
         const int64_t ring = (int64_t)k->pipe_ring * 64;  // vectors
         const int lo = k->pipe_cs ? k->pipe_cs : 1;
-        const int hi = k->pipe_cs ? k->pipe_cs : (k->pipe == 1 ? 2 : TMA_MAX_CLUSTER);
+        const int hi = k->pipe_cs ? k->pipe_cs : (k->pipe == 1 ? maxcs : TMA_MAX_CLUSTER);
         for (int cc = lo; cc <= hi && !cs; cc++) {
             const int64_t p = (nv + cc - 1) / cc;
-            const int64_t ns = (p + k->pipe_sub * 64 - 1) / (k->pipe_sub * 64);
+            const int subkb = k->pipe_sub > 0 ? k->pipe_sub : (plain && cc <= 2) ? 20 : 32;
+            const int64_t ns = (p + subkb * 64 - 1) / (subkb * 64);
             const int64_t sb = (p + ns - 1) / ns;
             int64_t r = ring / sb;
             if (r > PIPE_MAX_SLOTS) r = PIPE_MAX_SLOTS;
             if (r > (PIPE_XSLOTS / 2 + 1) * ns - 1) r = (PIPE_XSLOTS / 2 + 1) * ns - 1;
-            if (r - ns < 1 || (r - ns) * sb * 16 < (int64_t)k->pipe_slack * 1024) continue;
+            if (r - ns < 1 || (r - ns) * sb * 16 < (int64_t)slack * 1024) continue;
             cs = cc; per = (int)p; sub = (int)sb; R = (int)r;
         }
         if (!cs) return 0;
@@ -2720,7 +2748,7 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
             c.tma = 1; c.sms = d.sms; c.tcs = tp.cs; c.tper = tp.per; c.tns = tp.ns; c.tT = tp.T; c.tsmem = tp.smem;
         }
         c.sms = d.sms;
-        pipe_plan(pass, d.cc_major, V, (int)fl__dtype_size(dt), &c);
+        pipe_plan(pass, d.cc_major, V, (int)fl__dtype_size(dt), flags, &c);
         // the streaming kernel for the forward; the backward stays on the chunk kernels (64-thread
         // CTAs, 8 vectors each), which measured faster for a read+write stream (H200, 2026-12-01:
         // 8192x128256 bf16 backward 1.04x vs 1.30x; FUSEDLOSS_CE_STREAM=2 takes it for both)
