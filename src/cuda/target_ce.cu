@@ -975,7 +975,10 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         grid = resident;
         if (grid > n * a.sc.C * a.sc.P) grid = n * a.sc.C * a.sc.P;
     } else if (reg) {   // the register position kernels: any CTA size <= RP_THREADS (blockDim-strided)
-        int t = (int)rp_env_i64("FUSEDLOSS_FOCAL_POS_THREADS", RP_THREADS);
+        // 128-thread CTAs by default: at PV 2 the kernel takes 92 registers, so an SM holds 2 CTAs
+        // of 256 (16 warps) but 5 of 128 (20 warps); 8x19x512x1024 fp32 kernel 0.217 -> 0.206 ms
+        // (1.42 -> 1.35x the floor; T = 192 0.211; H200 2026-12-04 s13 run 4)
+        int t = (int)rp_env_i64("FUSEDLOSS_FOCAL_POS_THREADS", 128);
         if (t < 32 || t > RP_THREADS || t % 32) t = RP_THREADS;
         threads = t;
         resident = resident * RP_THREADS / t;   // the same threads in flight (rp_resident counts 256-thread CTAs)
