@@ -121,9 +121,16 @@ static __device__ __forceinline__ float lm_row(const LmArgs& a, float xy, float 
     return fmaf(a.half, reg, ce);
 }
 
+/* exp(d) of the per-element sums and gradients: the SFU's 2^x of d log2(e) (FMUL + MUFU.EX2) instead
+ * of expf's 8-instruction range reduction; relative error <= 2^-22 plus the rounding of d log2(e)
+ * (|d| u), results below 2^-126 flushed to 0 (e_j < 2^-126 only where d_j < -87). The row's
+ * scalars (lm_row) and the rare re-shifts (lm_shift) keep expf. Why: the CTA kernel's element loops
+ * were ~52 SASS instructions per element (8192x32000 bf16 2.54x the floor, issue-bound). */
+static __device__ __forceinline__ float lm_exp(float d) { return fexp2(d * RP_LOG2E); }
+
 static __device__ __forceinline__ float lm_grad(const LmCoef& k, float v) {
     const float d = v - k.mo;
-    return fmaf(expf(d), fmaf(k.gq, d + k.k1, k.gp), -k.gc);
+    return fmaf(lm_exp(d), fmaf(k.gq, d + k.k1, k.gp), -k.gc);
 }
 
 /* 16 bytes of T (VEC = 16 / sizeof(T) elements) at p as floats: one vector load (VEC16, p 16-byte
@@ -165,26 +172,43 @@ static __device__ __forceinline__ void lm_shift(LmStat& t, float M) {
     }
     t.m = M;
 }
-static __device__ __forceinline__ void lm_add(LmStat& t, float v) {
-    const float d = v - t.m, e = expf(d);
+/* one value into s, w, b (the caller counts n) */
+static __device__ __forceinline__ void lm_acc(LmStat& t, float v) {
+    const float d = v - t.m, e = lm_exp(d);
     t.s += e;
     t.w = fmaf(e, d, t.w);
     t.b += d;
+}
+static __device__ __forceinline__ void lm_add(LmStat& t, float v) {
+    lm_acc(t, v);
     t.n += 1.0f;
 }
 /* the VEC values of one group (dq: the target's column minus the group's first, excluded when in
- * [0, VEC)): the group's maximum first, so the statistics re-shift at most once per group */
+ * [0, VEC)): the group's maximum first, so the statistics re-shift at most once per group. The
+ * groups without the target (all but one a row) take a branch-free body: per-element tests had made
+ * nvcc emit a branch around every element (BSSY / BRA / BSYNC); n counts by the group. */
 template <int VEC>
 static __device__ __forceinline__ void lm_push_group(LmStat& t, const float* v, int64_t dq) {
-    const int ty = dq >= 0 && dq < VEC ? (int)dq : -1;
-    float vm = -INFINITY;
+    if (dq >= 0 && dq < VEC) {
+        const int ty = (int)dq;
+        float vm = -INFINITY;
 #pragma unroll
-    for (int k = 0; k < VEC; k++)
-        if (k != ty) vm = fmaxf(vm, v[k]);
+        for (int k = 0; k < VEC; k++)
+            if (k != ty) vm = fmaxf(vm, v[k]);
+        if (vm > t.m) lm_shift(t, vm);
+#pragma unroll
+        for (int k = 0; k < VEC; k++)
+            if (k != ty) lm_acc(t, v[k]);
+        t.n += (float)(VEC - 1);
+        return;
+    }
+    float vm = v[0];
+#pragma unroll
+    for (int k = 1; k < VEC; k++) vm = fmaxf(vm, v[k]);
     if (vm > t.m) lm_shift(t, vm);
 #pragma unroll
-    for (int k = 0; k < VEC; k++)
-        if (k != ty) lm_add(t, v[k]);
+    for (int k = 0; k < VEC; k++) lm_acc(t, v[k]);
+    t.n += (float)VEC;
 }
 /* a then b, in this order (the CTA's merge tree fixes which is which: deterministic) */
 static __device__ __forceinline__ LmStat lm_merge(LmStat a, LmStat b) {
@@ -280,7 +304,7 @@ static __global__ void __launch_bounds__(LM_THREADS) lm_warp_kernel(LmArgs a) {
         for (int q = 0; q < VPL; q++) {
             const int j = (lane + 32 * (q / VEC)) * VEC + q % VEC;
             v[q] -= mo;
-            e[q] = expf(v[q]);
+            e[q] = lm_exp(v[q]);
             if (j != y && j < C) {
                 s += e[q];
                 w = fmaf(e[q], v[q], w);
@@ -418,8 +442,9 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
             if (STAGE) rp_unpack<T>(stage[q], v);
             else lm_load16<T, VEC16, true>(x + q * VEC, v);
             const int64_t dq = y - q * VEC;
+            const int ty = dq >= 0 && dq < VEC ? (int)dq : -1;   /* 32-bit compares per element */
 #pragma unroll
-            for (int kk = 0; kk < VEC; kk++) v[kk] = dq == kk ? k.dy : lm_grad(k, v[kk]);
+            for (int kk = 0; kk < VEC; kk++) v[kk] = kk == ty ? k.dy : lm_grad(k, v[kk]);
             lm_store16<T, VEC16>(dx + q * VEC, v);
         }
         for (int64_t j = tail0 + tid; j < a.C; j += LM_CTA_THREADS) {
@@ -533,8 +558,9 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmAr
             if (STAGE) rp_unpack<T>(stage[q], v);
             else lm_load16<T, true, true>(xb + q * VEC, v);
             const int64_t dq = y - h - q * VEC;
+            const int ty = dq >= 0 && dq < VEC ? (int)dq : -1;   /* 32-bit compares per element */
 #pragma unroll
-            for (int kk = 0; kk < VEC; kk++) v[kk] = dq == kk ? k.dy : lm_grad(k, v[kk]);
+            for (int kk = 0; kk < VEC; kk++) v[kk] = kk == ty ? k.dy : lm_grad(k, v[kk]);
             lm_store16<T, true>(dx + h + q * VEC, v);
         }
         /* each extra column read and written by the same thread: safe in place */
