@@ -49,6 +49,15 @@ __device__ __forceinline__ float fexp2(float x) {
     return y;
 }
 
+// log2(x) on the SFU alone (lg2.approx.ftz: MUFU.LG2): absolute error <= 2^-22 for x in [0.5, 2],
+// 2 ulp elsewhere (CUDA's __log2f); subnormal x flushed to 0 (-> -inf), so callers that may pass one
+// clamp first. log2f is a software polynomial in SASS (no MUFU.LG2: ~20 instructions).
+__device__ __forceinline__ float flog2(float x) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 #define FL_CUDA_TRY(expr)                                                                   \
     do {                                                                                    \
         cudaError_t fl__e_ = (expr);                                                        \

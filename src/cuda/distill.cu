@@ -157,6 +157,15 @@ __device__ __forceinline__ float2 block_sum2(float2 v, float2* sm) {
 // instead of 0 * NaN; +inf (mass where the other input has none) stays +inf (header section 13)
 #define DS_NEG_BIG (-3.402823466e+38f)
 
+// log2 of the JSD mixture m = beta p + (1 - beta) q on the SFU (MUFU.LG2; log2f is a ~20-instruction
+// polynomial, once per element in two sweeps). m is clamped at 2^-126 first: lg2.approx.ftz would
+// take a subnormal m (p or q just above 2^-126, the other ~0) as 0, -inf, and p (log p - log m)
+// would be +inf; the clamp moves log m there by < 1 (both terms then < 2^-125 each). m = 0 (p = q
+// = 0): -126 instead of -inf, and neither term is added (their weights are 0).
+__device__ __forceinline__ float jsd_lm(float beta, float omb, float p, float q) {
+    return flog2(fmaxf(fmaf(beta, p, omb * q), 1.17549435e-38f));
+}
+
 // the row's upstream gradient times loss_scale / T
 __device__ __forceinline__ float row_upstream(const DArgs& a, int64_t r) {   // before / D
     return a.gscale * (a.gl ? __ldg(a.gl + (a.none ? r : 0)) : 1.0f);
@@ -285,8 +294,8 @@ __global__ void __launch_bounds__(RP_THREADS, 2) distill_kernel(DArgs a) {
                 float2 acc = make_float2(0.0f, 0.0f);
                 auto elem = [&](float xs, float xt) {
                     const float ls2 = xs * k2 - L2s, lt2 = xt * k2 - L2t;   // log2 q, log2 p
-                    const float q = exp2f(ls2), p = exp2f(lt2);
-                    const float lm = log2f(beta * p + omb * q);
+                    const float q = fexp2(ls2), p = fexp2(lt2);   // < 2^-126 flushed: that term is not added
+                    const float lm = jsd_lm(beta, omb, p, q);
                     if (p > 0.0f) acc.x += p * (lt2 - lm);
                     if (q > 0.0f) acc.y += q * (ls2 - lm);
                 };
@@ -341,11 +350,11 @@ __global__ void __launch_bounds__(RP_THREADS, 2) distill_kernel(DArgs a) {
                     const float beta = a.beta, omb = 1.0f - a.beta;
                     auto grad = [&](float xs, float xt) -> float {
                         const float ls2 = xs * k2 - L2s, lt2 = xt * k2 - L2t;
-                        const float q = exp2f(ls2);
+                        const float q = MODE == FL__DISTILL_JSD ? fexp2(ls2) : exp2f(ls2);
                         if (MODE == FL__DISTILL_FKL) return G * (q - exp2f(lt2));
                         if (MODE == FL__DISTILL_RKL) return G * (q * (RP_LN2 * fmaxf(ls2 - lt2, DS_NEG_BIG) - l));
-                        const float p = exp2f(lt2);
-                        const float hq = q > 0.0f ? omb * q * (RP_LN2 * (ls2 - log2f(beta * p + omb * q))) : 0.0f;
+                        const float p = fexp2(lt2);
+                        const float hq = q > 0.0f ? omb * q * (RP_LN2 * (ls2 - jsd_lm(beta, omb, p, q))) : 0.0f;
                         return G * (hq - q * sh);
                     };
                     rp_stream<TS, TT, true, true, U>(srow, trow, g,
@@ -594,7 +603,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
             auto elem = [&](float xs, float xt) {
                 const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);   // log2 q, log2 p
                 const float q = fexp2(ls2), p = fexp2(lt2);
-                const float lm = log2f(beta * p + omb * q);   // p = q = 0: -inf, and neither term is added
+                const float lm = jsd_lm(beta, omb, p, q);   // p = q = 0: -126, and neither term is added
                 if (p > 0.0f) acc.x = fmaf(p, lt2 - lm, acc.x);
                 if (q > 0.0f) acc.y = fmaf(q, ls2 - lm, acc.y);
             };
@@ -647,7 +656,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
                 if (MODE == FL__DISTILL_FKL) return G * (q - fexp2(lt2));
                 if (MODE == FL__DISTILL_RKL) return G * (q * (RP_LN2 * fmaxf(ls2 - lt2, DS_NEG_BIG) - l));
                 const float p = fexp2(lt2);
-                const float hq = q > 0.0f ? omb * q * (RP_LN2 * (ls2 - log2f(beta * p + omb * q))) : 0.0f;
+                const float hq = q > 0.0f ? omb * q * (RP_LN2 * (ls2 - jsd_lm(beta, omb, p, q))) : 0.0f;
                 return G * (hq - q * sh);
             };
             auto one = [&](int q) {
