@@ -703,38 +703,14 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
         const int64_t off = n * a.ld + k;
         const T* xp = (const T*)a.x + off;
         T* dp = FUSED ? (T*)a.dx + off : nullptr;
-        int yi[PV];
-        bool ok[PV], bad[PV];
-        bool any_ok = false;
-#pragma unroll
-        for (int j = 0; j < PV; j++) {
-            const int64_t y = rp_label(a.tg, a.lab64, pos + j);
-            bad[j] = y != a.ignore && (y < 0 || y >= C);
-            ok[j] = y != a.ignore && !bad[j];
-            yi[j] = ok[j] ? (int)y : -1;   // -1: no class is the target
-            any_ok |= ok[j];
-            if (bad[j]) tgt_flag(a);
-        }
+        // the labels and every class's load are issued together, with no branch on a label in
+        // between: a branch (all PV positions ignored -> fill) made each iteration wait for its
+        // labels before its class loads, two memory latencies in series. Positions that are ignored
+        // or out of range are computed on what they hold and replaced by 0 / NaN at the stores.
+        // (the labels loaded after the class loads in the source: ptxas otherwise schedules the
+        // labels' tests and widening, which wait for the label loads, ahead of the class loads)
         float loss[PV];
-        if (!any_ok) {
-#pragma unroll
-            for (int j = 0; j < PV; j++) loss[j] = bad[j] ? NAN : 0.0f;
-            if (FUSED) {
-                float fill[PV];
-#pragma unroll
-                for (int j = 0; j < PV; j++) fill[j] = bad[j] ? NAN : 0.0f;
-                T* q = dp;
-#pragma unroll
-                for (int c = 0; c < CMAX; c++) {
-                    if (c >= C) break;
-                    pv_store<T, PV>(q, fill);
-                    q += d;
-                }
-            }
-        } else {
-            float xy[PV];
-#pragma unroll
-            for (int j = 0; j < PV; j++) xy[j] = ok[j] ? to_float(xp[(int64_t)yi[j] * d + j]) : 0.0f;
+        {
             float v[CMAX][PV];
             {
                 const T* q = xp;
@@ -745,6 +721,24 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
                     q += d;
                 }
             }
+            int64_t yl[PV];
+#pragma unroll
+            for (int j = 0; j < PV; j++) yl[j] = rp_label(a.tg, a.lab64, pos + j);
+            int yi[PV];
+            bool ok[PV], bad[PV];
+#pragma unroll
+            for (int j = 0; j < PV; j++) {
+                const int64_t y = yl[j];
+                bad[j] = y != a.ignore && (y < 0 || y >= C);
+                ok[j] = y != a.ignore && !bad[j];
+                yi[j] = ok[j] ? (int)y : -1;   // -1: no class is the target
+                if (bad[j]) tgt_flag(a);
+            }
+            // the target's logit taken from the registers (a select a class) instead of a load that
+            // waits for the label
+            float xy[PV];
+#pragma unroll
+            for (int j = 0; j < PV; j++) xy[j] = 0.0f;
             float m[PV];
 #pragma unroll
             for (int j = 0; j < PV; j++) m[j] = -INFINITY;
@@ -753,7 +747,9 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
                 if (c >= C) break;
 #pragma unroll
                 for (int j = 0; j < PV; j++) {
-                    v[c][j] = c == yi[j] ? -INFINITY : v[c][j];
+                    const bool t = c == yi[j];
+                    xy[j] = t ? v[c][j] : xy[j];
+                    v[c][j] = t ? -INFINITY : v[c][j];
                     m[j] = fmaxf(m[j], v[c][j]);
                 }
             }
