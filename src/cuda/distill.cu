@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(RP_THREADS, 2) distill_kernel(DArgs a) {
                                 if (!in[u]) continue;
 #pragma unroll
                                 for (int e = 0; e < VEC; e++) {
-                                    const float es = exp2f(xs[u][e] - mus), et = exp2f(xt[u][e] - mut);
+                                    const float es = fexp2(xs[u][e] - mus), et = fexp2(xt[u][e] - mut);   // sums >= 1: a flushed term is < 2^-126 of them
                                     st.Ss += es;
                                     st.St += et;
                                     if (MODE == FL__DISTILL_FKL) st.u += et * fmaxf(xt[u][e] - xs[u][e], DS_NEG_BIG);
@@ -543,7 +543,10 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
                 const float mus = st.ms == -INFINITY ? 0.0f : st.ms, mut = st.mt == -INFINITY ? 0.0f : st.mt;
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
-                    const float es = exp2f(fmaf(xs[v], k2, -mus)), et = exp2f(fmaf(xt[v], k2, -mut));
+                    // the SFU's 2^x alone (exp2f adds a denormal range fix: 4 instructions, twice an
+                    // element); the sums hold their maximum's 1, so a term flushed below 2^-126 is lost
+                    // at < 2^-126 relative, and u's weight is the same flushed et
+                    const float es = fexp2(fmaf(xs[v], k2, -mus)), et = fexp2(fmaf(xt[v], k2, -mut));
                     st.Ss += es;
                     st.St += et;
                     // (et k2) first: a 0 weight times the clamped difference is 0 (k2 > 1 could make
