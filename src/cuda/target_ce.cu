@@ -553,108 +553,24 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_kernel(TArgs a) {
     }
 }
 
-// ---- positions with few classes (C <= CMAX <= 64): the C values of a position in registers, loaded
-// together (independent loads in flight), one read and one write of the logits. Kept lean (it was
-// ~60 instructions a class, 2.43x the floor at 8x19x512x1024 fp32, H200 2026-12-02 s5 run 4): the
-// class addresses by pointer steps of d (no 64-bit multiply per class), the target's logit loaded
-// once more by itself (an L1 hit) so that its register is set to -inf and the max, the sum and the
-// gradient sweep need no per-class target test kept alive (the target's gradient is stored over the
-// sweep's 0 afterwards, as the rows kernels do), 32-bit position arithmetic when it fits, the
-// reductions' upstream gradient once per thread.
-template <typename T, int CMAX, bool FUSED>
-__global__ void __launch_bounds__(RP_THREADS) tgt_pos_reg_kernel(TArgs a) {
-    const int64_t P = a.nrows, d = a.d;
-    const int C = (int)a.V;
-    const bool small = P <= (int64_t)0xFFFFFFFF && d <= (int64_t)0xFFFFFFFF;   // uniform
-    const float gred = FUSED && !a.none ? tgt_grad(a, 0) : 0.0f;   // SUM / MEAN: one value for every position
-    const float k2 = RP_LOG2E;                            // focal: logits in natural units
-    for (int64_t pos = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; pos < P; pos += (int64_t)gridDim.x * blockDim.x) {
-        int64_t n, k;
-        if (small) {
-            const uint32_t n32 = (uint32_t)pos / (uint32_t)d;
-            n = n32;
-            k = pos - (int64_t)n32 * d;
-        } else {
-            n = pos / d;
-            k = pos - n * d;
-        }
-        const int64_t off = n * a.ld + k;
-        const T* xp = (const T*)a.x + off;
-        T* dp = FUSED ? (T*)a.dx + off : nullptr;
-        const int64_t y = rp_label(a.tg, a.lab64, pos);
-        float loss = 0.0f;
-        if (y == a.ignore || y < 0 || y >= C) {
-            const bool bad = y != a.ignore;
-            if (bad) { loss = NAN; tgt_flag(a); }
-            if (FUSED) {
-                const T fill = from_float<T>(bad ? NAN : 0.0f);
-                T* q = dp;
-#pragma unroll
-                for (int c = 0; c < CMAX; c++)
-                    if (c < C) { *q = fill; q += d; }
-            }
-        } else {
-            const int yi = (int)y;
-            const float xy = to_float(xp[(int64_t)yi * d]);   // the target's logit (L1: loaded below too)
-            // classes c >= C read as -inf (a predicated load; the pointer steps on regardless, never
-            // dereferenced past C), so the max and the sum need no guard
-            float v[CMAX];
-            {
-                const T* q = xp;
-#pragma unroll
-                for (int c = 0; c < CMAX; c++) {
-                    if (c >= C) break;   // C is uniform: one branch a class, no dead classes issued
-                    v[c] = to_float(*q);
-                    q += d;
-                }
-            }
-            float m = -INFINITY;
-#pragma unroll
-            for (int c = 0; c < CMAX; c++) {
-                if (c >= C) break;
-                v[c] = c == yi ? -INFINITY : v[c];   // the target leaves the max, sum and sweep
-                m = fmaxf(m, v[c]);
-            }
-            // max(v) k2 = max(v k2) exactly (rounding is monotone); every non-target -inf: S = 0, not NaN
-            const float m2 = m * k2, mu = m == -INFINITY ? 0.0f : m2;
-            float S = 0.0f;
-#pragma unroll
-            for (int c = 0; c < CMAX; c++) {
-                if (c >= C) break;
-                S += fexp2(fmaf(v[c], k2, -mu));
-            }
-            float lse, A, B, L2;
-            tgt_finish<TC_FOCAL>(a, m2, S, xy, y, loss, lse, A, B, L2);
-            if (FUSED) {
-                const float gr = a.none ? tgt_grad(a, pos) : gred, gA = gr * A, gB = gr * B;
-                // the store's own copy of the step, opaque to nvcc: sharing the loads' per-class 64-bit
-                // indices kept 32 of them alive for 16-bit T (126 registers at CMAX 32, 64 without)
-                int64_t ds;
-                asm("mov.b64 %0, %1;" : "=l"(ds) : "l"(d));
-                T* q = dp;
-#pragma unroll
-                for (int c = 0; c < CMAX; c++) {
-                    if (c >= C) break;
-                    *q = from_float<T>(gA * fexp2(fmaf(v[c], k2, -L2)));
-                    q += ds;
-                }
-                dp[(int64_t)yi * d] = from_float<T>(gB);   // over the sweep's 0, by the same thread
-            }
-        }
-        if (a.none) { if (a.loss) a.loss[pos] = loss; }
-        else a.rowloss[pos] = loss;
-    }
-}
-
-// ---- the same with PV adjacent positions a thread (PV = 2 / 4): d, the batch stride and both
-// pointers multiples of PV elements, so the PV positions share n and every class is one PV-wide
-// load and store (fewer instructions an element, PV x the bytes a warp takes from each class row).
-// Each lane keeps its own label, statistics and coefficients; lanes that are ignored or out of range
-// are computed like the others on whatever they hold and replaced by 0 / NaN at the store (selects,
-// never a product with a stale value).
+// ---- positions with few classes (C <= CMAX <= 64), PV = 1 / 2 / 4 adjacent positions a thread: the
+// C values of each position in registers, loaded together (independent loads in flight), one read and
+// one write of the logits. Kept lean (it was ~60 instructions a class, 2.43x the floor at
+// 8x19x512x1024 fp32, H200 2026-12-02 s5 run 4): class addresses by pointer steps of d (no 64-bit
+// multiply a class), the target's register set to -inf so that the max, the sum and the gradient
+// sweep need no per-class target test kept alive (the target's gradient is stored over the sweep's 0
+// afterwards, as the rows kernels do), 32-bit position arithmetic when it fits, the reductions'
+// upstream gradient once a thread. PV > 1: d, the batch stride and both pointers multiples of PV
+// elements, so the PV positions share n and every class is one PV-wide load and store (fewer
+// instructions an element, PV x the bytes a warp takes from each class row). Each lane keeps its own
+// label, statistics and coefficients; lanes that are ignored or out of range are computed like the
+// others on whatever they hold and replaced by 0 / NaN at the store (selects, never a product with a
+// stale value). PV = 1 was a kernel of its own (tgt_pos_reg_kernel) until 2026-12-04; it had the
+// label-before-loads latency described in the kernel.
 template <typename T, int PV>
 __device__ __forceinline__ void pv_load(const T* p, float (&o)[PV]) {
-    if constexpr (sizeof(T) == 4) {
+    if constexpr (PV == 1) o[0] = to_float(*p);
+    else if constexpr (sizeof(T) == 4) {
         if constexpr (PV == 2) { const float2 u = *(const float2*)p; o[0] = u.x; o[1] = u.y; }
         else { const float4 u = *(const float4*)p; o[0] = u.x; o[1] = u.y; o[2] = u.z; o[3] = u.w; }
     } else {
@@ -673,7 +589,8 @@ __device__ __forceinline__ unsigned pv_pack2(float a, float b) {
 }
 template <typename T, int PV>
 __device__ __forceinline__ void pv_store(T* p, const float (&f)[PV]) {
-    if constexpr (sizeof(T) == 4) {
+    if constexpr (PV == 1) *p = from_float<T>(f[0]);
+    else if constexpr (sizeof(T) == 4) {
         if constexpr (PV == 2) *(float2*)p = make_float2(f[0], f[1]);
         else *(float4*)p = make_float4(f[0], f[1], f[2], f[3]);
     } else {
@@ -781,7 +698,7 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
                 }
             }
             if (FUSED) {
-                int64_t ds;   // opaque copy of the step (see tgt_pos_reg_kernel)
+                int64_t ds;   // opaque copy of the step (see above)
                 asm("mov.b64 %0, %1;" : "=l"(ds) : "l"(d));
                 T* q = dp;
 #pragma unroll
@@ -829,11 +746,11 @@ static tk_fn pick_reg_t(int64_t C, bool fused, int pv) {
         if (C <= 24) return fused ? tgt_pos_vec_kernel<T, 24, 2, true> : tgt_pos_vec_kernel<T, 24, 2, false>;
         return fused ? tgt_pos_vec_kernel<T, 32, 2, true> : tgt_pos_vec_kernel<T, 32, 2, false>;
     }
-    if (C <= 8) return fused ? tgt_pos_reg_kernel<T, 8, true> : tgt_pos_reg_kernel<T, 8, false>;
-    if (C <= 16) return fused ? tgt_pos_reg_kernel<T, 16, true> : tgt_pos_reg_kernel<T, 16, false>;
-    if (C <= 24) return fused ? tgt_pos_reg_kernel<T, 24, true> : tgt_pos_reg_kernel<T, 24, false>;
-    if (C <= 32) return fused ? tgt_pos_reg_kernel<T, 32, true> : tgt_pos_reg_kernel<T, 32, false>;
-    return fused ? tgt_pos_reg_kernel<T, 64, true> : tgt_pos_reg_kernel<T, 64, false>;
+    if (C <= 8) return fused ? tgt_pos_vec_kernel<T, 8, 1, true> : tgt_pos_vec_kernel<T, 8, 1, false>;
+    if (C <= 16) return fused ? tgt_pos_vec_kernel<T, 16, 1, true> : tgt_pos_vec_kernel<T, 16, 1, false>;
+    if (C <= 24) return fused ? tgt_pos_vec_kernel<T, 24, 1, true> : tgt_pos_vec_kernel<T, 24, 1, false>;
+    if (C <= 32) return fused ? tgt_pos_vec_kernel<T, 32, 1, true> : tgt_pos_vec_kernel<T, 32, 1, false>;
+    return fused ? tgt_pos_vec_kernel<T, 64, 1, true> : tgt_pos_vec_kernel<T, 64, 1, false>;
 }
 // Positions a thread of the focal position kernels (1 / 2 / 4): the widest the layout allows (d, the
 // batch stride and the pointers multiples of it) and the registers (C <= 32 for 2, <= 16 for 4), up
