@@ -5,7 +5,7 @@ bench's per-step number can be split into the fused kernel and everything around
 extra kernels of the Python op and of autograd).
 
     PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so python3 bench/profile_zoo_step.py \
-        [--case arcface|kl_t2|jsd|focal_nchw] [--steps 20]
+        [--case arcface|kl_t2|jsd|focal_nchw|bce] [--steps 20] [--dtype float32|bfloat16|float16 (focal_nchw)]
 
 Prints, for the case: the floor (read the prediction (+ teacher) and write its gradient at the
 device-to-device copy bandwidth measured here, as the benches do); the median step time between
@@ -32,6 +32,8 @@ def main():
     ap.add_argument("--case", default="arcface", choices=["arcface", "kl_t2", "jsd", "focal_nchw", "bce"])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--sets", type=int, default=3, help="input sets rotated (the benches use 2 at these sizes)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="logits dtype of the focal_nchw case (the others have their fixed dtypes)")
     args = ap.parse_args()
     g = torch.Generator(device="cuda").manual_seed(1)
     sets = []
@@ -45,7 +47,7 @@ def main():
             t = torch.rand(8192, 1000, device="cuda", generator=g)
             sets.append((x, t))
         elif args.case == "focal_nchw":
-            x = (torch.randn(8, 19, 512, 1024, device="cuda", generator=g) * 3).requires_grad_(True)
+            x = (torch.randn(8, 19, 512, 1024, device="cuda", generator=g) * 3).to(getattr(torch, args.dtype)).requires_grad_(True)
             t = torch.randint(0, 19, (8, 512, 1024), device="cuda", generator=g)
             t = torch.where(torch.rand(t.shape, device="cuda", generator=g) < 0.05, torch.full_like(t, 255), t)
             sets.append((x, t))
