@@ -620,12 +620,12 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
         const int64_t off = n * a.ld + k;
         const T* xp = (const T*)a.x + off;
         T* dp = FUSED ? (T*)a.dx + off : nullptr;
-        // the labels and every class's load are issued together, with no branch on a label in
-        // between: a branch (all PV positions ignored -> fill) made each iteration wait for its
-        // labels before its class loads, two memory latencies in series. Positions that are ignored
-        // or out of range are computed on what they hold and replaced by 0 / NaN at the stores.
-        // (the labels loaded after the class loads in the source: ptxas otherwise schedules the
-        // labels' tests and widening, which wait for the label loads, ahead of the class loads)
+        // the class loads first, then the labels, with no branch on a label before the loads: a
+        // branch (all PV positions ignored -> fill) had made each iteration wait for its labels
+        // before its class loads, two memory latencies in series, and with the labels first in the
+        // source ptxas schedules their tests and widening (which wait for them) ahead of the class
+        // loads. Ignored / out-of-range positions are computed on what they hold and replaced by
+        // 0 / NaN at the stores.
         float loss[PV];
         {
             float v[CMAX][PV];
@@ -638,14 +638,11 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
                     q += d;
                 }
             }
-            int64_t yl[PV];
-#pragma unroll
-            for (int j = 0; j < PV; j++) yl[j] = rp_label(a.tg, a.lab64, pos + j);
             int yi[PV];
             bool ok[PV], bad[PV];
 #pragma unroll
             for (int j = 0; j < PV; j++) {
-                const int64_t y = yl[j];
+                const int64_t y = rp_label(a.tg, a.lab64, pos + j);
                 bad[j] = y != a.ignore && (y < 0 || y >= C);
                 ok[j] = y != a.ignore && !bad[j];
                 yi[j] = ok[j] ? (int)y : -1;   // -1: no class is the target
