@@ -755,8 +755,9 @@ static tk_fn pick_reg_t(int64_t C, bool fused, int pv) {
 // the labels, PV 1 (56 registers) beat PV 2 (92): 8x19x512x1024 fp32 0.185 vs 0.192 ms (H200 s14 run
 // 5); 16-bit logits were not measured and keep PV 2 (a 4-byte load a class instead of 2 bytes).
 static int pos_pv(const TArgs& a, size_t es, bool fused) {
-    int want = (int)rp_env_i64("FUSEDLOSS_FOCAL_PV", es == 4 ? 1 : 2);
-    if (want != 1 && want != 2 && want != 4) want = 2;
+    const int def = es == 4 ? 1 : 2;
+    int want = (int)rp_env_i64("FUSEDLOSS_FOCAL_PV", def);
+    if (want != 1 && want != 2 && want != 4) want = def;
     for (int pv = want; pv > 1; pv /= 2) {
         const uintptr_t al = (uintptr_t)pv * es - 1;
         if ((pv == 4 && a.V > 16) || a.V > 32) continue;
