@@ -42,6 +42,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cub/device/device_radix_sort.cuh>
@@ -78,8 +79,8 @@ static __device__ __forceinline__ int64_t lv_label(const void* lab, int lab64, i
     return lab64 ? ((const long long*)lab)[i] : (int64_t)((const int*)lab)[i];
 }
 
-template <typename T>
-static __global__ void __launch_bounds__(LV_THREADS) lv_keys(LvArgs a) {
+template <typename T, bool K32>
+static __global__ void __launch_bounds__(LV_THREADS) lv_keys(LvArgs a, int jb) {
     const T* x = (const T*)a.x;
     T* dx = (T*)a.dx;
     for (int64_t i = (int64_t)blockIdx.x * LV_THREADS + threadIdx.x; i < a.P; i += (int64_t)gridDim.x * LV_THREADS) {
@@ -107,8 +108,13 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_keys(LvArgs a) {
             const int64_t pos = (set * a.C + c) * a.L + j;
             const u64 hi = (u64)(set * a.C + c) << 32;
             if (skip) {
-                a.keys[pos] = hi | 0xFFFFFFFFull;
-                a.vals[pos] = (u32)j << 1;
+                if constexpr (K32) {
+                    ((u32*)a.keys)[pos] = 0xFFFFFFFFu;
+                    a.vals[pos] = ((u32)(set * a.C + c) << (jb + 1)) | ((u32)j << 1);
+                } else {
+                    a.keys[pos] = hi | 0xFFFFFFFFull;
+                    a.vals[pos] = (u32)j << 1;
+                }
                 if (a.fused && !a.from_logits) dx[e0 + c * a.d] = from_float<T>(bad ? NAN : 0.0f);
                 continue;
             }
@@ -117,8 +123,13 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_keys(LvArgs a) {
             const int fg = y == c;
             const float e = fabsf((fg ? 1.0f : 0.0f) - p);
             const u32 low = e != e ? 0u : 0x7FFFFFFFu - __float_as_uint(e);
-            a.keys[pos] = hi | (u64)low;
-            a.vals[pos] = ((u32)j << 1) | (u32)fg;
+            if constexpr (K32) {
+                ((u32*)a.keys)[pos] = low;
+                a.vals[pos] = ((u32)(set * a.C + c) << (jb + 1)) | ((u32)j << 1) | (u32)fg;
+            } else {
+                a.keys[pos] = hi | (u64)low;
+                a.vals[pos] = ((u32)j << 1) | (u32)fg;
+            }
         }
     }
 }
@@ -168,11 +179,11 @@ static __device__ __forceinline__ double lv_block_sum(double v, double* sh) {
     return t;
 }
 
-template <typename T>
-static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard(LvArgs a, const u64* keys, const u32* vals,
+template <typename T, bool K32>
+static __global__ void __launch_bounds__(LV_THREADS, K32 ? 8 : 0) lv_jaccard(LvArgs a, const u64* keys, const u32* vals,
                                                                  const int* scan, const int* G, const int* base,
                                                                  const int* Vs, const double* lw, const double* gw,
-                                                                 float* gp, double* part) {
+                                                                 float* gp, double* part, int jb) {
     __shared__ double sh[LV_THREADS / 32];
     double acc = 0.0;
     T* dx = (T*)a.dx;
@@ -180,8 +191,9 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard(LvArgs a, const 
     for (u32 pos = blockIdx.x * LV_THREADS + threadIdx.x; pos < E; pos += gridDim.x * LV_THREADS) {
         const u32 s = pos / L, r = pos - s * L;
         if ((int)r >= Vs[s]) continue;   /* an ignored pixel (sorted last) */
-        const u64 key = keys[pos];
-        const u32 v = vals[pos];
+        /* K32: keys holds the 32-bit error keys (sorted), vals the packed (s, j, fg) */
+        const u64 key = K32 ? (u64)((const u32*)keys)[pos] : keys[pos];
+        const u32 v = K32 ? (((vals[pos] >> 1) & ((1u << jb) - 1u)) << 1) | (vals[pos] & 1u) : vals[pos];
         const int fg = (int)(v & 1u);
         const double Gs = (double)G[s];
         const double k = (double)(r + 1);
@@ -263,10 +275,17 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_softmax_bwd(LvArgs a, co
 typedef struct {
     int64_t P, L, S, E, nsets;
     int end_bit;
+    int sbits, jbits;   /* bits of S - 1 and of L - 1 (the 32-bit path needs 1 + jbits + sbits <= 32) */
     size_t off_keys0, off_keys1, off_vals0, off_vals1, off_lse, off_G, off_base, off_V, off_lw, off_gw, off_part,
         off_temp;
     size_t temp_bytes, total;
 } LvPlan;
+
+/* an integer knob, read on every call (an A/B within one process) */
+static int lv_env_int(const char* name, int dflt) {
+    const char* e = getenv(name);
+    return e && *e ? atoi(e) : dflt;
+}
 
 /* blocks of a grid-stride loop over n items: at most cap */
 static unsigned lv_grid(int64_t n, int64_t cap) {
@@ -287,6 +306,10 @@ static cudaError_t lv_plan(int64_t N, int64_t C, int64_t d, int per_image, int f
     int bits = 0;
     while (bits < 31 && ((int64_t)1 << bits) < pl->S) bits++;
     pl->end_bit = 32 + bits;
+    pl->sbits = bits;
+    int jb = 0;
+    while (jb < 32 && ((int64_t)1 << jb) < pl->L) jb++;
+    pl->jbits = jb;
     const size_t E = (size_t)pl->E, S = (size_t)pl->S;
     size_t o = 256;
     pl->off_keys0 = o; o += al256(8 * E);
@@ -307,6 +330,13 @@ static cudaError_t lv_plan(int64_t N, int64_t C, int64_t d, int per_image, int f
         cub::DoubleBuffer<u32> v((u32*)nullptr, (u32*)nullptr);
         cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, t_sort, k, v, (int)pl->E, 0, pl->end_bit);
         if (e != cudaSuccess) return e;
+        /* the 32-bit path's two sorts (lv_run_t): the scratch covers both paths, so the workspace
+         * size does not depend on FUSEDLOSS_LOVASZ_SORT */
+        size_t t32 = 0;
+        cub::DoubleBuffer<u32> k32((u32*)nullptr, (u32*)nullptr);
+        e = cub::DeviceRadixSort::SortPairs(nullptr, t32, k32, v, (int)pl->E, 0, 32);
+        if (e != cudaSuccess) return e;
+        if (t32 > t_sort) t_sort = t32;
         e = cub::DeviceScan::InclusiveSum(nullptr, t_scan, LvFgIt((const u32*)nullptr, LvFg()), (int*)nullptr,
                                           (int)pl->E);
         if (e != cudaSuccess) return e;
@@ -358,19 +388,49 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
     FL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     const int64_t cap = (int64_t)sms * 8;
 
+    /* FUSEDLOSS_LOVASZ_SORT=2 (experimental, not yet measured): 8-byte pairs instead of 12, so
+     * every radix pass moves 2/3 of the bytes. Pass A sorts the 32-bit error keys alone (4 passes),
+     * the values packing (segment s, pixel j, fg) as (s << (jbits + 1)) | (j << 1) | fg; pass B sorts
+     * those values by their segment field (bits [jbits + 1, jbits + 1 + sbits): one pass) with the
+     * error keys riding along. Both sorts are stable and the input is in (s, j) order, so the result
+     * is the default path's order exactly: segment, then decreasing error, then increasing pixel.
+     * Needs 1 + jbits + sbits <= 32 (4 x 19 x 512 x 512: 1 + 20 + 5); else the 64-bit keys. */
+    const int k32 = lv_env_int("FUSEDLOSS_LOVASZ_SORT", 1) == 2 && 1 + pl.jbits + pl.sbits <= 32;
     FL_CUDA_TRY(cudaMemsetAsync(ws, 0, 256, stream));
-    lv_keys<T><<<lv_grid(pl.P, cap), LV_THREADS, 0, stream>>>(a);
+    if (k32) lv_keys<T, true><<<lv_grid(pl.P, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
+    else lv_keys<T, false><<<lv_grid(pl.P, cap), LV_THREADS, 0, stream>>>(a, 0);
     FL_CUDA_TRY(cudaGetLastError());
 
     cub::DoubleBuffer<u64> kb((u64*)(ws + pl.off_keys0), (u64*)(ws + pl.off_keys1));
     cub::DoubleBuffer<u32> vb((u32*)(ws + pl.off_vals0), (u32*)(ws + pl.off_vals1));
     size_t tb = pl.temp_bytes;
-    FL_CUDA_TRY(cub::DeviceRadixSort::SortPairs((void*)(ws + pl.off_temp), tb, kb, vb, (int)pl.E, 0, pl.end_bit,
-                                                stream));
-    const u64* keys = kb.Current();
-    const u32* vals = vb.Current();
-    int* scan = (int*)vb.Alternate();                 /* E ints: the scanned fg bits */
-    float* gp = (float*)kb.Alternate();               /* C x P floats (4E bytes of the 8E) */
+    const u64* keys;
+    const u32* vals;
+    int* scan;
+    float* gp;
+    if (k32) {
+        cub::DoubleBuffer<u32> eb((u32*)(ws + pl.off_keys0), (u32*)(ws + pl.off_keys1));
+        FL_CUDA_TRY(cub::DeviceRadixSort::SortPairs((void*)(ws + pl.off_temp), tb, eb, vb, (int)pl.E, 0, 32, stream));
+        if (pl.sbits > 0) {
+            cub::DoubleBuffer<u32> pk(vb.Current(), vb.Alternate()), pe(eb.Current(), eb.Alternate());
+            tb = pl.temp_bytes;
+            FL_CUDA_TRY(cub::DeviceRadixSort::SortPairs((void*)(ws + pl.off_temp), tb, pk, pe, (int)pl.E,
+                                                        pl.jbits + 1, pl.jbits + 1 + pl.sbits, stream));
+            vb = pk;
+            eb = pe;
+        }
+        keys = (const u64*)eb.Current();              /* the 32-bit error keys (lv_jaccard<T, true>) */
+        vals = vb.Current();
+        scan = (int*)vb.Alternate();
+        gp = (float*)eb.Alternate();                  /* C x P floats = 4E bytes */
+    } else {
+        FL_CUDA_TRY(cub::DeviceRadixSort::SortPairs((void*)(ws + pl.off_temp), tb, kb, vb, (int)pl.E, 0, pl.end_bit,
+                                                    stream));
+        keys = kb.Current();
+        vals = vb.Current();
+        scan = (int*)vb.Alternate();                  /* E ints: the scanned fg bits */
+        gp = (float*)kb.Alternate();                  /* C x P floats (4E bytes of the 8E) */
+    }
     tb = pl.temp_bytes;
     FL_CUDA_TRY(cub::DeviceScan::InclusiveSum((void*)(ws + pl.off_temp), tb, LvFgIt(vals, LvFg()), scan, (int)pl.E,
                                               stream));
@@ -388,17 +448,23 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
     /* exactly the resident blocks: the positions in flight form one window moving through the
      * sorted array, so each segment's scattered gradient writes land in L2 together (run 4: 2048
      * blocks = two waves, each writing half of every segment: 0.73 ms for 20M positions) */
-    static int occ[3];
-    int* o = &occ[p->dtype == FL_DTYPE_F32 ? 0 : p->dtype == FL_DTYPE_F16 ? 1 : 2];
+    static int occ[3][2];
+    int* o = &occ[p->dtype == FL_DTYPE_F32 ? 0 : p->dtype == FL_DTYPE_F16 ? 1 : 2][k32];
     if (*o == 0) {
         int v = 0;
-        FL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, lv_jaccard<T>, LV_THREADS, 0));
+        FL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &v, k32 ? (const void*)lv_jaccard<T, true> : (const void*)lv_jaccard<T, false>, LV_THREADS, 0));
         *o = v > 0 ? v : 1;
     }
     int64_t nb = (pl.E + LV_THREADS - 1) / LV_THREADS;
     if (nb > (int64_t)sms * *o) nb = (int64_t)sms * *o;
     if (nb > LV_MAX_BLOCKS) nb = LV_MAX_BLOCKS;
-    lv_jaccard<T><<<(unsigned)nb, LV_THREADS, 0, stream>>>(a, keys, vals, scan, G, base, Vs, lw, gw, gp, part);
+    if (k32)
+        lv_jaccard<T, true><<<(unsigned)nb, LV_THREADS, 0, stream>>>(a, keys, vals, scan, G, base, Vs, lw, gw, gp,
+                                                                      part, pl.jbits);
+    else
+        lv_jaccard<T, false><<<(unsigned)nb, LV_THREADS, 0, stream>>>(a, keys, vals, scan, G, base, Vs, lw, gw, gp,
+                                                                       part, 0);
     FL_CUDA_TRY(cudaGetLastError());
     if (loss) {
         lv_final<<<1, LV_THREADS, 0, stream>>>(part, (int)nb, a.bad, loss);
