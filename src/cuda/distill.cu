@@ -119,7 +119,7 @@ __device__ __forceinline__ Stat1 shfl1(const Stat1& a, int off) {
 }
 
 // fixed-tree reduction over the CTA; the result is valid in thread 0
-template <int MODE>
+template <int MODE, int NW = RP_THREADS / 32>
 __device__ __forceinline__ Stat1 block_reduce1(Stat1 v, Stat1* sm) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
@@ -130,12 +130,13 @@ __device__ __forceinline__ Stat1 block_reduce1(Stat1 v, Stat1* sm) {
     if (l == 0) sm[w] = v;
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int k = 1; k < RP_THREADS / 32; k++) v = combine1<MODE>(v, sm[k]);
+        for (int k = 1; k < NW; k++) v = combine1<MODE>(v, sm[k]);
     }
     __syncthreads();
     return v;
 }
 
+template <int NW = RP_THREADS / 32>
 __device__ __forceinline__ float2 block_sum2(float2 v, float2* sm) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
@@ -146,7 +147,7 @@ __device__ __forceinline__ float2 block_sum2(float2 v, float2* sm) {
     if (l == 0) sm[w] = v;
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int k = 1; k < RP_THREADS / 32; k++) { v.x += sm[k].x; v.y += sm[k].y; }
+        for (int k = 1; k < NW; k++) { v.x += sm[k].x; v.y += sm[k].y; }
     }
     __syncthreads();
     return v;
@@ -391,6 +392,7 @@ __global__ void __launch_bounds__(RP_THREADS, 2) distill_kernel(DArgs a) {
 // 16-byte aligned, and short rows, take the ticket kernel above. The < VEC elements past the last
 // full vector are read directly by rank 0 (twice: the second read is an L2 hit).
 #define DC_THREADS 256
+#define DC_THREADS_WIDE 768   // FUSEDLOSS_DISTILL_STAGED_THREADS (dc_plan)
 #define DC_NS 2            // sub-chunks per CTA piece (each a cp.async group)
 #define DC_MAX_CLUSTER 16
 
@@ -404,8 +406,9 @@ __device__ __forceinline__ void dc_unpack(const uint4* sb, const uint4* tb, int 
     for (int k = 0; k < NT; k++) rp_unpack<TT>(tb[q * NT + k], xt + k * (VEC / NT));
 }
 
-template <typename TS, typename TT, int MODE, bool FUSED>
-__global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, int cs, int per, int nv, int nb) {
+template <typename TS, typename TT, int MODE, bool FUSED, int NTH = DC_THREADS>
+__global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged_kernel(DArgs a, int cs, int per,
+                                                                                        int nv, int nb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int VEC = RpT<TS>::VEC;
     constexpr int NT = (int)(VEC * sizeof(TT) / 16);
@@ -421,8 +424,8 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
     __shared__ __align__(8) uint64_t xb1[2], xb2[2];
     __shared__ float4 sl1[2][DC_MAX_CLUSTER][2];      // statistics partials by rank (slot parity)
     __shared__ float4 sl2[2][DC_MAX_CLUSTER];         // JSD sums by rank
-    __shared__ Stat1 sm1[DC_THREADS / 32];
-    __shared__ float2 sm2[DC_THREADS / 32];
+    __shared__ Stat1 sm1[NTH / 32];
+    __shared__ float2 sm2[NTH / 32];
     __shared__ float4 bc;                             // the merged row values, for every thread
     uint4* sb = dc_buf;
     uint4* tb = dc_buf + per;
@@ -454,7 +457,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
             const uint4* srow = reinterpret_cast<const uint4*>((const TS*)a.s + r * a.lds) + lo;
             const uint4* trow = reinterpret_cast<const uint4*>((const TT*)a.t + r * a.ldt) + (int64_t)lo * NT;
             const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
-            for (int q = k * sub + tid; q < qhi; q += DC_THREADS) {
+            for (int q = k * sub + tid; q < qhi; q += NTH) {
                 cp_async16(sb + q, srow + q);
 #pragma unroll
                 for (int c = 0; c < NT; c++) cp_async16(tb + q * NT + c, trow + (int64_t)q * NT + c);
@@ -517,7 +520,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
             cp_wait(LAST == 0 ? npend : npend - k);
             const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
             int q = k * sub + tid;
-            for (; q + DC_THREADS < qhi; q += 2 * DC_THREADS) { acc(st, q); acc(st1, q + DC_THREADS); }
+            for (; q + NTH < qhi; q += 2 * NTH) { acc(st, q); acc(st1, q + NTH); }
             if (q < qhi) acc(st, q);
             if (LAST == 0) issue(rn, k, buf);
         }
@@ -533,7 +536,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
             st = Stat1{-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
             // exactly the vectors of this thread's sweep (sub-chunk by sub-chunk, as above)
             for (int k = 0; k < DC_NS; k++)
-            for (int q = k * sub + tid, qhi = (k + 1) * sub < n ? (k + 1) * sub : n; q < qhi; q += DC_THREADS) {
+            for (int q = k * sub + tid, qhi = (k + 1) * sub < n ? (k + 1) * sub : n; q < qhi; q += NTH) {
                 float xs[VEC], xt[VEC];
                 dc_unpack<TS, TT>(gsb, gtb, q, xs, xt);
                 float gs = xs[0], gt = xt[0];
@@ -563,7 +566,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
             if (MODE == FL__DISTILL_RKL) one.u = fmaxf(xs - xt, DS_NEG_BIG);
             st = combine1<MODE>(st, one);
         }
-        st = block_reduce1<MODE>(st, sm1);
+        st = block_reduce1<MODE, NTH / 32>(st, sm1);
         if (tid == 0) {
             Stat1 m = st;
             if (xch) {
@@ -614,7 +617,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
             for (int k = 0; k < DC_NS; k++) {
                 const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
 #pragma unroll 2
-                for (int q = k * sub + tid; q < qhi; q += DC_THREADS) {
+                for (int q = k * sub + tid; q < qhi; q += NTH) {
                     float xs[VEC], xt[VEC];
                     dc_unpack<TS, TT>(sb, tb, q, xs, xt);
 #pragma unroll
@@ -623,7 +626,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
                 if (LAST == 1) issue(rn, k, buf);
             }
             if (has_x) elem(rp_sload(srow + xcol), rp_sload(trow + xcol));
-            acc = block_sum2(acc, sm2);
+            acc = block_sum2<NTH / 32>(acc, sm2);
             if (tid == 0) {
                 float A = acc.x * RP_LN2, B = acc.y * RP_LN2;
                 if (xch) {
@@ -679,7 +682,7 @@ __global__ void __launch_bounds__(DC_THREADS, 3) distill_staged_kernel(DArgs a, 
                 const int qhi = (k + 1) * sub < n ? (k + 1) * sub : n;
                 int q = k * sub + tid;
                 // two vectors an iteration: two shared loads in flight behind each other's math
-                for (; q + DC_THREADS < qhi; q += 2 * DC_THREADS) { one(q); one(q + DC_THREADS); }
+                for (; q + NTH < qhi; q += 2 * NTH) { one(q); one(q + NTH); }
                 if (q < qhi) one(q);
                 if (LAST == 2) issue(rn, k, buf);
             }
@@ -725,7 +728,14 @@ static int kernel_index(fl_dtype sdt, fl_dtype tdt, int mode, bool fused) {
 }
 
 template <typename TS, typename TT>
-static const void* pick_staged2(int mode, bool fused) {
+static const void* pick_staged2(int mode, bool fused, int nt) {
+    if (nt == DC_THREADS_WIDE) {   // forward / reverse KL only (dc_plan)
+        if (mode == FL__DISTILL_FKL)
+            return fused ? (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_FKL, true, DC_THREADS_WIDE>
+                         : (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_FKL, false, DC_THREADS_WIDE>;
+        return fused ? (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_RKL, true, DC_THREADS_WIDE>
+                     : (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_RKL, false, DC_THREADS_WIDE>;
+    }
     switch (mode) {
         case FL__DISTILL_FKL: return fused ? (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_FKL, true>
                                            : (const void*)distill_staged_kernel<TS, TT, FL__DISTILL_FKL, false>;
@@ -736,13 +746,14 @@ static const void* pick_staged2(int mode, bool fused) {
     }
 }
 
-static const void* pick_staged(fl_dtype sdt, fl_dtype tdt, int mode, bool fused) {
+static const void* pick_staged(fl_dtype sdt, fl_dtype tdt, int mode, bool fused, int nt) {
     const bool t32 = tdt == FL_DTYPE_F32;
     switch (sdt) {
-        case FL_DTYPE_F32: return pick_staged2<float, float>(mode, fused);
-        case FL_DTYPE_F16: return t32 ? pick_staged2<__half, float>(mode, fused) : pick_staged2<__half, __half>(mode, fused);
-        default: return t32 ? pick_staged2<__nv_bfloat16, float>(mode, fused)
-                            : pick_staged2<__nv_bfloat16, __nv_bfloat16>(mode, fused);
+        case FL_DTYPE_F32: return pick_staged2<float, float>(mode, fused, nt);
+        case FL_DTYPE_F16:
+            return t32 ? pick_staged2<__half, float>(mode, fused, nt) : pick_staged2<__half, __half>(mode, fused, nt);
+        default: return t32 ? pick_staged2<__nv_bfloat16, float>(mode, fused, nt)
+                            : pick_staged2<__nv_bfloat16, __nv_bfloat16>(mode, fused, nt);
     }
 }
 
@@ -755,8 +766,15 @@ static const void* pick_staged(fl_dtype sdt, fl_dtype tdt, int mode, bool fused)
 // statistics sweep (H200 2026-12-02 session 4 run 1: correct, --small 4668/0 and memcheck 0, but
 // SLOWER: KL T=2 4096x128256 bf16 2.54 ms vs 1.84 with one buffer; clusters of 16 halve each CTA's
 // share of a row and double the per-row fixed cost per byte; kept as a knob, not the default);
+// FUSEDLOSS_DISTILL_STAGED_THREADS=768 (forward / reverse KL; experimental, not yet measured: written
+// in session 15, which had no GPU): one 768-thread CTA an SM instead of three of 256 (the same warps
+// and register budget), meant for ROWS=2 with KB=128: two 64 KB row buffers at clusters of 8 (s4's
+// ROWS=2 doubled the clusters instead), so the next row's copies are in flight during this row's
+// statistics sweep and exchange, which with one buffer leave HBM idle (NOTES "Distillation: the
+// staged cluster kernel"): FUSEDLOSS_DISTILL_STAGED_THREADS=768 FUSEDLOSS_DISTILL_STAGED_ROWS=2
+// FUSEDLOSS_DISTILL_STAGED_KB=128.
 // FUSEDLOSS_DEBUG=1 prints the occupancy of each new plan.
-struct DcPlan { int cs, per, nv, nb; size_t smem; const void* fn; };
+struct DcPlan { int cs, per, nv, nb, nt; size_t smem; const void* fn; };
 
 static int dc_plan(const fl__distill_params* p, const void* s, const void* t, const void* ds, bool fused, DcPlan* out) {
     // read on every call, as rp_plan's knobs (an A/B in one process: bench_distill.py --ab)
@@ -772,6 +790,8 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
     if (kb < 8 || kb > 200) kb = 72;
     const int debug = (int)rp_env_i64("FUSEDLOSS_DEBUG", 0);
     const int nb = rp_env_i64("FUSEDLOSS_DISTILL_STAGED_ROWS", 1) >= 2 ? 2 : 1;
+    const int nt = rp_env_i64("FUSEDLOSS_DISTILL_STAGED_THREADS", DC_THREADS) == DC_THREADS_WIDE &&
+                           p->mode != FL__DISTILL_JSD ? DC_THREADS_WIDE : DC_THREADS;
     DevInfo d;
     if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return 0; }
     const size_t es = fl__dtype_size(p->dtype), et = fl__dtype_size(p->teacher_dtype);
@@ -781,7 +801,7 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
     if (((uintptr_t)s & 15u) || ((uintptr_t)t & 15u) || (ds && ((uintptr_t)ds & 15u))) return 0;
     if ((p->ld_s * (int64_t)es) % 16 || (p->ld_t * (int64_t)et) % 16) return 0;
     const int64_t nv = p->V / VEC;
-    if (nv < 4 * DC_THREADS) return 0;   // short rows: the ticket kernel (a CTA per several rows)
+    if (nv < 4 * nt) return 0;   // short rows: the ticket kernel (a CTA per several rows)
     const int64_t vb = 16 * (1 + NT);    // shared bytes per vector of the row
     const int64_t chunk = (int64_t)kb * 1024 / (vb * nb);
     int maxcs = (int)rp_env_i64("FUSEDLOSS_DISTILL_STAGED_MAXCS", DC_MAX_CLUSTER);
@@ -793,10 +813,11 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
     out->nv = (int)nv;
     out->per = (int)((nv + cs - 1) / cs);
     out->nb = nb;
+    out->nt = nt;
     out->smem = (size_t)nb * (size_t)out->per * (size_t)vb;
-    out->fn = pick_staged(p->dtype, p->teacher_dtype, (int)p->mode, fused);
+    out->fn = pick_staged(p->dtype, p->teacher_dtype, (int)p->mode, fused, nt);
     int n = 0;
-    if (fl__cluster_occupancy(out->fn, cs, DC_THREADS, out->smem, d.sms, debug, "staged distillation kernel", &n) !=
+    if (fl__cluster_occupancy(out->fn, cs, nt, out->smem, d.sms, debug, "staged distillation kernel", &n) !=
             cudaSuccess || n <= 0) {
         (void)cudaGetLastError();
         return 0;
@@ -881,7 +902,7 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
     if (ncl) {
         const int64_t G = N < ncl ? N : ncl;   // clusters: one per row up to what is resident
         void* args[] = {&a, &dp.cs, &dp.per, &dp.nv, &dp.nb};
-        FL_CUDA_TRY(fl__launch_clusters(dp.fn, args, G, dp.cs, DC_THREADS, dp.smem, stream));
+        FL_CUDA_TRY(fl__launch_clusters(dp.fn, args, G, dp.cs, dp.nt, dp.smem, stream));
     } else {
         int64_t grid = resident;
         const int64_t useful = N * a.sc.C * P;
