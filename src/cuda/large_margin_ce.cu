@@ -47,6 +47,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cluster.cuh"
 #include "common.cuh"
 #include "rowpass.cuh"
 
@@ -351,7 +352,15 @@ static __global__ void __launch_bounds__(LM_THREADS) lm_warp_kernel(LmArgs a) {
  * for pass 2 (the same thread's groups: no barrier; rowpass.cuh), the grid is the resident CTAs;
  * else the grid keeps at most 2 rows per SM in flight so that pass 2's re-read of the row comes from
  * L2 (lm_cuda). */
-template <typename T, bool VEC16, bool STAGE>
+/* PF (STAGE and VEC16 only; FUSEDLOSS_LM_PREFETCH=1, experimental, not yet measured: written in
+ * session 15, which had no GPU): the next row of this CTA is copied into shared memory with
+ * per-thread cp.async during this row's pass 2, each vector as soon as its gradient is stored. Every
+ * thread owns the same vectors q = tid + 512 k in every row, so it reads only what it copied itself:
+ * no barrier (cp.async.wait_group, as the staged distillation kernel). Pass 1 then starts on data
+ * already landed and the next row's reads overlap this row's stores and math (today pass 1 waits on
+ * its own loads, 2 x 16 bytes a thread in flight). Ignored / out-of-range rows read nothing: their
+ * prefetched copy is waited for, then the next row's is issued. */
+template <typename T, bool VEC16, bool STAGE, bool PF = false>
 static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a) {
     constexpr int VEC = 16 / (int)sizeof(T);
     extern __shared__ uint4 stage[];
@@ -360,11 +369,26 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
     __shared__ float sh_coef[6];       /* the row's gradient coefficients (LmCoef) */
     const int64_t nvec = a.C / VEC, tail0 = nvec * VEC;
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    if constexpr (PF) {   /* this CTA's first row */
+        if (blockIdx.x < a.N) {
+            const T* x0 = (const T*)a.x + (int64_t)blockIdx.x * a.ld;
+            for (int64_t q = tid; q < nvec; q += LM_CTA_THREADS) cp_async16(stage + q, x0 + q * VEC);
+        }
+        cp_commit();
+    }
     for (int64_t i = blockIdx.x; i < a.N; i += gridDim.x) {
         const int64_t y = rp_label(a.tg, a.lab64, i);
         const int kind = lm_row_kind(a, y);
         if (kind != 0) {   /* the same branch for the whole CTA: no barrier skipped by some threads */
             lm_special_row<T>(a, i, kind, tid, LM_CTA_THREADS);
+            if constexpr (PF) {   /* this row's copies landed (unread), then the next row's */
+                cp_wait(0);
+                if (i + gridDim.x < a.N) {
+                    const T* xn = (const T*)a.x + (i + gridDim.x) * a.ld;
+                    for (int64_t q = tid; q < nvec; q += LM_CTA_THREADS) cp_async16(stage + q, xn + q * VEC);
+                }
+                cp_commit();
+            }
             continue;
         }
         const T* x = (const T*)a.x + i * a.ld;   /* 64-bit row offset */
@@ -377,10 +401,14 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
         /* two groups per step, both loads issued before either is processed (bytes in flight; a
          * plain `#pragma unroll 2` made ptxas spill on sm_80): the groups are still taken in the
          * order q, q + 512, q + 1024, ... */
+        if constexpr (PF) cp_wait(0);   /* this thread's copies of the row have landed */
         for (int64_t q = tid; q < nvec; q += 2 * LM_CTA_THREADS) {
             const bool two = q + LM_CTA_THREADS < nvec;
             float v0[VEC], v1[VEC];
-            if (STAGE) {  /* read once: evict first, kept for pass 2 */
+            if constexpr (PF) {   /* copied by this thread during the previous row's pass 2 */
+                rp_unpack<T>(stage[q], v0);
+                rp_unpack<T>(two ? stage[q + LM_CTA_THREADS] : stage[q], v1);
+            } else if (STAGE) {  /* read once: evict first, kept for pass 2 */
                 const uint4 u0 = FL_LDCS((const uint4*)(x + q * VEC));
                 const uint4 u1 = two ? FL_LDCS((const uint4*)(x + (q + LM_CTA_THREADS) * VEC)) : u0;
                 stage[q] = u0;
@@ -436,17 +464,24 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
         k.mo = sh_coef[0]; k.gp = sh_coef[1]; k.gq = sh_coef[2]; k.k1 = sh_coef[3]; k.gc = sh_coef[4];
         k.dy = sh_coef[5];
         T* dx = (T*)a.dx + i * a.ld;
+        /* PF: the row this CTA takes next (NULL: none), copied into each vector's slot once the
+         * slot is read (the same thread: the shared-memory read comes first in program order) */
+        const T* xn = (PF && i + gridDim.x < a.N) ? (const T*)a.x + (i + gridDim.x) * a.ld : nullptr;
 #pragma unroll 2
         for (int64_t q = tid; q < nvec; q += LM_CTA_THREADS) {
             float v[VEC];
             if (STAGE) rp_unpack<T>(stage[q], v);
             else lm_load16<T, VEC16, true>(x + q * VEC, v);
+            if constexpr (PF) {
+                if (xn) cp_async16(stage + q, xn + q * VEC);
+            }
             const int64_t dq = y - q * VEC;
             const int ty = dq >= 0 && dq < VEC ? (int)dq : -1;   /* 32-bit compares per element */
 #pragma unroll
             for (int kk = 0; kk < VEC; kk++) v[kk] = kk == ty ? k.dy : lm_grad(k, v[kk]);
             lm_store16<T, VEC16>(dx + q * VEC, v);
         }
+        if constexpr (PF) cp_commit();
         for (int64_t j = tail0 + tid; j < a.C; j += LM_CTA_THREADS) {
             const float v = to_float(FL_LDCS(x + j));
             dx[j] = from_float<T>(j == y ? k.dy : lm_grad(k, v));
@@ -578,12 +613,18 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmAr
 
 typedef void (*lm_fn)(LmArgs);
 
+/* FUSEDLOSS_LM_PREFETCH=1: the staged CTA kernel with the next row's cp.async prefetch (PF above) */
+static int lm_prefetch(void) {
+    const char* v = getenv("FUSEDLOSS_LM_PREFETCH");
+    return v && *v && atoi(v) != 0;
+}
+
 template <typename T>
 static lm_fn lm_pick_t(int64_t C, bool vec16, bool head, bool stage) {
     constexpr int VEC = 16 / (int)sizeof(T);
     const int64_t G = ((C + VEC - 1) / VEC + 31) / 32;   /* groups per lane */
     if (C > 1024 && head) return stage ? lm_cta_head_kernel<T, true> : lm_cta_head_kernel<T, false>;
-    if (C > 1024 && stage) return lm_cta_kernel<T, true, true>;
+    if (C > 1024 && stage) return lm_prefetch() ? lm_cta_kernel<T, true, true, true> : lm_cta_kernel<T, true, true>;
     if (C > 1024) return vec16 ? lm_cta_kernel<T, true, false> : lm_cta_kernel<T, false, false>;
     if (G <= 1) return vec16 ? lm_warp_kernel<T, 1, true> : lm_warp_kernel<T, 1, false>;
     if (G <= 2) return vec16 ? lm_warp_kernel<T, 2, true> : lm_warp_kernel<T, 2, false>;

@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cluster.cuh"
 #include "common.cuh"
 #include "rowpass.cuh"
 
@@ -187,7 +188,11 @@ static __device__ __forceinline__ void tc_store_v(T* p, const float* in) {
  * resident CTAs; else the grid keeps at most 2 rows per SM in flight so that pass 2's re-read of
  * the row comes from L2 (tc_cuda). */
 #define TC_CTA_THREADS 512
-template <typename T, bool VEC16, bool STAGE>
+/* PF (STAGE only; FUSEDLOSS_TC_PREFETCH=1, experimental, not yet measured: written in session 15,
+ * which had no GPU): the next row of this CTA copied into shared memory by per-thread cp.async during
+ * this row's pass 2, as large_margin_ce.cu's lm_cta_kernel PF (each thread reads only the vectors it
+ * copied itself: no barrier). */
+template <typename T, bool VEC16, bool STAGE, bool PF = false>
 static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a) {
     constexpr int VEC = 16 / (int)sizeof(T);
     extern __shared__ uint4 stage[];
@@ -196,6 +201,12 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a)
     const T* x = (const T*)a.x;
     T* dx = (T*)a.dx;
     const int64_t nvec = a.C / VEC, tail0 = nvec * VEC;
+    if constexpr (PF) {   /* this CTA's first row */
+        if (blockIdx.x < a.N)
+            for (int64_t q = threadIdx.x; q < nvec; q += TC_CTA_THREADS)
+                cp_async16(stage + q, x + (int64_t)blockIdx.x * a.ld + q * VEC);
+        cp_commit();
+    }
     for (int64_t i = blockIdx.x; i < a.N; i += gridDim.x) {
         const int64_t y = rp_label(a.tg, a.lab64, i);
         const int kind = tc_row_kind(a, y);
@@ -206,15 +217,25 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a)
             if (threadIdx.x == 0 && a.rowloss) a.rowloss[i] = v;
             if (a.fused)
                 for (int64_t j = threadIdx.x; j < a.C; j += TC_CTA_THREADS) dx[r0 + j] = from_float<T>(v);
+            if constexpr (PF) {   /* this row's copies landed (unread), then the next row's */
+                cp_wait(0);
+                if (i + gridDim.x < a.N)
+                    for (int64_t q = threadIdx.x; q < nvec; q += TC_CTA_THREADS)
+                        cp_async16(stage + q, x + (i + gridDim.x) * a.ld + q * VEC);
+                cp_commit();
+            }
             continue;
         }
         /* x_y before the barriers below: in place, the gradient stores after them overwrite it */
         const float xy = to_float(x[r0 + y]);
         float s = 0.0f;
+        if constexpr (PF) cp_wait(0);   /* this thread's copies of the row have landed */
 #pragma unroll 4
         for (int64_t q = threadIdx.x; q < nvec; q += TC_CTA_THREADS) {
             float v[VEC];
-            if (STAGE) {
+            if constexpr (PF) {
+                rp_unpack<T>(stage[q], v);
+            } else if (STAGE) {
                 const uint4 u = FL_LDCS((const uint4*)(x + r0 + q * VEC));  /* read once: evict first */
                 stage[q] = u;
                 rp_unpack<T>(u, v);
@@ -242,16 +263,22 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_kernel(TcArgs a)
         if (a.fused) {
             const float g = tc_g(a, i);
             const float ginvS = g / S, gdy = g * (tc_df(xy, a.order) / fy);
+            /* PF: the next row (NULL: none), into each slot once this thread has read it */
+            const T* xn = (PF && i + gridDim.x < a.N) ? x + (i + gridDim.x) * a.ld : nullptr;
 #pragma unroll 4
             for (int64_t q = threadIdx.x; q < nvec; q += TC_CTA_THREADS) {
                 float v[VEC];
                 if (STAGE) rp_unpack<T>(stage[q], v);
                 else tc_load_v<T, VEC16>(x + r0 + q * VEC, v);
+                if constexpr (PF) {
+                    if (xn) cp_async16(stage + q, xn + q * VEC);
+                }
 #pragma unroll
                 for (int k = 0; k < VEC; k++)
                     v[k] = tc_df(v[k], a.order) * ginvS - (q * VEC + k == y ? gdy : 0.0f);
                 tc_store_v<T, VEC16>(dx + r0 + q * VEC, v);
             }
+            if constexpr (PF) cp_commit();
             for (int64_t j = tail0 + threadIdx.x; j < a.C; j += TC_CTA_THREADS) {
                 const float v = to_float(x[r0 + j]);
                 dx[r0 + j] = from_float<T>(tc_df(v, a.order) * ginvS - (j == y ? gdy : 0.0f));
@@ -356,6 +383,12 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_head_kernel(TcAr
 
 typedef void (*tc_fn)(TcArgs);
 
+/* FUSEDLOSS_TC_PREFETCH=1: the staged CTA kernel with the next row's cp.async prefetch (PF above) */
+static int tc_prefetch(void) {
+    const char* v = getenv("FUSEDLOSS_TC_PREFETCH");
+    return v && *v && atoi(v) != 0;
+}
+
 template <typename T>
 static tc_fn tc_pick_t(int64_t C, bool vec16, bool head, bool stage) {
     constexpr int VEC = 16 / (int)sizeof(T);
@@ -369,7 +402,7 @@ static tc_fn tc_pick_t(int64_t C, bool vec16, bool head, bool stage) {
         return vec16 ? tc_warp_kernel<T, 4, true> : tc_warp_kernel<T, 4, false>;
     }
     if (head) return stage ? tc_cta_head_kernel<T, true> : tc_cta_head_kernel<T, false>;
-    if (stage) return tc_cta_kernel<T, true, true>;
+    if (stage) return tc_prefetch() ? tc_cta_kernel<T, true, true, true> : tc_cta_kernel<T, true, true>;
     return vec16 ? tc_cta_kernel<T, true, false> : tc_cta_kernel<T, false, false>;
 }
 static tc_fn tc_pick(fl_dtype dt, int64_t C, bool vec16, bool head, bool stage) {
