@@ -191,13 +191,16 @@ static __global__ void __launch_bounds__(LV_THREADS, K32 ? 8 : 0) lv_jaccard(LvA
     for (u32 pos = blockIdx.x * LV_THREADS + threadIdx.x; pos < E; pos += gridDim.x * LV_THREADS) {
         const u32 s = pos / L, r = pos - s * L;
         if ((int)r >= Vs[s]) continue;   /* an ignored pixel (sorted last) */
-        /* K32: keys holds the 32-bit error keys (sorted), vals the packed (s, j, fg) */
-        const u64 key = K32 ? (u64)((const u32*)keys)[pos] : keys[pos];
-        const u32 v = K32 ? (((vals[pos] >> 1) & ((1u << jb) - 1u)) << 1) | (vals[pos] & 1u) : vals[pos];
+        /* K32: keys holds the 32-bit error keys (sorted), vals the packed (s, j, fg); their reads
+         * (and the scan's) evict-first, so that the streamed 12 bytes a position do not push the
+         * segment's scattered gradient lines out of L2 before all their elements are written */
+        const u64 key = K32 ? (u64)__ldcs((const u32*)keys + pos) : keys[pos];
+        const u32 v0 = K32 ? __ldcs(vals + pos) : vals[pos];
+        const u32 v = K32 ? (((v0 >> 1) & ((1u << jb) - 1u)) << 1) | (v0 & 1u) : v0;
         const int fg = (int)(v & 1u);
         const double Gs = (double)G[s];
         const double k = (double)(r + 1);
-        const double A = (double)(scan[pos] - base[s]);   /* fg up to and including k */
+        const double A = (double)((K32 ? __ldcs(scan + pos) : scan[pos]) - base[s]);   /* fg up to and including k */
         const double B = k - A;                           /* bg up to k */
         double D;
         if (fg) D = 1.0 / (Gs + B);
