@@ -1903,6 +1903,7 @@ __device__ __forceinline__ void block_sum2(double& x, double& y, double (*sh)[32
 }
 
 __global__ void __launch_bounds__(1024) ce_setup_part_kernel(CeArgs a, double* scratch, int64_t R, int64_t Q) {
+    pdl_trigger();  // FUSEDLOSS_CE_PDL_CHAIN: the final stage may launch now (it waits for this grid)
     __shared__ double sh[2][32];
     const float* wg = a.weight ? a.weight - a.col0 : NULL;  // the global class weights
     const int64_t r0 = (int64_t)blockIdx.x * R, r1 = r0 + R < a.N ? r0 + R : a.N;
@@ -1929,6 +1930,7 @@ __global__ void __launch_bounds__(1024) ce_setup_part_kernel(CeArgs a, double* s
 
 __global__ void __launch_bounds__(32) ce_setup_final_kernel(CeArgs a, const double* scratch, int nb) {
     pdl_trigger();  // as in ce_setup_kernel
+    pdl_wait();     // launched with PDL (FUSEDLOSS_CE_PDL_CHAIN): stage 1's partials visible; else a no-op
     if (threadIdx.x != 0) return;
     double dw = 0.0, dn = 0.0, W = 0.0;
     for (int b = 0; b < nb; b++) { dw += scratch[3 * b]; dn += scratch[3 * b + 1]; W += scratch[3 * b + 2]; }
@@ -1936,7 +1938,8 @@ __global__ void __launch_bounds__(32) ce_setup_final_kernel(CeArgs a, const doub
 }
 
 __global__ void __launch_bounds__(1024) ce_reduce_part_kernel(CeArgs a, double* scratch, int64_t R) {
-    pdl_wait();  // as in ce_reduce_kernel
+    pdl_wait();     // as in ce_reduce_kernel
+    pdl_trigger();  // FUSEDLOSS_CE_PDL_CHAIN: the final stage may launch now (it waits for this grid)
     __shared__ double sh[2][32];
     const int64_t r0 = (int64_t)blockIdx.x * R, r1 = r0 + R < a.N ? r0 + R : a.N;
     double sa = 0.0, sb = 0.0;
@@ -1949,6 +1952,7 @@ __global__ void __launch_bounds__(1024) ce_reduce_part_kernel(CeArgs a, double* 
 }
 
 __global__ void __launch_bounds__(32) ce_reduce_final_kernel(CeArgs a, const double* scratch, int nb) {
+    pdl_wait();  // launched with PDL (FUSEDLOSS_CE_PDL_CHAIN): stage 1's partials visible; else a no-op
     if (threadIdx.x != 0) return;
     double A = 0.0, B = 0.0;
     for (int b = 0; b < nb; b++) { A += scratch[2 * b]; B += scratch[2 * b + 1]; }
@@ -1960,14 +1964,44 @@ __global__ void __launch_bounds__(32) ce_reduce_final_kernel(CeArgs a, const dou
     a.loss[0] = (float)total;
 }
 
+// A/B knobs of the setup / reduce launches (session 15, no GPU: not yet measured; read once):
+//   FUSEDLOSS_CE_TWO_STAGE_ROWS  the batch size from which the two-stage kernels serve (default
+//       4096). A fused MEAN call of 8192 rows (the flagship 8192x128256) runs five launches with
+//       them (setup_part, setup_final, main, reduce_part, reduce_final), three with the one-CTA ones.
+//   FUSEDLOSS_CE_PDL_CHAIN=1     (sm_90) the two stages chained by programmatic dependent launch:
+//       stage 1 lets stage 2 launch at once and stage 2 waits for it in the kernel, so neither the
+//       setup's second launch nor the reduce's last one is a gap in which HBM idles (the main
+//       kernel already starts during the setup's last kernel and the reduce during its tail).
+// Both host-only; the griddepcontrol instructions in the stage kernels are no-ops when a kernel
+// is launched without the PDL attribute (the default).
+static int ce_env_knob(const char* name, int def, int lo, int* cache) {
+    int v = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+    if (v < 0) {
+        const char* e = getenv(name);
+        v = (e && *e) ? atoi(e) : def;
+        if (v < lo) v = def;
+        __atomic_store_n(cache, v, __ATOMIC_RELEASE);  // every thread computes the same value
+    }
+    return v;
+}
+static int64_t two_stage_rows(void) {
+    static int c = -1;
+    return ce_env_knob("FUSEDLOSS_CE_TWO_STAGE_ROWS", CE_TWO_STAGE_ROWS, 1, &c);
+}
+static int pdl_chain(void) {
+    static int c = -1;
+    return ce_env_knob("FUSEDLOSS_CE_PDL_CHAIN", 0, 0, &c) != 0;
+}
+
 static int stage_ctas(int64_t N) {
     const int64_t nb = (N + 4095) / 4096;
     return (int)(nb < 1 ? 1 : nb > CE_STAGE_CTAS ? CE_STAGE_CTAS : nb);
 }
 
-// The setup (MEAN denominators, W) of a.N rows: one CTA, or two stages for big batches.
-static cudaError_t launch_setup(const CeArgs& a, cudaStream_t s) {
-    if (a.N < CE_TWO_STAGE_ROWS) {
+// The setup (MEAN denominators, W) of a.N rows: one CTA, or two stages for big batches. pdl
+// (sm_90, with FUSEDLOSS_CE_PDL_CHAIN): the second stage launched during the first.
+static cudaError_t launch_setup(const CeArgs& a, int pdl, cudaStream_t s) {
+    if (a.N < two_stage_rows()) {
         ce_setup_kernel<<<1, 1024, 0, s>>>(a);
         return cudaGetLastError();
     }
@@ -1975,12 +2009,21 @@ static cudaError_t launch_setup(const CeArgs& a, cudaStream_t s) {
     const int64_t R = (a.N + nb - 1) / nb, Q = (a.Vg + nb - 1) / nb;
     double* scratch = (double*)a.stats;
     ce_setup_part_kernel<<<nb, 1024, 0, s>>>(a, scratch, R, Q);
-    ce_setup_final_kernel<<<1, 32, 0, s>>>(a, scratch, nb);
-    return cudaGetLastError();
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr;
+    cfg.gridDim = dim3(1, 1, 1);
+    cfg.blockDim = dim3(32, 1, 1);
+    cfg.stream = s;
+    if (pdl && pdl_chain()) {
+        set_pdl(&attr);
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, ce_setup_final_kernel, a, (const double*)scratch, nb);
 }
 
 // Does a reduced call of N rows need the setup for its reduce alone (MEAN, big batch)?
-static int setup_for_reduce(int64_t N, int mean) { return mean && N >= CE_TWO_STAGE_ROWS; }
+static int setup_for_reduce(int64_t N, int mean) { return mean && N >= two_stage_rows(); }
 
 // loss[0] from a.N rows' partials. denoms: the one-CTA kernel sums the MEAN denominators itself
 // (only below CE_TWO_STAGE_ROWS; above, the caller ran launch_setup: setup_for_reduce).
@@ -1997,7 +2040,7 @@ static cudaError_t launch_reduce(const CeArgs& a, int denoms, int pdl, cudaStrea
         cfg.attrs = &attr;
         cfg.numAttrs = 1;
     }
-    if (a.N < CE_TWO_STAGE_ROWS) {
+    if (a.N < two_stage_rows()) {
         cfg.gridDim = dim3(1, 1, 1);
         return cudaLaunchKernelEx(&cfg, ce_reduce_kernel, a, denoms);
     }
@@ -2007,8 +2050,13 @@ static cudaError_t launch_reduce(const CeArgs& a, int denoms, int pdl, cudaStrea
     cfg.gridDim = dim3((unsigned)nb, 1, 1);
     cudaError_t e = cudaLaunchKernelEx(&cfg, ce_reduce_part_kernel, a, scratch, R);
     if (e != cudaSuccess) return e;
-    ce_reduce_final_kernel<<<1, 32, 0, s>>>(a, scratch, nb);
-    return cudaGetLastError();
+    if (!(pdl && pdl_chain())) {
+        ce_reduce_final_kernel<<<1, 32, 0, s>>>(a, scratch, nb);
+        return cudaGetLastError();
+    }
+    cfg.gridDim = dim3(1, 1, 1);
+    cfg.blockDim = dim3(32, 1, 1);
+    return cudaLaunchKernelEx(&cfg, ce_reduce_final_kernel, a, (const double*)scratch, nb);
 }
 
 // ---- vocab-parallel steps (header section 8) -------------------------------------------------
@@ -2732,7 +2780,7 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
         FL_CUDA_TRY(launch_pass(pass, dt, flags, 1, a, none_cfg, (int)C, stream));
         return FL_OK;
     }
-    if (needs_setup) FL_CUDA_TRY(launch_setup(a, stream));
+    if (needs_setup) FL_CUDA_TRY(launch_setup(a, d.cc_major >= 9 && knobs()->pdl, stream));
     if (N > 0) {
         Config c = choose_config(V, (int)fl__dtype_size(dt), pass);
         c.pdl = needs_setup && knobs()->pdl;
@@ -2855,7 +2903,7 @@ fl_status fl__ce_cuda_chunk_begin(const fl__ce_params* p, const void* targets, i
     const int needs_setup = p->reduction == FL_REDUCTION_MEAN || (p->weight && p->label_smoothing > 0.0f);
     if (!needs_setup) return FL_OK;
     CeArgs a = make_args(*p, NULL, NULL, NULL, NULL, targets, NULL, NULL, 1.0f, N, V, V, it, ce_ws, N);
-    FL_CUDA_TRY(launch_setup(a, (cudaStream_t)stream));
+    FL_CUDA_TRY(launch_setup(a, 0, (cudaStream_t)stream));
     return FL_OK;
 }
 
@@ -2956,7 +3004,7 @@ fl_status fl_vp_ce_combine_cuda(float* loss, float* lse, const float* gathered, 
     CeArgs a = make_args(p, loss, lse, NULL, NULL, targets, NULL, NULL, 1.0f, N, V, V, index_dtype, workspace, N);
     // W; MEAN's denominators: the reduce kernel, or the setup for a big batch (two stages)
     const int needs_setup = (p.weight && p.label_smoothing > 0.0f) || (reduced && setup_for_reduce(N, mean));
-    if (needs_setup) FL_CUDA_TRY(launch_setup(a, s));
+    if (needs_setup) FL_CUDA_TRY(launch_setup(a, 0, s));
     if (N > 0) {
         vp_combine_kernel<<<(unsigned)((N + 255) / 256), 256, 0, s>>>(a, gathered, k);
         FL_CUDA_TRY(cudaGetLastError());
@@ -2981,7 +3029,7 @@ fl_status fl_vp_ce_backward_cuda(void* dlogits, const void* logits, const void* 
     CeArgs a = vp_args(p, dlogits, logits, targets, lse, grad_loss, grad_scale, N, V_local, ld, vocab_start, V,
                        index_dtype, workspace);
     if (p.reduction == FL_REDUCTION_MEAN || (p.weight && p.label_smoothing > 0.0f)) {
-        FL_CUDA_TRY(launch_setup(a, s));  // over all N targets and the global weights
+        FL_CUDA_TRY(launch_setup(a, 0, s));  // over all N targets and the global weights
     }
     Config c = choose_config(V_local, (int)fl__dtype_size(dtype), PASS_BACKWARD);
     a.C = c.C;
@@ -3001,7 +3049,7 @@ fl_status fl__vp_cuda_chunk_begin(const fl__ce_params* p, const void* targets, i
     // N == 0 too (MEAN's 0 / 0 = NaN, as the single-GPU calls give)
     if (!(p->reduction == FL_REDUCTION_MEAN || (p->weight && p->label_smoothing > 0.0f))) return FL_OK;
     CeArgs a = vp_args(*p, NULL, NULL, targets, NULL, NULL, 1.0f, N, V_local, V_local, vocab_start, V, it, ce_ws);
-    FL_CUDA_TRY(launch_setup(a, (cudaStream_t)stream));  // over all N targets and the global weights
+    FL_CUDA_TRY(launch_setup(a, 0, (cudaStream_t)stream));  // over all N targets and the global weights
     return FL_OK;
 }
 
