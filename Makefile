@@ -80,6 +80,10 @@ $(BUILD)/obj/%.o: src/%.cu $(HDRS)
 $(LIB_A): $(C_OBJ) $(CU_OBJ)
 	@mkdir -p $(BUILD)
 	rm -f $@ && ar rcs $@ $^
+	@# the tree this library was built from (carried to the GPU machine with it: scripts/gpu_check.sh)
+	@c=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown); \
+	 [ "$$c" = unknown ] || [ -z "$$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || c="$$c-dirty"; \
+	 echo "$$c" > $(BUILD)/BUILD_COMMIT
 
 $(LIB_SO): $(C_OBJ) $(CU_OBJ) src/libfusedloss.map
 	$(CC) -shared -o $@ $(C_OBJ) $(CU_OBJ) -Wl,--version-script=src/libfusedloss.map $(CUDA_LIBS) $(LDLIBS)

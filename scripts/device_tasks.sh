@@ -18,6 +18,8 @@ T0=$(date +%s)
 if [ -e build/libfusedloss.a.gz ] && [ ! -e build/libfusedloss.a ]; then gunzip -c build/libfusedloss.a.gz > build/libfusedloss.a; fi
 [ -e build/test_cross_entropy_cuda ] || FL_PREBUILT="${FL_PREBUILT:-1}" STEPS=build BUDGET=150 bash scripts/gpu_check.sh | tail -3
 export PYTHONPATH="python${PYTHONPATH:+:$PYTHONPATH}" FUSEDLOSS_LIBRARY="$PWD/build/libfusedloss.so"
+# provenance: the tree the (carried) library was built from, as the Makefile recorded it
+echo "### library built from $(cat build/BUILD_COMMIT 2>/dev/null || echo 'an unrecorded tree'); device tree $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(date -u +%FT%TZ)" | tee -a "$OUT/tasks.log"
 SUM=()
 n=0
 while IFS= read -r line; do

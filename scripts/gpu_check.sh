@@ -52,6 +52,11 @@ GPU_ARCH="${GPU_ARCH:-90}"
 T0=$(date +%s)
 DATE=$(date -u +%F)
 
+# a library built elsewhere and carried here (FL_PREBUILT) says which tree it came from: build/BUILD_COMMIT
+# (written by the Makefile); the device copy's own git state can differ from it (s14 saw "-dirty")
+if [ -z "${FL_COMMIT:-}" ] && [ -s build/BUILD_COMMIT ] && { [ -e build/libfusedloss.a.gz ] || [ "${FL_PREBUILT:-0}" = 1 ]; }; then
+    FL_COMMIT="$(cat build/BUILD_COMMIT)"
+fi
 if [ -z "${FL_COMMIT:-}" ]; then
     FL_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
     if [ "$FL_COMMIT" != unknown ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
