@@ -95,6 +95,49 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_keys(LvArgs a, int jb) {
         const int64_t e0 = n * a.ld + k;
         const int64_t set = a.per_image ? n : 0;
         const int64_t j = a.per_image ? k : i;
+        if constexpr (K32) {
+            /* (SORT=2 only) C <= LV_REG_C: the pixel's C values loaded back to back into registers
+             * first (the loop below issues each class's load after the previous class's stores,
+             * which may alias it: one memory latency per class), then the same operations in the
+             * same order as below, so the same keys and lse bit for bit */
+            if (a.C <= LV_REG_C) {
+                float xv[LV_REG_C];
+#pragma unroll
+                for (int c = 0; c < LV_REG_C; c++)
+                    xv[c] = (c < a.C && !skip) ? to_float(x[e0 + (int64_t)c * a.d]) : 0.0f;
+                float lse = 0.0f;
+                if (a.from_logits && !skip) {
+                    float m = -INFINITY;
+#pragma unroll
+                    for (int c = 0; c < LV_REG_C; c++)
+                        if (c < a.C) m = fmaxf(m, xv[c]);
+                    float s = 0.0f;
+#pragma unroll
+                    for (int c = 0; c < LV_REG_C; c++)
+                        if (c < a.C) s += expf(xv[c] - m);
+                    lse = m + logf(s);
+                    a.lse[i] = lse;
+                }
+#pragma unroll
+                for (int c = 0; c < LV_REG_C; c++) {
+                    if (c >= a.C) break;
+                    const int64_t pos = (set * a.C + c) * a.L + j;
+                    const u32 sj = ((u32)(set * a.C + c) << (jb + 1)) | ((u32)j << 1);
+                    if (skip) {
+                        ((u32*)a.keys)[pos] = 0xFFFFFFFFu;
+                        a.vals[pos] = sj;
+                        if (a.fused && !a.from_logits) dx[e0 + (int64_t)c * a.d] = from_float<T>(bad ? NAN : 0.0f);
+                        continue;
+                    }
+                    const float p = a.from_logits ? expf(xv[c] - lse) : xv[c];
+                    const int fg = y == c;
+                    const float e = fabsf((fg ? 1.0f : 0.0f) - p);
+                    ((u32*)a.keys)[pos] = e != e ? 0u : 0x7FFFFFFFu - __float_as_uint(e);
+                    a.vals[pos] = sj | (u32)fg;
+                }
+                continue;
+            }
+        }
         float lse = 0.0f;
         if (a.from_logits && !skip) {
             float m = -INFINITY;
