@@ -2009,6 +2009,8 @@ static cudaError_t launch_setup(const CeArgs& a, int pdl, cudaStream_t s) {
     const int64_t R = (a.N + nb - 1) / nb, Q = (a.Vg + nb - 1) / nb;
     double* scratch = (double*)a.stats;
     ce_setup_part_kernel<<<nb, 1024, 0, s>>>(a, scratch, R, Q);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr;
     cfg.gridDim = dim3(1, 1, 1);
