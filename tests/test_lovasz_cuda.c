@@ -45,7 +45,8 @@
  *   and a 16-element tail guard untouched; the input unchanged (out of place).
  * Plus: out-of-range labels (C and -5: FL_OK, after the sync loss NaN, *error_flag == 1 when given,
  * the bad pixels' dinput NaN for every class, the others as the CPU with them ignored, then a valid
- * call leaves the flag 0); determinism (two runs bitwise) and CUDA graph capture on a non-blocking
+ * call leaves the flag 0); determinism (two runs bitwise; a third on the other sort path,
+ * FUSEDLOSS_LOVASZ_SORT 1 <-> 2, bitwise the same) and CUDA graph capture on a non-blocking
  * stream + replay bitwise equal to eager (also after grad_loss changes on the device); the big case
  * N = 4, C = 19, d = 512 x 512 (f32 probabilities and grid logits, fused: loss and gradient); bad
  * arguments (status, the function named, nothing written); the size query's 2^31 - 1 limit; N = 0.
@@ -54,6 +55,7 @@
  *        --no-big: skip the 20M-element case). Without a CUDA build or device: SKIP, exit 0.
  * SPDX-License-Identifier: MIT
  */
+#define _POSIX_C_SOURCE 200809L /* setenv: the sort-path A/B of test_determinism_graph */
 #include <cuda_runtime.h>
 
 #include <math.h>
@@ -783,6 +785,21 @@ static void test_determinism_graph(const cfg_t* c, uint64_t seed) {
     cmp_grad("eager dinput", c, &h, da, rd, gp, NULL);
     LCHECK(memcmp(la, lb, 8) == 0 && memcmp(da, db, xb) == 0, "two eager runs differ (loss %.9g / %.9g)",
            (double)la[0], (double)lb[0]);
+    {   /* the other sort path (FUSEDLOSS_LOVASZ_SORT 1 <-> 2, read on every call): the same order and
+         * the same operations, so bitwise the same outputs */
+        zt_env_saved sv;
+        const char* to = zt_env_other(&sv, "FUSEDLOSS_LOVASZ_SORT", "1", "2");
+        dcase_prepare(&h, &D, 0);
+        st = LV_CALL();
+        if (LCHECK_STATUS(st, FL_OK, "eager call, the other sort path")) {
+            zt_check_call_ok(g_case, D.flag, 0);
+            LV_FETCH(lb, db);
+            LCHECK(memcmp(la, lb, 8) == 0 && memcmp(da, db, xb) == 0,
+                   "FUSEDLOSS_LOVASZ_SORT=%s differs from the other sort path (loss %.9g / %.9g)", to,
+                   (double)lb[0], (double)la[0]);
+        }
+        zt_env_restore(&sv);
+    }
     {   /* capture on the non-blocking stream, instantiate, replay three times */
         cudaGraph_t gr = NULL;
         cudaGraphExec_t ex = NULL;

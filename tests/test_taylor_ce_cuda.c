@@ -54,6 +54,7 @@
  *        big graph case at N = 8, for compute-sanitizer)
  * SPDX-License-Identifier: MIT
  */
+#define _POSIX_C_SOURCE 200809L /* setenv: the prefetch-path A/B of test_graph_big */
 #include <cuda_runtime.h>
 
 #include <math.h>
@@ -514,7 +515,8 @@ static int run_case(const cfg_t* c, uint64_t seed, int graph) {
 
 /* ------------------------------------------------------------------------------------------
  * Graph capture on a big case: N = 4096, C = 32000, bf16, MEAN, fused, grad_loss on the device.
- * Eager twice (bitwise), captured + replayed (bitwise == eager); the loss against the CPU; the
+ * Eager twice (bitwise), captured + replayed (bitwise == eager), eager on the other staged-row
+ * prefetch path (bitwise == eager; the knob in src/cuda); the loss against the CPU; the
  * gradient of sampled rows against the CPU (NONE on those rows with g = grad_scale gl / D).
  * ---------------------------------------------------------------------------------------- */
 static void test_graph_big(int64_t N, int64_t C, int order) {
@@ -555,7 +557,12 @@ static void test_graph_big(int64_t N, int64_t C, int order) {
     void* d2 = tu_xmalloc(n * es);
     float l1 = 0, l2 = 0;
     char nm[260];
-    for (int rep = 0; rep < 3; rep++) {   /* eager, eager again, captured + replayed */
+    /* eager, eager again, captured + replayed, then eager on the other prefetch path (FUSEDLOSS_TC_PREFETCH
+     * 0 <-> 1, read on every call: the same values into the same slots, so bitwise the same outputs) */
+    zt_env_saved sv;
+    const char* pf = "";
+    for (int rep = 0; rep < 4; rep++) {
+        if (rep == 3) pf = zt_env_other(&sv, "FUSEDLOSS_TC_PREFETCH", "0", "1");
         CK(cudaMemset(dd, 0xFF, n * es));
         CK(cudaMemset(dl, 0xFF, 4));
         CK(cudaMemset(dws, 0xFF, wsb));
@@ -563,7 +570,7 @@ static void test_graph_big(int64_t N, int64_t C, int order) {
         fl_status st;
         cudaGraph_t gr;
         cudaGraphExec_t ex;
-        if (rep < 2) {
+        if (rep != 2) {
             st = fl_taylor_ce_fused_cuda(dl, dd, dx, C, dlab, FL_INDEX_I64, dgl, c.gs, N, C, c.dt, &og, dws, wsb,
                                          (fl_stream)g_stream);
         } else {
@@ -586,7 +593,8 @@ static void test_graph_big(int64_t N, int64_t C, int order) {
         CK(cudaMemcpy(rep == 0 ? d1 : d2, dd, n * es, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(rep == 0 ? &l1 : &l2, dl, 4, cudaMemcpyDeviceToHost));
         if (rep > 0) {
-            snprintf(nm, sizeof nm, "%s %s", name, rep == 1 ? "rerun bitwise" : "graph replay == eager");
+            if (rep == 3) snprintf(nm, sizeof nm, "%s %s=%s == eager", name, "FUSEDLOSS_TC_PREFETCH", pf);
+            else snprintf(nm, sizeof nm, "%s %s", name, rep == 1 ? "rerun bitwise" : "graph replay == eager");
             t_bitwise(nm, &l2, &l1, 4);
             t_bitwise(nm, d2, d1, n * es);
         }
@@ -594,6 +602,7 @@ static void test_graph_big(int64_t N, int64_t C, int order) {
             CK(cudaGraphExecDestroy(ex));
             CK(cudaGraphDestroy(gr));
         }
+        if (rep == 3) zt_env_restore(&sv);
     }
     /* the loss against the CPU's (every row) */
     rowstat* rs = tu_xmalloc((size_t)N * sizeof(rowstat));

@@ -82,6 +82,27 @@ static inline int zt_count_written(const void* d, size_t dbytes, const float* l,
     free(hlb);
     return w;
 }
+
+#if defined(_POSIX_C_SOURCE) && _POSIX_C_SOURCE >= 200112L
+/* A/B of a kernel-choice knob read on every call (FUSEDLOSS_LOVASZ_SORT, FUSEDLOSS_LM_PREFETCH, ...):
+ * zt_env_other sets `name` to the value of {a, b} it does not hold now (unset counts as a), saving
+ * the old state; zt_env_restore puts it back. A test runs a case once as it stands and once on the
+ * other path, and compares. */
+typedef struct { char name[64], val[64]; int had; } zt_env_saved;
+static inline const char* zt_env_other(zt_env_saved* s, const char* name, const char* a, const char* b) {
+    const char* v = getenv(name);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->had = v != NULL;
+    snprintf(s->val, sizeof s->val, "%s", v ? v : "");
+    const char* to = (v && !strcmp(v, b)) ? a : b;
+    setenv(name, to, 1);
+    return to;
+}
+static inline void zt_env_restore(const zt_env_saved* s) {
+    if (s->had) setenv(s->name, s->val, 1);
+    else unsetenv(s->name);
+}
+#endif
 #endif /* FL_TEST_CUDA_CHECK_H */
 
 #endif /* FL_TEST_ZOO_TEST_UTIL_H */
