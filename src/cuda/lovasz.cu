@@ -383,6 +383,12 @@ static cudaError_t lv_plan(int64_t N, int64_t C, int64_t d, int per_image, int f
         e = cub::DeviceRadixSort::SortPairs(nullptr, t32, k32, v, (int)pl->E, 0, 32);
         if (e != cudaSuccess) return e;
         if (t32 > t_sort) t_sort = t32;
+        if (pl->sbits > 0 && 1 + pl->jbits + pl->sbits <= 32) {   /* pass B (its bit range) */
+            e = cub::DeviceRadixSort::SortPairs(nullptr, t32, k32, v, (int)pl->E, pl->jbits + 1,
+                                                pl->jbits + 1 + pl->sbits);
+            if (e != cudaSuccess) return e;
+            if (t32 > t_sort) t_sort = t32;
+        }
         e = cub::DeviceScan::InclusiveSum(nullptr, t_scan, LvFgIt((const u32*)nullptr, LvFg()), (int*)nullptr,
                                           (int)pl->E);
         if (e != cudaSuccess) return e;
