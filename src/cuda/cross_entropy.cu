@@ -1972,26 +1972,77 @@ __global__ void __launch_bounds__(32) ce_reduce_final_kernel(CeArgs a, const dou
 //       stage 1 lets stage 2 launch at once and stage 2 waits for it in the kernel, so neither the
 //       setup's second launch nor the reduce's last one is a gap in which HBM idles (the main
 //       kernel already starts during the setup's last kernel and the reduce during its tail).
-// Both host-only; the griddepcontrol instructions in the stage kernels are no-ops when a kernel
-// is launched without the PDL attribute (the default).
-static int ce_env_knob(const char* name, int def, int lo, int* cache) {
-    int v = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
-    if (v < 0) {
-        const char* e = getenv(name);
-        v = (e && *e) ? atoi(e) : def;
-        if (v < lo) v = def;
-        __atomic_store_n(cache, v, __ATOMIC_RELEASE);  // every thread computes the same value
+// Both host-only (read once with the other knobs); the griddepcontrol instructions in the stage
+// kernels are no-ops when a kernel is launched without the PDL attribute (the default).
+struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync;
+               int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_maxcs, pipe_cs, pipe_ring, pdl,
+               plain_st, two_stage_rows, pdl_chain; };
+
+static int env_int(const char* name, int def) {
+    const char* e = getenv(name);
+    return (e && *e) ? atoi(e) : def;
+}
+
+static const Knobs* knobs(void) {
+    static Knobs k;
+    static int have = 0;
+    if (!__atomic_load_n(&have, __ATOMIC_ACQUIRE)) {
+        Knobs n;
+        n.chunk_threads = env_int("FUSEDLOSS_CE_CHUNK_THREADS", 0);
+        n.small_rows = env_int("FUSEDLOSS_CE_SMALL_MAX_ROWS", 128);
+        n.small_opt = env_int("FUSEDLOSS_CE_SMALL_OPT", 15) & 15;
+        n.stream = env_int("FUSEDLOSS_CE_STREAM", 1);
+        n.stream_kb = env_int("FUSEDLOSS_CE_STREAM_KB", 256);
+        n.on = env_int("FUSEDLOSS_CE_TMA", 1);
+        n.xasync = env_int("FUSEDLOSS_CE_TMA_XCH", 1) != 0;
+        n.fwd = env_int("FUSEDLOSS_CE_TMA_FWD", 0);
+        n.bwd = env_int("FUSEDLOSS_CE_TMA_BWD", 0);
+        n.kb = env_int("FUSEDLOSS_CE_TMA_KB", 100);
+        n.nsub = env_int("FUSEDLOSS_CE_TMA_NSUB", 2);
+        n.threads = env_int("FUSEDLOSS_CE_TMA_THREADS", 256);
+        n.grid = env_int("FUSEDLOSS_CE_TMA_GRID", 0);
+        n.debug = env_int("FUSEDLOSS_DEBUG", 0);
+        n.group_rows = env_int("FUSEDLOSS_CE_GROUP_ROWS", 512);
+        n.pipe = env_int("FUSEDLOSS_CE_PIPE", 1);
+        n.pipe_kb = env_int("FUSEDLOSS_CE_PIPE_KB", 72);
+        n.pipe_threads = env_int("FUSEDLOSS_CE_PIPE_THREADS", 0);  // 0: per variant (pipe_threads_for)
+        n.pipe_sub = env_int("FUSEDLOSS_CE_PIPE_SUB", -1);      // -1: per variant and cluster (pipe_plan)
+        n.pipe_slack = env_int("FUSEDLOSS_CE_PIPE_SLACK", -1);  // -1: per variant (pipe_plan)
+        n.pipe_maxcs = env_int("FUSEDLOSS_CE_PIPE_MAXCS", 0);   // 0: per variant (pipe_plan)
+        n.pipe_cs = env_int("FUSEDLOSS_CE_PIPE_CS", 0);
+        n.pipe_ring = env_int("FUSEDLOSS_CE_PIPE_RING", 220);
+        n.pdl = env_int("FUSEDLOSS_CE_PDL", 1) != 0;
+        n.plain_st = env_int("FUSEDLOSS_CE_PLAIN_ST", 1) != 0;
+        n.two_stage_rows = env_int("FUSEDLOSS_CE_TWO_STAGE_ROWS", CE_TWO_STAGE_ROWS);  // launch_setup
+        if (n.two_stage_rows < 1) n.two_stage_rows = CE_TWO_STAGE_ROWS;
+        n.pdl_chain = env_int("FUSEDLOSS_CE_PDL_CHAIN", 0) != 0;
+        if (n.pipe_sub < -1 || n.pipe_sub > 64) n.pipe_sub = -1;
+        if (n.pipe_slack < -1 || n.pipe_slack > 200) n.pipe_slack = -1;
+        if (n.pipe_maxcs < 0 || n.pipe_maxcs > TMA_MAX_CLUSTER) n.pipe_maxcs = 0;
+        if (n.pipe_cs < 0 || n.pipe_cs > TMA_MAX_CLUSTER) n.pipe_cs = 0;
+        if (n.pipe_ring < 16 || n.pipe_ring > 224) n.pipe_ring = 220;
+        n.pipe_nbuf = env_int("FUSEDLOSS_CE_PIPE_NBUF", 3);
+        if (n.pipe_kb < 4 || n.pipe_kb > 112) n.pipe_kb = 72;
+        if (n.pipe_threads < 128 || n.pipe_threads > PIPE_MAX_THREADS_F0 || n.pipe_threads % 32) n.pipe_threads = 0;
+        if (n.pipe_nbuf < 2 || n.pipe_nbuf > 4) n.pipe_nbuf = 3;
+        n.pipe_stats = env_int("FUSEDLOSS_CE_PIPE_STATS", 0);  // 0: 3/8 of the CTA (pipe_threads_for)
+        if (n.pipe_stats < 32 || n.pipe_stats % 32) n.pipe_stats = 0;
+        const int ct = n.chunk_threads;
+        if (ct != 64 && ct != 128 && ct != 256 && ct != 512) n.chunk_threads = 0;
+        if (n.small_rows < 0) n.small_rows = 0;
+        if (n.small_rows > SMALL_MAX_ROWS) n.small_rows = SMALL_MAX_ROWS;
+        if (n.stream_kb < 8 || n.stream_kb > 1024) n.stream_kb = 256;
+        if (n.kb < 1 || n.kb > 200) n.kb = 100;
+        if (n.nsub < 1 || n.nsub > TMA_MAX_SUB) n.nsub = 2;
+        if (n.threads != 128 && n.threads != 256) n.threads = 256;
+        k = n;  // every thread computes the same values: a racing second store is harmless
+        __atomic_store_n(&have, 1, __ATOMIC_RELEASE);
     }
-    return v;
+    return &k;
 }
-static int64_t two_stage_rows(void) {
-    static int c = -1;
-    return ce_env_knob("FUSEDLOSS_CE_TWO_STAGE_ROWS", CE_TWO_STAGE_ROWS, 1, &c);
-}
-static int pdl_chain(void) {
-    static int c = -1;
-    return ce_env_knob("FUSEDLOSS_CE_PDL_CHAIN", 0, 0, &c) != 0;
-}
+
+static int64_t two_stage_rows(void) { return knobs()->two_stage_rows; }
+static int pdl_chain(void) { return knobs()->pdl_chain; }
 
 static int stage_ctas(int64_t N) {
     const int64_t nb = (N + 4095) / 4096;
@@ -2178,70 +2229,6 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  ring mode and the staged kernel's fused pass (default 1;
 //                                                  0: st.global.cs everywhere, as before; see store_vec)
 //   FUSEDLOSS_DEBUG=1                              print each new staged launch plan to stderr
-struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync;
-               int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_maxcs, pipe_cs, pipe_ring, pdl,
-               plain_st; };
-
-static int env_int(const char* name, int def) {
-    const char* e = getenv(name);
-    return (e && *e) ? atoi(e) : def;
-}
-
-static const Knobs* knobs(void) {
-    static Knobs k;
-    static int have = 0;
-    if (!__atomic_load_n(&have, __ATOMIC_ACQUIRE)) {
-        Knobs n;
-        n.chunk_threads = env_int("FUSEDLOSS_CE_CHUNK_THREADS", 0);
-        n.small_rows = env_int("FUSEDLOSS_CE_SMALL_MAX_ROWS", 128);
-        n.small_opt = env_int("FUSEDLOSS_CE_SMALL_OPT", 15) & 15;
-        n.stream = env_int("FUSEDLOSS_CE_STREAM", 1);
-        n.stream_kb = env_int("FUSEDLOSS_CE_STREAM_KB", 256);
-        n.on = env_int("FUSEDLOSS_CE_TMA", 1);
-        n.xasync = env_int("FUSEDLOSS_CE_TMA_XCH", 1) != 0;
-        n.fwd = env_int("FUSEDLOSS_CE_TMA_FWD", 0);
-        n.bwd = env_int("FUSEDLOSS_CE_TMA_BWD", 0);
-        n.kb = env_int("FUSEDLOSS_CE_TMA_KB", 100);
-        n.nsub = env_int("FUSEDLOSS_CE_TMA_NSUB", 2);
-        n.threads = env_int("FUSEDLOSS_CE_TMA_THREADS", 256);
-        n.grid = env_int("FUSEDLOSS_CE_TMA_GRID", 0);
-        n.debug = env_int("FUSEDLOSS_DEBUG", 0);
-        n.group_rows = env_int("FUSEDLOSS_CE_GROUP_ROWS", 512);
-        n.pipe = env_int("FUSEDLOSS_CE_PIPE", 1);
-        n.pipe_kb = env_int("FUSEDLOSS_CE_PIPE_KB", 72);
-        n.pipe_threads = env_int("FUSEDLOSS_CE_PIPE_THREADS", 0);  // 0: per variant (pipe_threads_for)
-        n.pipe_sub = env_int("FUSEDLOSS_CE_PIPE_SUB", -1);      // -1: per variant and cluster (pipe_plan)
-        n.pipe_slack = env_int("FUSEDLOSS_CE_PIPE_SLACK", -1);  // -1: per variant (pipe_plan)
-        n.pipe_maxcs = env_int("FUSEDLOSS_CE_PIPE_MAXCS", 0);   // 0: per variant (pipe_plan)
-        n.pipe_cs = env_int("FUSEDLOSS_CE_PIPE_CS", 0);
-        n.pipe_ring = env_int("FUSEDLOSS_CE_PIPE_RING", 220);
-        n.pdl = env_int("FUSEDLOSS_CE_PDL", 1) != 0;
-        n.plain_st = env_int("FUSEDLOSS_CE_PLAIN_ST", 1) != 0;
-        if (n.pipe_sub < -1 || n.pipe_sub > 64) n.pipe_sub = -1;
-        if (n.pipe_slack < -1 || n.pipe_slack > 200) n.pipe_slack = -1;
-        if (n.pipe_maxcs < 0 || n.pipe_maxcs > TMA_MAX_CLUSTER) n.pipe_maxcs = 0;
-        if (n.pipe_cs < 0 || n.pipe_cs > TMA_MAX_CLUSTER) n.pipe_cs = 0;
-        if (n.pipe_ring < 16 || n.pipe_ring > 224) n.pipe_ring = 220;
-        n.pipe_nbuf = env_int("FUSEDLOSS_CE_PIPE_NBUF", 3);
-        if (n.pipe_kb < 4 || n.pipe_kb > 112) n.pipe_kb = 72;
-        if (n.pipe_threads < 128 || n.pipe_threads > PIPE_MAX_THREADS_F0 || n.pipe_threads % 32) n.pipe_threads = 0;
-        if (n.pipe_nbuf < 2 || n.pipe_nbuf > 4) n.pipe_nbuf = 3;
-        n.pipe_stats = env_int("FUSEDLOSS_CE_PIPE_STATS", 0);  // 0: 3/8 of the CTA (pipe_threads_for)
-        if (n.pipe_stats < 32 || n.pipe_stats % 32) n.pipe_stats = 0;
-        const int ct = n.chunk_threads;
-        if (ct != 64 && ct != 128 && ct != 256 && ct != 512) n.chunk_threads = 0;
-        if (n.small_rows < 0) n.small_rows = 0;
-        if (n.small_rows > SMALL_MAX_ROWS) n.small_rows = SMALL_MAX_ROWS;
-        if (n.stream_kb < 8 || n.stream_kb > 1024) n.stream_kb = 256;
-        if (n.kb < 1 || n.kb > 200) n.kb = 100;
-        if (n.nsub < 1 || n.nsub > TMA_MAX_SUB) n.nsub = 2;
-        if (n.threads != 128 && n.threads != 256) n.threads = 256;
-        k = n;  // every thread computes the same values: a racing second store is harmless
-        __atomic_store_n(&have, 1, __ATOMIC_RELEASE);
-    }
-    return &k;
-}
-
 // Rows of up to 512 16-byte vectors: one CTA, as few threads as cover the row with 2 vectors
 // each. Longer rows: chunks of 256 threads x 8 vectors (32 KB in flight per CTA, ~107 registers:
 // two CTAs per SM), C = fl__ce_chunks() of them per row.

@@ -614,10 +614,7 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmAr
 typedef void (*lm_fn)(LmArgs);
 
 /* FUSEDLOSS_LM_PREFETCH=1: the staged CTA kernel with the next row's cp.async prefetch (PF above) */
-static int lm_prefetch(void) {
-    const char* v = getenv("FUSEDLOSS_LM_PREFETCH");
-    return v && *v && atoi(v) != 0;
-}
+static int lm_prefetch(void) { return rp_env_i64("FUSEDLOSS_LM_PREFETCH", 0) != 0; }
 
 template <typename T>
 static lm_fn lm_pick_t(int64_t C, bool vec16, bool head, bool stage) {

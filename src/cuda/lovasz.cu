@@ -150,10 +150,11 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_keys(LvArgs a, int jb) {
         for (int64_t c = 0; c < a.C; c++) {
             const int64_t pos = (set * a.C + c) * a.L + j;
             const u64 hi = (u64)(set * a.C + c) << 32;
+            const u32 sj = K32 ? ((u32)(set * a.C + c) << (jb + 1)) | ((u32)j << 1) : 0u;   /* packed (s, j) */
             if (skip) {
                 if constexpr (K32) {
                     ((u32*)a.keys)[pos] = 0xFFFFFFFFu;
-                    a.vals[pos] = ((u32)(set * a.C + c) << (jb + 1)) | ((u32)j << 1);
+                    a.vals[pos] = sj;
                 } else {
                     a.keys[pos] = hi | 0xFFFFFFFFull;
                     a.vals[pos] = (u32)j << 1;
@@ -168,7 +169,7 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_keys(LvArgs a, int jb) {
             const u32 low = e != e ? 0u : 0x7FFFFFFFu - __float_as_uint(e);
             if constexpr (K32) {
                 ((u32*)a.keys)[pos] = low;
-                a.vals[pos] = ((u32)(set * a.C + c) << (jb + 1)) | ((u32)j << 1) | (u32)fg;
+                a.vals[pos] = sj | (u32)fg;
             } else {
                 a.keys[pos] = hi | (u64)low;
                 a.vals[pos] = ((u32)j << 1) | (u32)fg;

@@ -384,10 +384,7 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_head_kernel(TcAr
 typedef void (*tc_fn)(TcArgs);
 
 /* FUSEDLOSS_TC_PREFETCH=1: the staged CTA kernel with the next row's cp.async prefetch (PF above) */
-static int tc_prefetch(void) {
-    const char* v = getenv("FUSEDLOSS_TC_PREFETCH");
-    return v && *v && atoi(v) != 0;
-}
+static int tc_prefetch(void) { return rp_env_i64("FUSEDLOSS_TC_PREFETCH", 0) != 0; }
 
 template <typename T>
 static tc_fn tc_pick_t(int64_t C, bool vec16, bool head, bool stage) {
