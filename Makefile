@@ -1,6 +1,6 @@
 # fusedloss — top-level GNU Makefile (llm.c style).
 #   make                 library (static + shared), tests, benchmark/demo; CUDA objects when nvcc exists
-#   make test            CPU tests (what CI runs)
+#   make test            CPU tests (what CI runs)     make test-sanitize   the same under ASan + UBSan
 #   make test-cuda       GPU tests (needs a GPU)            make bench   GPU benchmark (bench-gelu: GeLU, bench-lce: linear CE)
 #   make demo            fused cross-entropy on a real-sized problem (GPU if present, else CPU)
 #   make install PREFIX=/usr/local
@@ -65,7 +65,7 @@ CPU_TESTS  := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out %_cuda.c,$(wildcard t
 CUDA_TESTS := $(patsubst tests/%.c,$(BUILD)/%,$(wildcard tests/*_cuda.c))
 TOOLS      := $(BUILD)/fl_demo $(if $(NVCC),$(BUILD)/bench_cross_entropy $(BUILD)/bench_gelu $(BUILD)/bench_linear_ce $(BUILD)/bench_vp_linear $(BUILD)/bench_launch_floor $(BUILD)/bench_stream_floor)
 
-.PHONY: all lib test test-cuda bench bench-gelu bench-lce demo install example clean
+.PHONY: all lib test test-sanitize test-cuda bench bench-gelu bench-lce demo install example clean
 all: lib $(CPU_TESTS) $(TOOLS) $(if $(NVCC),$(CUDA_TESTS))
 lib: $(LIB_A) $(LIB_SO)
 
@@ -115,6 +115,13 @@ $(BUILD)/bench_vp_linear: bench/bench_vp_linear.c $(LIB_A)
 # CPU tests: each prints "N passed, M failed"; any failure fails make
 test: lib $(CPU_TESTS)
 	@set -e; for t in $(CPU_TESTS); do echo "== $$t"; ./$$t; done; echo "overall okay: 1"
+
+# the CPU tests again under AddressSanitizer + UndefinedBehaviorSanitizer (CI), in a CPU-only build of
+# their own; allocator_may_return_null: test_linear_cross_entropy asks for an impossible workspace on
+# purpose (the library must report FL_ERR_OUT_OF_MEMORY, not abort)
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1
+test-sanitize:
+	ASAN_OPTIONS=allocator_may_return_null=1 $(MAKE) BUILD=build-asan NO_CUDA=1 EXTRA_CFLAGS="$(SAN_FLAGS)" test
 
 test-cuda: lib $(CUDA_TESTS)
 	@set -e; for t in $(CUDA_TESTS); do echo "== $$t"; ./$$t; done; echo "overall okay: 1"
