@@ -22,7 +22,8 @@
  *   dstudent[j] : |d| <= 1 ulp of the dtype (rtol) + 4e-6 * |G| * (q_j + p_j) * (1 + |lse_s| + |lse_t|
  *          + |log q_j - log p_j| + |l|): exp2 of an argument carrying ~ulp(lse) absolute error;
  *          + 4 |G| 2^-126 (1 + |l|): probabilities below 2^-126 flushed to zero (ex2.approx.ftz).
- * Run:   build/test_distill_cuda [--small]   (--small: N * V <= 2^18, for compute-sanitizer)
+ * Run:   build/test_distill_cuda [--small] [--kl] [--min-v V]   (--small: N * V <= 2^18, for
+ *        compute-sanitizer; --kl: betas 0 and 1 only; --min-v: shapes with V >= V only)
  * SPDX-License-Identifier: MIT
  */
 #include <cuda_runtime.h>
@@ -314,9 +315,24 @@ static void test_misc(void) {
 }
 
 int main(int argc, char** argv) {
+    /* --kl: forward / reverse KL only (no JSD); --min-v V: shapes with V >= V only. For targeted runs
+     * of a KL kernel path (e.g. FUSEDLOSS_DISTILL_PIPE=1 ... --kl --min-v 8192: every shape that path
+     * takes, without the JSD's and the short rows' cases) */
+    int kl_only = 0;
+    int64_t min_v = 0;
     {
-        const int rc = zt_cuda_test_start(argc, argv, "test_distill_cuda", &g_small);
-        if (rc >= 0) return rc;
+        char* rest[8];
+        int nrest = 0;
+        for (int a = 0; a < argc; a++) {
+            if (a > 0 && !strcmp(argv[a], "--kl")) kl_only = 1;
+            else if (a > 0 && !strcmp(argv[a], "--min-v") && a + 1 < argc) min_v = atoll(argv[++a]);
+            else if (nrest < 8) rest[nrest++] = argv[a];
+        }
+        const int rc = zt_cuda_test_start(nrest, rest, "test_distill_cuda", &g_small);
+        if (rc >= 0) {
+            if (rc == 2) printf("       (also --kl: forward / reverse KL only; --min-v V: shapes with V >= V)\n");
+            return rc;
+        }
     }
     CK(cudaStreamCreate(&g_stream));
     tu_quiet = 1;
@@ -336,9 +352,10 @@ int main(int argc, char** argv) {
     uint64_t seed = 7;
     long cases = 0, bad = 0;
     for (int pi = 0; pi < 5; pi++)
-        for (int bi = 0; bi < 4; bi++)
+        for (int bi = 0; bi < (kl_only ? 2 : 4); bi++)
             for (int si = 0; si < nshapes; si++)
                 for (int v = 0; v < 6; v++) {
+                    if (shapes[si][1] < min_v) continue;
                     cfg_t c;
                     memset(&c, 0, sizeof c);
                     c.sdt = pairs[pi][0];

@@ -406,6 +406,87 @@ __device__ __forceinline__ void dc_unpack(const uint4* sb, const uint4* tb, int 
     for (int k = 0; k < NT; k++) rp_unpack<TT>(tb[q * NT + k], xt + k * (VEC / NT));
 }
 
+// the staged kernels' statistics of one vector q (the student's VEC elements and the teacher's):
+// the row's online maxima raised, then sum 2^(x k2 - m) of both and the KL's weighted sum u. FAST
+// (the sweep): no guards, a masked column (-inf in both inputs) gives NaN, and the thread then redoes
+// its vectors with FAST = false (the guarded formulas: -inf maxima taken as 0, the differences
+// clamped at -FLT_MAX, the weight multiplied first). JSD: u unused.
+template <typename TS, typename TT, int MODE, bool FAST>
+__device__ __forceinline__ void dc_acc(Stat1& st, const uint4* sb, const uint4* tb, int q, float k2) {
+    constexpr int VEC = RpT<TS>::VEC;
+    float xs[VEC], xt[VEC];
+    dc_unpack<TS, TT>(sb, tb, q, xs, xt);
+    float gs = xs[0], gt = xt[0];
+#pragma unroll
+    for (int v = 1; v < VEC; v++) { gs = fmaxf(gs, xs[v]); gt = fmaxf(gt, xt[v]); }
+    if (FAST) {
+        gs *= k2; gt *= k2;   // k2 > 0: the max of the scaled values
+        raise1<MODE, true>(st, gs, gt);
+        float ss = 0.0f, stt = 0.0f, su = 0.0f;
+#pragma unroll
+        for (int v = 0; v < VEC; v++) {
+            const float es = fexp2(fmaf(xs[v], k2, -st.ms)), et = fexp2(fmaf(xt[v], k2, -st.mt));
+            ss += es;
+            stt += et;
+            if (MODE == FL__DISTILL_FKL) su = fmaf(et, xt[v] - xs[v], su);
+            if (MODE == FL__DISTILL_RKL) su = fmaf(es, xs[v] - xt[v], su);
+        }
+        st.Ss += ss;
+        st.St += stt;
+        if (MODE != FL__DISTILL_JSD) st.u = fmaf(su, k2, st.u);
+    } else {
+        raise1<MODE, false>(st, gs * k2, gt * k2);
+        const float mus = st.ms == -INFINITY ? 0.0f : st.ms, mut = st.mt == -INFINITY ? 0.0f : st.mt;
+#pragma unroll
+        for (int v = 0; v < VEC; v++) {
+            // the SFU's 2^x alone (exp2f adds a denormal range fix: 4 instructions, twice an
+            // element); the sums hold their maximum's 1, so a term flushed below 2^-126 is lost
+            // at < 2^-126 relative, and u's weight is the same flushed et
+            const float es = fexp2(fmaf(xs[v], k2, -mus)), et = fexp2(fmaf(xt[v], k2, -mut));
+            st.Ss += es;
+            st.St += et;
+            // (et k2) first: a 0 weight times the clamped difference is 0 (k2 > 1 could make
+            // -FLT_MAX k2 = -inf)
+            if (MODE == FL__DISTILL_FKL) st.u = fmaf(et * k2, fmaxf(xt[v] - xs[v], DS_NEG_BIG), st.u);
+            if (MODE == FL__DISTILL_RKL) st.u = fmaf(es * k2, fmaxf(xs[v] - xt[v], DS_NEG_BIG), st.u);
+        }
+    }
+}
+
+// a row's exchanged partials [rank][2] (ms, Ss, mt, St | u), merged in rank order: the same bits in
+// every thread and CTA
+template <int MODE>
+__device__ __forceinline__ Stat1 dc_merge(const float4 (*p)[2], int cs) {
+    Stat1 m = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
+    for (int c = 0; c < cs; c++) {
+        const float4 p0 = p[c][0], p1 = p[c][1];
+        const Stat1 o = {p0.x, p0.y, p0.z, p0.w, p1.x};
+        m = c == 0 ? o : combine1<MODE>(m, o);
+    }
+    return m;
+}
+
+// the KL of a row (natural units, before loss_scale) from its merged statistics; L2s / L2t: the
+// log2 normalisers of the scaled student and teacher (JSD: 0, its loss comes from a later sweep)
+template <int MODE>
+__device__ __forceinline__ float dc_kl(const Stat1& m, float& L2s, float& L2t) {
+    L2s = m.ms + log2f(m.Ss);
+    L2t = m.mt + log2f(m.St);
+    float l = 0.0f;
+    if (MODE == FL__DISTILL_FKL) l = RP_LN2 * (m.u / m.St - L2t + L2s);
+    if (MODE == FL__DISTILL_RKL) l = RP_LN2 * (m.u / m.Ss - L2s + L2t);
+    return l;
+}
+
+// the statistics of one scalar column (the tail past the last vector), scaled values
+template <int MODE>
+__device__ __forceinline__ Stat1 dc_one(float xs, float xt) {
+    Stat1 one = {xs, 1.0f, xt, 1.0f, 0.0f};
+    if (MODE == FL__DISTILL_FKL) one.u = fmaxf(xt - xs, DS_NEG_BIG);
+    if (MODE == FL__DISTILL_RKL) one.u = fmaxf(xs - xt, DS_NEG_BIG);
+    return one;
+}
+
 template <typename TS, typename TT, int MODE, bool FUSED, int NTH = DC_THREADS>
 __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged_kernel(DArgs a, int cs, int per,
                                                                                         int nv, int nb) {
@@ -494,27 +575,7 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
         // ---- statistics (online max / sum of 2^(x k2) of both inputs, and the KL's weighted sum)
         // two accumulators (even / odd vectors of the thread): two independent chains
         Stat1 st = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f}, st1 = st;
-        auto acc = [&](Stat1& st, int q) {
-                float xs[VEC], xt[VEC];
-                dc_unpack<TS, TT>(sb, tb, q, xs, xt);
-                float gs = xs[0], gt = xt[0];
-#pragma unroll
-                for (int v = 1; v < VEC; v++) { gs = fmaxf(gs, xs[v]); gt = fmaxf(gt, xt[v]); }
-                gs *= k2; gt *= k2;   // k2 > 0: the max of the scaled values
-                raise1<MODE, true>(st, gs, gt);
-                float ss = 0.0f, stt = 0.0f, su = 0.0f;
-#pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    const float es = fexp2(fmaf(xs[v], k2, -st.ms)), et = fexp2(fmaf(xt[v], k2, -st.mt));
-                    ss += es;
-                    stt += et;
-                    if (MODE == FL__DISTILL_FKL) su = fmaf(et, xt[v] - xs[v], su);
-                    if (MODE == FL__DISTILL_RKL) su = fmaf(es, xs[v] - xt[v], su);
-                }
-                st.Ss += ss;
-                st.St += stt;
-                if (MODE != FL__DISTILL_JSD) st.u = fmaf(su, k2, st.u);
-        };
+        auto acc = [&](Stat1& st, int q) { dc_acc<TS, TT, MODE, true>(st, sb, tb, q, k2); };
 #pragma unroll
         for (int k = 0; k < DC_NS; k++) {
             cp_wait(LAST == 0 ? npend : npend - k);
@@ -536,35 +597,11 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
             st = Stat1{-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
             // exactly the vectors of this thread's sweep (sub-chunk by sub-chunk, as above)
             for (int k = 0; k < DC_NS; k++)
-            for (int q = k * sub + tid, qhi = (k + 1) * sub < n ? (k + 1) * sub : n; q < qhi; q += NTH) {
-                float xs[VEC], xt[VEC];
-                dc_unpack<TS, TT>(gsb, gtb, q, xs, xt);
-                float gs = xs[0], gt = xt[0];
-#pragma unroll
-                for (int v = 1; v < VEC; v++) { gs = fmaxf(gs, xs[v]); gt = fmaxf(gt, xt[v]); }
-                raise1<MODE, false>(st, gs * k2, gt * k2);
-                const float mus = st.ms == -INFINITY ? 0.0f : st.ms, mut = st.mt == -INFINITY ? 0.0f : st.mt;
-#pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    // the SFU's 2^x alone (exp2f adds a denormal range fix: 4 instructions, twice an
-                    // element); the sums hold their maximum's 1, so a term flushed below 2^-126 is lost
-                    // at < 2^-126 relative, and u's weight is the same flushed et
-                    const float es = fexp2(fmaf(xs[v], k2, -mus)), et = fexp2(fmaf(xt[v], k2, -mut));
-                    st.Ss += es;
-                    st.St += et;
-                    // (et k2) first: a 0 weight times the clamped difference is 0 (k2 > 1 could make
-                    // -FLT_MAX k2 = -inf)
-                    if (MODE == FL__DISTILL_FKL) st.u = fmaf(et * k2, fmaxf(xt[v] - xs[v], DS_NEG_BIG), st.u);
-                    if (MODE == FL__DISTILL_RKL) st.u = fmaf(es * k2, fmaxf(xs[v] - xt[v], DS_NEG_BIG), st.u);
-                }
-            }
+            for (int q = k * sub + tid, qhi = (k + 1) * sub < n ? (k + 1) * sub : n; q < qhi; q += NTH)
+                dc_acc<TS, TT, MODE, false>(st, gsb, gtb, q, k2);
         }
         if (has_x) {
-            const float xs = rp_sload(srow + xcol) * k2, xt = rp_sload(trow + xcol) * k2;
-            Stat1 one = {xs, 1.0f, xt, 1.0f, 0.0f};
-            if (MODE == FL__DISTILL_FKL) one.u = fmaxf(xt - xs, DS_NEG_BIG);
-            if (MODE == FL__DISTILL_RKL) one.u = fmaxf(xs - xt, DS_NEG_BIG);
-            st = combine1<MODE>(st, one);
+            st = combine1<MODE>(st, dc_one<MODE>(rp_sload(srow + xcol) * k2, rp_sload(trow + xcol) * k2));
         }
         st = block_reduce1<MODE, NTH / 32>(st, sm1);
         if (tid == 0) {
@@ -588,10 +625,8 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
                     m = c == 0 ? o : combine1<MODE>(m, o);
                 }
             }
-            const float L2s = m.ms + log2f(m.Ss), L2t = m.mt + log2f(m.St);
-            float l = 0.0f;
-            if (MODE == FL__DISTILL_FKL) l = RP_LN2 * (m.u / m.St - L2t + L2s);
-            if (MODE == FL__DISTILL_RKL) l = RP_LN2 * (m.u / m.Ss - L2s + L2t);
+            float L2s, L2t;
+            float l = dc_kl<MODE>(m, L2s, L2t);
             if (ign) l = 0.0f;
             if (!JSD && rank == 0) {
                 if (a.none) { if (a.loss) a.loss[r] = l * a.loss_scale; }
@@ -698,6 +733,266 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
 #endif
 }
 
+// ---- the warp-specialised ring kernel (sm_90, fused forward / reverse KL) --------------------------
+// FUSEDLOSS_DISTILL_PIPE=1 (experimental, written in session 16, which had no GPU: not yet run).
+// Why: the staged kernel above runs a row as phases (copy wait, statistics sweep, block reduction and
+// exchange, gradient sweep) in one group of warps, and its measured time is the SUM of its memory
+// and SFU times (KL T=2 4096x128256 bf16: 1.256 ms = 0.738 memory + 0.534 SFU; NOTES "Session 15").
+// The cross-entropy went from the same structure (1.23x) to 1.11x with ce_pipe_kernel's roles, which
+// this kernel copies for two inputs: a cluster of cs CTAs owns a row at a time, CTA `rank` its
+// vectors [rank per, rank per + n); each CTA holds its chunk of several rows in a RING of R slots of
+// `sub` student vectors (then sub NT teacher vectors), the rows one after another around the ring
+// (row k's sub-chunk j at position P = k nsub + j, slot P % R), and its warps run three roles at once:
+//  - PRODUCER (the last warp): position P goes to slot P % R once every gradient warp has released
+//    position P - R (empty[s], one arrival per gradient warp), as bulk async copies completing
+//    full[s]; ignored rows and sub-chunks past the chunk's end complete full[s] at once.
+//  - STATISTICS (threads [0, Ts)): row k's online (max, sum 2^x) of both inputs and the KL's
+//    weighted sum, slot by slot as each lands, reduced over the group (named barrier 1) and sent to
+//    every CTA of the cluster (st.async into xslot k % DP_XSLOTS; cs == 1: a local store + arrive).
+//    Masked columns (NaN sums) are redone from global memory, as in the staged kernel.
+//  - GRADIENT (threads [Ts, T - 32)): waits for row k's partials, merges them in rank order (the same
+//    bits in every thread and CTA), writes the row loss (rank 0) and sweeps the gradient from the ring,
+//    each warp releasing each slot.
+// Every position of every row, ignored rows included, completes one phase of full[s] and one of
+// empty[s], and every row one phase of xbar[x]; the gradient group touches a row's positions only
+// after its exchange, which follows this CTA's statistics having waited on all of them (so no warp
+// can run two phases ahead of the producer). xslot reuse: as ce_pipe_kernel (cross_entropy.cu), the
+// host keeps R <= (DP_XSLOTS / 2 + 1) nsub - 1.
+#define DP_MAX_SLOTS 16
+#define DP_XSLOTS 8
+#define DP_MAX_THREADS 672
+#define DP_PIECE 256   // vectors per bulk copy (4 KB); the producer's lanes issue the pieces
+
+__device__ __forceinline__ void dp_bar(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
+// fixed-tree reduction over the statistics group (threads [0, n), named barrier 1); valid in thread 0
+// (block_reduce1's tree with named barriers; not shared with it: a common warp-tree helper changed
+// the ticket kernel's machine code, sm_90 CUDA 13)
+template <int MODE>
+__device__ __forceinline__ Stat1 dp_group_reduce1(Stat1 v, Stat1* sm, int n) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const Stat1 o = shfl1(v, off);
+        v = combine1<MODE>(v, o);
+    }
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    if (l == 0) sm[w] = v;
+    dp_bar(1, n);   // why: the warp partials visible to thread 0
+    if (threadIdx.x == 0)
+        for (int k = 1; k < (n >> 5); k++) v = combine1<MODE>(v, sm[k]);
+    dp_bar(1, n);   // why: sm is rewritten by the next row's reduction
+    return v;
+}
+
+// the producer warp: position (row r, sub-chunk j) of this CTA's chunk [lo, lo + n) into slot buffer
+// `dst` (sub student vectors, then sub NT teacher vectors), completing `bar`
+template <typename TS, typename TT>
+__device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, bool ign, int lo, int n, int sub, int j,
+                                         uint4* dst, uint64_t* bar) {
+    constexpr int VEC = RpT<TS>::VEC;
+    constexpr int NT = (int)(VEC * sizeof(TT) / 16);
+    const int lane = threadIdx.x & 31;
+    const int v0 = j * sub;
+    const int cnt = ign ? 0 : (n - v0 < sub ? (n - v0 > 0 ? n - v0 : 0) : sub);
+    if (lane == 0) {
+        if (cnt > 0) mbar_arrive_tx(bar, (uint32_t)cnt * 16u * (1u + NT));
+        else mbar_arrive(bar);
+    }
+    __syncwarp();
+    if (cnt <= 0) return;
+    const uint4* srow = reinterpret_cast<const uint4*>((const TS*)a.s + r * a.lds) + lo + v0;
+    const uint4* trow = reinterpret_cast<const uint4*>((const TT*)a.t + r * a.ldt) + (int64_t)(lo + v0) * NT;
+    const int ps = (cnt + DP_PIECE - 1) / DP_PIECE, pt = (cnt * NT + DP_PIECE - 1) / DP_PIECE;
+    for (int p = lane; p < ps + pt; p += 32) {
+        if (p < ps) {
+            const int o = p * DP_PIECE, m = cnt - o < DP_PIECE ? cnt - o : DP_PIECE;
+            bulk_load(dst + o, srow + o, (uint32_t)m * 16u, bar);
+        } else {
+            const int o = (p - ps) * DP_PIECE, m = cnt * NT - o < DP_PIECE ? cnt * NT - o : DP_PIECE;
+            bulk_load(dst + sub + o, trow + o, (uint32_t)m * 16u, bar);
+        }
+    }
+}
+
+template <typename TS, typename TT, int MODE>
+__global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a, int cs, int per, int nv, int sub,
+                                                                          int R, int Ts) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int VEC = RpT<TS>::VEC;
+    constexpr int NT = (int)(VEC * sizeof(TT) / 16);
+    extern __shared__ __align__(128) uint4 dp_ring[];            // [R][sub (1 + NT)] 16-byte vectors
+    __shared__ __align__(8) uint64_t full[DP_MAX_SLOTS];         // slot s's sub-chunk landed
+    __shared__ __align__(8) uint64_t empty[DP_MAX_SLOTS];        // every gradient warp is done with slot s
+    __shared__ __align__(8) uint64_t xbar[DP_XSLOTS];            // xslot x's cs partials landed
+    __shared__ float4 sl[DP_XSLOTS][DC_MAX_CLUSTER][2];          // the partials by rank
+    __shared__ Stat1 sm1[DP_MAX_THREADS / 32];
+    const int tid = (int)threadIdx.x;
+    const int ngw = ((int)blockDim.x - Ts - 32) >> 5;   // gradient warps
+    const int slot_vecs = sub * (1 + NT);
+    int rank = 0;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    const int64_t cid = blockIdx.x / cs, ncl = gridDim.x / cs;
+    const int lo = rank * per;
+    const int n = nv - lo < per ? (nv - lo > 0 ? nv - lo : 0) : per;   // this CTA's vectors
+    const int nsub = (per + sub - 1) / sub;                            // positions per row (every CTA)
+    const int tail = (int)(a.V - (int64_t)nv * VEC);                   // 0 .. VEC-1 scalar columns
+    const float k2 = a.k2;
+    if (tid == 0) {
+        for (int k = 0; k < R; k++) {
+            mbar_init(&full[k], 1u);
+            mbar_init(&empty[k], (uint32_t)ngw);
+        }
+        for (int k = 0; k < DP_XSLOTS; k++) mbar_init(&xbar[k], 1u);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();   // why: barriers initialised before any copy is issued or waited on
+    if (cs > 1) cg::this_cluster().sync();   // why: st.async into a CTA needs it started, its barriers initialised
+    int s = 0;
+    uint32_t ph = 0u;
+    auto next_pos = [&]() {
+        if (++s == R) { s = 0; ph ^= 1u; }
+    };
+    if (tid < Ts) {
+        // ---------------- statistics group ----------------
+        bool ign_next = a.labels && cid < a.sc.N && rp_label(a.labels, a.lab64, cid) == a.ignore;
+        int64_t it = 0;
+        for (int64_t r = cid; r < a.sc.N; r += ncl, it++) {
+            const bool ign = ign_next;
+            if (a.labels && r + ncl < a.sc.N) ign_next = rp_label(a.labels, a.lab64, r + ncl) == a.ignore;
+            const TS* srow = (const TS*)a.s + r * a.lds;
+            const TT* trow = (const TT*)a.t + r * a.ldt;
+            const bool has_x = !ign && rank == 0 && tid < tail;
+            const int64_t xcol = (int64_t)nv * VEC + tid;
+            const float xs_x = has_x ? rp_sload(srow + xcol) * k2 : 0.0f, xt_x = has_x ? rp_sload(trow + xcol) * k2 : 0.0f;
+            Stat1 st = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f}, st1 = st;
+            auto acc = [&](Stat1& st, const uint4* sb, const uint4* tb, int q) { dc_acc<TS, TT, MODE, true>(st, sb, tb, q, k2); };
+            // c: this thread's next vector in chunk coordinates, carried across slots (balanced shares)
+            int c = tid;
+            for (int j = 0; j < nsub; j++, next_pos()) {
+                mbar_wait(&full[s], ph);
+                const int v0 = j * sub;
+                const int hi = ign ? 0 : (n - v0 < sub ? n - v0 : sub) + v0;   // chunk coordinates
+                if (hi <= v0) continue;
+                const uint4* sb = dp_ring + (size_t)s * slot_vecs - v0;   // sb[c], c in [v0, hi)
+                const uint4* tb = dp_ring + (size_t)s * slot_vecs + sub - (size_t)v0 * NT;
+                for (; c + Ts < hi; c += 2 * Ts) { acc(st, sb, tb, c); acc(st1, sb, tb, c + Ts); }
+                if (c < hi) { acc(st, sb, tb, c); c += Ts; }
+            }
+            st = combine1<MODE>(st, st1);
+            if (!ign && (isnan(st.Ss) || isnan(st.St) || isnan(st.u))) {
+                // masked classes (-inf in both inputs): redo this thread's vectors from global memory
+                // with the guarded formulas, as the staged kernel (the row is intact there: its
+                // gradient is written after this exchange)
+                const uint4* gsb = reinterpret_cast<const uint4*>(srow) + lo;
+                const uint4* gtb = reinterpret_cast<const uint4*>(trow) + (int64_t)lo * NT;
+                st = Stat1{-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
+                for (int q = tid; q < n; q += Ts) dc_acc<TS, TT, MODE, false>(st, gsb, gtb, q, k2);
+            }
+            if (has_x) st = combine1<MODE>(st, dc_one<MODE>(xs_x, xt_x));
+            st = dp_group_reduce1<MODE>(st, sm1, Ts);
+            if (tid == 0) {
+                const int x = (int)(it % DP_XSLOTS);
+                const float4 v0 = make_float4(st.ms, st.Ss, st.mt, st.St), v1 = make_float4(st.u, 0.0f, 0.0f, 0.0f);
+                if (cs > 1) {
+                    // arm for the cs partials (a remote one may land first: the tx count then goes
+                    // negative until this expect_tx)
+                    mbar_arrive_tx(&xbar[x], (uint32_t)cs * 32u);
+                    const uint32_t ls = smem_addr(&sl[x][rank][0]), lb = smem_addr(&xbar[x]);
+                    for (int cc = 0; cc < cs; cc++) {
+                        st_async_f4(mapa_shared(ls, cc), v0, mapa_shared(lb, cc));
+                        st_async_f4(mapa_shared(ls + 16u, cc), v1, mapa_shared(lb, cc));
+                    }
+                } else {
+                    sl[x][0][0] = v0;
+                    sl[x][0][1] = v1;
+                    mbar_arrive(&xbar[x]);   // release: the stores above are visible to the waiters
+                }
+            }
+        }
+    } else if (tid >= (int)blockDim.x - 32) {
+        // ---------------- producer warp ----------------
+        int64_t P = 0;
+        for (int64_t r = cid; r < a.sc.N; r += ncl) {
+            const bool ign = a.labels && rp_label(a.labels, a.lab64, r) == a.ignore;
+            for (int j = 0; j < nsub; j++, P++, next_pos()) {
+                if (P >= R) mbar_wait(&empty[s], ph ^ 1u);   // position P - R released
+                dp_issue<TS, TT>(a, r, ign, lo, n, sub, j, dp_ring + (size_t)s * slot_vecs, &full[s]);
+            }
+        }
+    } else {
+        // ---------------- gradient group ----------------
+        const int gt = tid - Ts, ng = ngw * 32, lane = tid & 31;
+        const float Dd = a.Ddev ? __ldcg(a.Ddev) : a.Dhost;   // row_grad's denominator
+        bool ign_next = a.labels && cid < a.sc.N && rp_label(a.labels, a.lab64, cid) == a.ignore;
+        int64_t it = 0;
+        for (int64_t r = cid; r < a.sc.N; r += ncl, it++) {
+            const bool ign = ign_next;
+            if (a.labels && r + ncl < a.sc.N) ign_next = rp_label(a.labels, a.lab64, r + ncl) == a.ignore;
+            float G = row_upstream(a, r);
+            if (!a.none) G = G / Dd;
+            G = ign ? 0.0f : G * a.loss_scale * a.inv_T;
+            const TS* srow = (const TS*)a.s + r * a.lds;
+            const TT* trow = (const TT*)a.t + r * a.ldt;
+            TS* drow = (TS*)a.ds + r * a.lds;
+            const bool has_x = rank == 0 && gt < tail;
+            const int64_t xcol = (int64_t)nv * VEC + gt;
+            const float xs_x = (has_x && !ign) ? rp_sload(srow + xcol) : 0.0f;
+            const float xt_x = (has_x && !ign) ? rp_sload(trow + xcol) : 0.0f;
+            const int x = (int)(it % DP_XSLOTS);
+            // every row's exchange completes one phase (ignored rows send empty partials)
+            if (cs > 1) mbar_wait_cluster(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
+            else mbar_wait(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
+            float L2s, L2t;
+            float l = dc_kl<MODE>(dc_merge<MODE>(sl[x], cs), L2s, L2t);
+            if (ign) l = 0.0f;
+            if (rank == 0 && gt == 0) {
+                if (a.none) { if (a.loss) a.loss[r] = l * a.loss_scale; }
+                else a.rowloss[r] = l * a.loss_scale;
+            }
+            auto grad = [&](float xs, float xt) -> float {
+                const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);
+                const float q = fexp2(ls2);
+                if (MODE == FL__DISTILL_FKL) return G * (q - fexp2(lt2));
+                return G * (q * (RP_LN2 * fmaxf(ls2 - lt2, DS_NEG_BIG) - l));
+            };
+            int q = gt;   // this thread's next vector in chunk coordinates, carried across slots
+            for (int j = 0; j < nsub; j++, next_pos()) {
+                const int v0 = j * sub;
+                const int hi = (n - v0 < sub ? n - v0 : sub) + v0;
+                if (ign) {
+                    float z[VEC];
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) z[v] = 0.0f;
+                    for (; q < hi; q += ng) rp_vstore<TS, VEC>(drow + (int64_t)(lo + q) * VEC, z);
+                } else if (hi > v0) {
+                    // already complete (the statistics group waited on it; it cannot be refilled before
+                    // this warp's release): the acquire makes the bulk copy's bytes visible here
+                    mbar_wait(&full[s], ph);
+                    const uint4* sb = dp_ring + (size_t)s * slot_vecs - v0;
+                    const uint4* tb = dp_ring + (size_t)s * slot_vecs + sub - (size_t)v0 * NT;
+#pragma unroll 2
+                    for (; q < hi; q += ng) {
+                        float xs[VEC], xt[VEC];
+                        dc_unpack<TS, TT>(sb, tb, q, xs, xt);
+#pragma unroll
+                        for (int v = 0; v < VEC; v++) xs[v] = grad(xs[v], xt[v]);
+                        rp_vstore<TS, VEC>(drow + (int64_t)(lo + q) * VEC, xs);
+                    }
+                }
+                __syncwarp();   // why: the warp's reads of slot s are done before its release
+                if (lane == 0) mbar_arrive(&empty[s]);
+            }
+            if (has_x) drow[xcol] = from_float<TS>(ign ? 0.0f : grad(xs_x, xt_x));
+        }
+    }
+    // every partial sent to this CTA has landed (waited above), but its own st.async to the others
+    // may still be in flight: no CTA exits before all have passed their last exchange
+    if (cs > 1) cg::this_cluster().sync();
+#else
+    __trap();  // chosen only on sm_90+
+#endif
+}
+
 // ---- host side ----------------------------------------------------------------------------------
 typedef void (*dk_fn)(DArgs);
 
@@ -776,6 +1071,22 @@ static const void* pick_staged(fl_dtype sdt, fl_dtype tdt, int mode, bool fused,
 // FUSEDLOSS_DEBUG=1 prints the occupancy of each new plan.
 struct DcPlan { int cs, per, nv, nb, nt; size_t smem; const void* fn; };
 
+// sm_90 (dev_info) and every row's body 16-byte aligned (base pointers and row strides), as the
+// staged and the ring kernels need: 1, with the device, the vectors of a row (*nv) and the teacher's
+// 16-byte vectors per student vector (*NT); else 0
+static int dc_aligned_rows(const fl__distill_params* p, const void* s, const void* t, const void* ds, DevInfo* d,
+                           int64_t* nv, int64_t* NT) {
+    if (dev_info(d) != cudaSuccess || d->cc_major < 9) { (void)cudaGetLastError(); return 0; }
+    const size_t es = fl__dtype_size(p->dtype), et = fl__dtype_size(p->teacher_dtype);
+    const int64_t VEC = (int64_t)(16 / es);
+    if (((uintptr_t)s & 15u) || ((uintptr_t)t & 15u) || (ds && ((uintptr_t)ds & 15u))) return 0;
+    if ((p->ld_s * (int64_t)es) % 16 || (p->ld_t * (int64_t)et) % 16) return 0;
+    *nv = p->V / VEC;
+    *NT = VEC * (int64_t)et / 16;
+    return 1;
+}
+
+
 static int dc_plan(const fl__distill_params* p, const void* s, const void* t, const void* ds, bool fused, DcPlan* out) {
     // read on every call, as rp_plan's knobs (an A/B in one process: bench_distill.py --ab)
     const char* knob = getenv("FUSEDLOSS_DISTILL_STAGED");
@@ -793,14 +1104,8 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
     const int nt = rp_env_i64("FUSEDLOSS_DISTILL_STAGED_THREADS", DC_THREADS) == DC_THREADS_WIDE &&
                            p->mode != FL__DISTILL_JSD ? DC_THREADS_WIDE : DC_THREADS;
     DevInfo d;
-    if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return 0; }
-    const size_t es = fl__dtype_size(p->dtype), et = fl__dtype_size(p->teacher_dtype);
-    const int64_t VEC = (int64_t)(16 / es);
-    const int64_t NT = VEC * (int64_t)et / 16;
-    // every row's body 16-byte aligned: base pointers and row strides
-    if (((uintptr_t)s & 15u) || ((uintptr_t)t & 15u) || (ds && ((uintptr_t)ds & 15u))) return 0;
-    if ((p->ld_s * (int64_t)es) % 16 || (p->ld_t * (int64_t)et) % 16) return 0;
-    const int64_t nv = p->V / VEC;
+    int64_t nv, NT;
+    if (!dc_aligned_rows(p, s, t, ds, &d, &nv, &NT)) return 0;
     if (nv < 4 * nt) return 0;   // short rows: the ticket kernel (a CTA per several rows)
     const int64_t vb = 16 * (1 + NT);    // shared bytes per vector of the row
     const int64_t chunk = (int64_t)kb * 1024 / (vb * nb);
@@ -823,6 +1128,85 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
         return 0;
     }
     if (gcap > 0 && n > gcap) n = gcap;   // tests: several rows per cluster at small N
+    return n;   // resident clusters
+}
+
+// FUSEDLOSS_DISTILL_PIPE=1 (experimental, not yet run: session 16 had no GPU): fused forward /
+// reverse KL on sm_90 through distill_pipe_kernel, for rows the staged kernel's alignment rules
+// admit. Knobs, read on every call: _PIPE_THREADS (CTA size, default 544, at most 672),
+// _PIPE_STATS (statistics threads, default half of the non-producer warps), _PIPE_RING (KB of ring,
+// default 200), _PIPE_SUB (KB a slot at most, default 32), _PIPE_SLACK (KB of the ring beyond one
+// row's chunk, i.e. of the next row in flight, default 48), _PIPE_CS (force a cluster size),
+// _PIPE_GRID (cap the clusters: tests of the row loop at small N). The plan takes the smallest
+// cluster whose per-CTA chunk leaves the slack free. KL T=2 4096x128256 bf16: cs 4, 4 slots of
+// 1002 vectors (31 KB), R = 6 (188 KB), 33 clusters.
+struct DpPlan { int cs, per, nv, sub, R, T, Ts; size_t smem; const void* fn; };
+
+template <typename TS, typename TT>
+static const void* pick_pipe2(int mode) {
+    return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL>
+                                   : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_RKL>;
+}
+
+static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode) {
+    const bool t32 = tdt == FL_DTYPE_F32;
+    switch (sdt) {
+        case FL_DTYPE_F32: return pick_pipe2<float, float>(mode);
+        case FL_DTYPE_F16: return t32 ? pick_pipe2<__half, float>(mode) : pick_pipe2<__half, __half>(mode);
+        default: return t32 ? pick_pipe2<__nv_bfloat16, float>(mode) : pick_pipe2<__nv_bfloat16, __nv_bfloat16>(mode);
+    }
+}
+
+static int dp_plan(const fl__distill_params* p, const void* s, const void* t, const void* ds, bool fused, DpPlan* out) {
+    if (!fused || p->mode == FL__DISTILL_JSD || p->N <= 0) return 0;
+    if (rp_env_i64("FUSEDLOSS_DISTILL_PIPE", 0) != 1) return 0;
+    DevInfo d;
+    int64_t nv, NT;
+    if (!dc_aligned_rows(p, s, t, ds, &d, &nv, &NT)) return 0;
+    if (nv < 1024) return 0;
+    int T = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_THREADS", 544) / 32 * 32;
+    if (T < 128 || T > DP_MAX_THREADS) T = 544;
+    int Ts = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_STATS", (T - 32) / 64 * 32) / 32 * 32;
+    if (Ts < 32 || Ts > T - 64) Ts = (T - 32) / 64 * 32;
+    int ring_kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_RING", 200);
+    if (ring_kb < 16 || ring_kb > 220) ring_kb = 200;
+    int sub_kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_SUB", 32);
+    if (sub_kb < 1 || sub_kb > 64) sub_kb = 32;
+    const int64_t slack = rp_env_i64("FUSEDLOSS_DISTILL_PIPE_SLACK", 48) * 1024;
+    const int force = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_CS", 0);
+    const int gcap = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_GRID", 0);
+    const int debug = (int)rp_env_i64("FUSEDLOSS_DEBUG", 0);
+    const int64_t vb = 16 * (1 + NT);   // shared bytes per vector of the row
+    const int64_t ring = (int64_t)ring_kb * 1024 / vb, subv = (int64_t)sub_kb * 1024 / vb > 0 ? (int64_t)sub_kb * 1024 / vb : 1;
+    const int lo = force > 0 && force <= DC_MAX_CLUSTER ? force : 1, hi = force > 0 && force <= DC_MAX_CLUSTER ? force : DC_MAX_CLUSTER;
+    int cs = 0;
+    for (int cc = lo; cc <= hi && !cs; cc++) {
+        const int64_t per = (nv + cc - 1) / cc;
+        const int64_t ns = (per + subv - 1) / subv;
+        const int64_t sb = (per + ns - 1) / ns;
+        int64_t r = ring / sb;
+        if (r > DP_MAX_SLOTS) r = DP_MAX_SLOTS;
+        if (r > (DP_XSLOTS / 2 + 1) * ns - 1) r = (DP_XSLOTS / 2 + 1) * ns - 1;   // the xslot reuse rule
+        if (r - ns < 1 || (r - ns) * sb * vb < slack) continue;
+        cs = cc;
+        out->per = (int)per;
+        out->sub = (int)sb;
+        out->R = (int)r;
+    }
+    if (!cs) return 0;
+    out->cs = cs;
+    out->nv = (int)nv;
+    out->T = T;
+    out->Ts = Ts;
+    out->smem = (size_t)out->R * (size_t)out->sub * (size_t)vb;
+    out->fn = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode);
+    int n = 0;
+    if (fl__cluster_occupancy(out->fn, cs, T, out->smem, d.sms, debug, "pipelined distillation kernel", &n) !=
+            cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (gcap > 0 && n > gcap) n = gcap;
     return n;   // resident clusters
 }
 
@@ -853,8 +1237,10 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
         }
         return FL_OK;
     }
+    DpPlan pp;
+    const int npc = dp_plan(p, s, t, ds, fused, &pp);
     DcPlan dp;
-    const int ncl = dc_plan(p, s, t, ds, fused, &dp);
+    const int ncl = npc ? npc : dc_plan(p, s, t, ds, fused, &dp);
     // counters and the ticket start at 0 (the ticket kernel only)
     if (!ncl) FL_CUDA_TRY(cudaMemsetAsync(ws, 0, 16, stream));
     if (!ncl) FL_CUDA_TRY(cudaMemsetAsync(cnt, 0, a8, stream));
@@ -899,7 +1285,11 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
     a.lab64 = p->label_dtype == FL_INDEX_I64;
     a.none = none;
 
-    if (ncl) {
+    if (npc) {
+        const int64_t G = N < npc ? N : npc;   // clusters: one per row up to what is resident
+        void* args[] = {&a, &pp.cs, &pp.per, &pp.nv, &pp.sub, &pp.R, &pp.Ts};
+        FL_CUDA_TRY(fl__launch_clusters(pp.fn, args, G, pp.cs, pp.T, pp.smem, stream));
+    } else if (ncl) {
         const int64_t G = N < ncl ? N : ncl;   // clusters: one per row up to what is resident
         void* args[] = {&a, &dp.cs, &dp.per, &dp.nv, &dp.nb};
         FL_CUDA_TRY(fl__launch_clusters(dp.fn, args, G, dp.cs, dp.nt, dp.smem, stream));
