@@ -814,7 +814,7 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, bool ign, in
     }
 }
 
-template <typename TS, typename TT, int MODE>
+template <typename TS, typename TT, int MODE, bool PST>
 __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a, int cs, int per, int nv, int sub,
                                                                           int R, int Ts) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -963,7 +963,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                     float z[VEC];
 #pragma unroll
                     for (int v = 0; v < VEC; v++) z[v] = 0.0f;
-                    for (; q < hi; q += ng) rp_vstore<TS, VEC>(drow + (int64_t)(lo + q) * VEC, z);
+                    for (; q < hi; q += ng) rp_vstore<TS, VEC, !PST>(drow + (int64_t)(lo + q) * VEC, z);
                 } else if (hi > v0) {
                     // already complete (the statistics group waited on it; it cannot be refilled before
                     // this warp's release): the acquire makes the bulk copy's bytes visible here
@@ -976,7 +976,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                         dc_unpack<TS, TT>(sb, tb, q, xs, xt);
 #pragma unroll
                         for (int v = 0; v < VEC; v++) xs[v] = grad(xs[v], xt[v]);
-                        rp_vstore<TS, VEC>(drow + (int64_t)(lo + q) * VEC, xs);
+                        rp_vstore<TS, VEC, !PST>(drow + (int64_t)(lo + q) * VEC, xs);
                     }
                 }
                 __syncwarp();   // why: the warp's reads of slot s are done before its release
@@ -1137,23 +1137,31 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
 // _PIPE_STATS (statistics threads, default half of the non-producer warps), _PIPE_RING (KB of ring,
 // default 200), _PIPE_SUB (KB a slot at most, default 32), _PIPE_SLACK (KB of the ring beyond one
 // row's chunk, i.e. of the next row in flight, default 48), _PIPE_CS (force a cluster size),
-// _PIPE_GRID (cap the clusters: tests of the row loop at small N). The plan takes the smallest
-// cluster whose per-CTA chunk leaves the slack free. KL T=2 4096x128256 bf16: cs 4, 4 slots of
+// _PIPE_GRID (cap the clusters: tests of the row loop at small N), _PIPE_PLAIN_ST (default 1: the
+// gradient stored default-cached, as the CE ring mode measured best in s12 run 4; 0: evict-first,
+// as the staged kernel). The plan takes the smallest cluster whose per-CTA chunk leaves the slack
+// free and that the device holds. KL T=2 4096x128256 bf16: cs 4, 4 slots of
 // 1002 vectors (31 KB), R = 6 (188 KB), 33 clusters.
 struct DpPlan { int cs, per, nv, sub, R, T, Ts; size_t smem; const void* fn; };
 
-template <typename TS, typename TT>
-static const void* pick_pipe2(int mode) {
-    return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL>
-                                   : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_RKL>;
+template <typename TS, typename TT, bool PST>
+static const void* pick_pipe3(int mode) {
+    return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL, PST>
+                                   : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_RKL, PST>;
 }
 
-static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode) {
+template <typename TS, typename TT>
+static const void* pick_pipe2(int mode, bool pst) {
+    return pst ? pick_pipe3<TS, TT, true>(mode) : pick_pipe3<TS, TT, false>(mode);
+}
+
+static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst) {
     const bool t32 = tdt == FL_DTYPE_F32;
     switch (sdt) {
-        case FL_DTYPE_F32: return pick_pipe2<float, float>(mode);
-        case FL_DTYPE_F16: return t32 ? pick_pipe2<__half, float>(mode) : pick_pipe2<__half, __half>(mode);
-        default: return t32 ? pick_pipe2<__nv_bfloat16, float>(mode) : pick_pipe2<__nv_bfloat16, __nv_bfloat16>(mode);
+        case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst);
+        case FL_DTYPE_F16: return t32 ? pick_pipe2<__half, float>(mode, pst) : pick_pipe2<__half, __half>(mode, pst);
+        default:
+            return t32 ? pick_pipe2<__nv_bfloat16, float>(mode, pst) : pick_pipe2<__nv_bfloat16, __nv_bfloat16>(mode, pst);
     }
 }
 
@@ -1176,11 +1184,16 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     const int force = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_CS", 0);
     const int gcap = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_GRID", 0);
     const int debug = (int)rp_env_i64("FUSEDLOSS_DEBUG", 0);
+    const bool pst = rp_env_i64("FUSEDLOSS_DISTILL_PIPE_PLAIN_ST", 1) != 0;
     const int64_t vb = 16 * (1 + NT);   // shared bytes per vector of the row
     const int64_t ring = (int64_t)ring_kb * 1024 / vb, subv = (int64_t)sub_kb * 1024 / vb > 0 ? (int64_t)sub_kb * 1024 / vb : 1;
     const int lo = force > 0 && force <= DC_MAX_CLUSTER ? force : 1, hi = force > 0 && force <= DC_MAX_CLUSTER ? force : DC_MAX_CLUSTER;
-    int cs = 0;
-    for (int cc = lo; cc <= hi && !cs; cc++) {
+    out->fn = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst);
+    out->nv = (int)nv;
+    out->T = T;
+    out->Ts = Ts;
+    // the smallest cluster whose per-CTA chunk leaves the slack free and that the device can hold
+    for (int cc = lo; cc <= hi; cc++) {
         const int64_t per = (nv + cc - 1) / cc;
         const int64_t ns = (per + subv - 1) / subv;
         const int64_t sb = (per + ns - 1) / ns;
@@ -1188,26 +1201,21 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         if (r > DP_MAX_SLOTS) r = DP_MAX_SLOTS;
         if (r > (DP_XSLOTS / 2 + 1) * ns - 1) r = (DP_XSLOTS / 2 + 1) * ns - 1;   // the xslot reuse rule
         if (r - ns < 1 || (r - ns) * sb * vb < slack) continue;
-        cs = cc;
+        out->cs = cc;
         out->per = (int)per;
         out->sub = (int)sb;
         out->R = (int)r;
+        out->smem = (size_t)r * (size_t)sb * (size_t)vb;
+        int n = 0;
+        if (fl__cluster_occupancy(out->fn, cc, T, out->smem, d.sms, debug, "pipelined distillation kernel", &n) !=
+                cudaSuccess || n <= 0) {
+            (void)cudaGetLastError();
+            continue;   // e.g. a cluster wider than the device schedules: try the next size
+        }
+        if (gcap > 0 && n > gcap) n = gcap;
+        return n;   // resident clusters
     }
-    if (!cs) return 0;
-    out->cs = cs;
-    out->nv = (int)nv;
-    out->T = T;
-    out->Ts = Ts;
-    out->smem = (size_t)out->R * (size_t)out->sub * (size_t)vb;
-    out->fn = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode);
-    int n = 0;
-    if (fl__cluster_occupancy(out->fn, cs, T, out->smem, d.sms, debug, "pipelined distillation kernel", &n) !=
-            cudaSuccess || n <= 0) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    if (gcap > 0 && n > gcap) n = gcap;
-    return n;   // resident clusters
+    return 0;
 }
 
 static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_params* p, float* loss, void* ds,

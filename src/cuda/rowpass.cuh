@@ -49,11 +49,13 @@ __device__ __forceinline__ void rp_unpack(const uint4& u, float* f) {
 }
 template <typename T> __device__ __forceinline__ float rp_sload(const T* p) { return to_float(__ldcg(p)); }
 
-// VEC floats -> VEC elements of T at p (16-byte aligned), streaming store
-template <typename T, int VEC>
+// VEC floats -> VEC elements of T at p (16-byte aligned), streaming store (STREAM = false: a
+// default-cached one)
+template <typename T, int VEC, bool STREAM = true>
 __device__ __forceinline__ void rp_vstore(T* p, const float* f) {
     if constexpr (sizeof(T) == 4) {
-        FL_STCS(reinterpret_cast<float4*>(p), make_float4(f[0], f[1], f[2], f[3]));
+        if (STREAM) FL_STCS(reinterpret_cast<float4*>(p), make_float4(f[0], f[1], f[2], f[3]));
+        else *reinterpret_cast<float4*>(p) = make_float4(f[0], f[1], f[2], f[3]);
     } else {
         unsigned w[4];
 #pragma unroll
@@ -62,7 +64,8 @@ __device__ __forceinline__ void rp_vstore(T* p, const float* f) {
             w[k] = (unsigned)*reinterpret_cast<const unsigned short*>(&lo) |
                    ((unsigned)*reinterpret_cast<const unsigned short*>(&hi) << 16);
         }
-        FL_STCS(reinterpret_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
+        if (STREAM) FL_STCS(reinterpret_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
+        else *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
     }
 }
 
