@@ -49,6 +49,7 @@
 
 #include "cluster.cuh"
 #include "common.cuh"
+#include "ringrow.cuh"
 #include "rowpass.cuh"
 
 #define LM_THREADS 256       /* warp kernel: 8 rows per CTA */
@@ -607,225 +608,42 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmAr
     }
 }
 
-/* ---- the warp-specialised ring kernel (sm_90, fused, aligned rows of > 1024 classes) -------------
- * FUSEDLOSS_LM_PIPE=1 (experimental, written in session 16, which had no GPU: not yet run). Why: the
- * staged CTA kernel runs a row as phases (load, statistics, two barriers, gradient) and its time at
- * 8192x32000 bf16 (1.64x the floor, 0.36 ms) is about its memory time (0.22 ms) PLUS its exponentials
- * and issue (~0.13 ms): the phases of its 3 CTAs per SM do not overlap. distill_pipe_kernel's roles
- * for one input on one CTA a row (no cluster): a PRODUCER warp bulk-copies row i's sub-chunks into a
- * ring of R slots (ignored / out-of-range rows: no copy, the slot's barrier completed at once); a
- * STATISTICS group (threads [0, Ts)) sweeps row i + 1's slots as they land (lm_push_group: the same
- * per-group statistics as the CTA kernel, each thread's groups c = tid, tid + Ts, ... carried across
- * slots), the tail columns from global memory, merges in a fixed tree (lm_warp_merge, named barrier
- * 1), and warp 0's lane 0 forms the row's loss and gradient coefficients (lm_row) into exchange slot
- * i % LP_XSLOTS; the GRADIENT group (threads [Ts, T - 32)) waits for them and writes row i from the
- * ring, each warp releasing each slot. Rows not 16-byte aligned (logits and dlogits of one phase):
- * each row's vectors from its first 16-byte boundary, its head columns before it and tail columns
- * after the last vector are extras (LpRow), read from global memory by the statistics group and
- * written by the gradient group (which re-reads them), as lm_cta_head_kernel. Barrier protocol as distill_pipe_kernel / ce_pipe_kernel
- * (scripts/ring_protocol_model.py); the host keeps R <= (LP_XSLOTS / 2 + 1) nsub - 1. In place: x_y
- * and the tail columns are read (statistics) before the row's coefficients are published, and every
- * gradient store of the row follows them; the gradient group re-reads the tail columns it writes. */
-#define LP_MAX_SLOTS 16
-#define LP_XSLOTS 8
-#define LP_MAX_THREADS 672
-#define LP_PIECE 256   /* vectors per bulk copy (4 KB) */
-
-static __device__ __forceinline__ void lp_bar(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-
-/* a row's layout for the ring: h head columns before its first 16-byte boundary (0 for aligned rows),
- * nv 16-byte vectors from there, and nex extra columns (the head, then the tail past the vectors),
- * extra e at column extra(e) */
-struct LpRow {
-    int64_t h, nv, nex, t0;   /* t0 = h + nv VEC: the first tail column */
-    __device__ __forceinline__ int64_t extra(int64_t e) const { return e < h ? e : t0 + (e - h); }
+/* ---- the ring kernel's policy (ringrow.cuh: FUSEDLOSS_LM_PIPE=1, experimental, not yet run) --------
+ * The same per-group statistics (lm_push_group), merge tree (lm_warp_merge), row formula (lm_row) and
+ * gradient (lm_grad) as the CTA kernels; the target's column is excluded from the statistics and
+ * gets k.dy. */
+struct LmRing {
+    typedef LmArgs Args;
+    typedef LmStat Stat;
+    static __device__ __forceinline__ Stat init() {
+        Stat t;
+        t.m = -INFINITY;
+        t.s = t.w = t.b = t.n = 0.0f;
+        return t;
+    }
+    template <int VEC>
+    static __device__ __forceinline__ void push(const Args&, Stat& t, const float* v, int64_t dq) {
+        lm_push_group<VEC>(t, v, dq);
+    }
+    static __device__ __forceinline__ void push1(const Args&, Stat& t, float v, bool target) {
+        if (target) return;
+        if (v > t.m) lm_shift(t, v);
+        lm_add(t, v);
+    }
+    static __device__ __forceinline__ Stat warp_merge(Stat t) { return lm_warp_merge(t); }
+    static __device__ __forceinline__ int kind(const Args& a, int64_t y) { return lm_row_kind(a, y); }
+    static __device__ __forceinline__ float row(const Args& a, int64_t i, float xy, const Stat& u, float* c) {
+        LmCoef k;
+        const float l = lm_row(a, xy, u.m, u.s, u.w, u.b, true, lm_g(a, i), &k);
+        c[0] = k.mo; c[1] = k.gp; c[2] = k.gq; c[3] = k.k1; c[4] = k.gc; c[5] = k.dy;
+        return l;
+    }
+    static __device__ __forceinline__ float grad(const Args&, const float* c, float v, bool target) {
+        if (target) return c[5];
+        const LmCoef k = {c[0], c[1], c[2], c[3], c[4], c[5]};
+        return lm_grad(k, v);
+    }
 };
-template <typename T>
-static __device__ __forceinline__ LpRow lp_row(const T* x, int64_t C) {
-    constexpr int VEC = 16 / (int)sizeof(T);
-    LpRow r;
-    r.h = (int64_t)(((16u - ((uintptr_t)x & 15u)) & 15u) / sizeof(T));   /* x is element-aligned */
-    if (r.h > C) r.h = C;
-    r.nv = (C - r.h) / VEC;
-    r.t0 = r.h + r.nv * VEC;
-    r.nex = C - r.nv * VEC;
-    return r;
-}
-
-template <typename T, bool PST>
-static __global__ void __launch_bounds__(LP_MAX_THREADS, 1) lm_pipe_kernel(LmArgs a, int sub, int R, int Ts) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int VEC = 16 / (int)sizeof(T);
-    extern __shared__ __align__(128) uint4 lp_ring[];       /* [R][sub] 16-byte vectors */
-    __shared__ __align__(8) uint64_t full[LP_MAX_SLOTS];    /* slot s's sub-chunk landed */
-    __shared__ __align__(8) uint64_t empty[LP_MAX_SLOTS];   /* every gradient warp is done with slot s */
-    __shared__ __align__(8) uint64_t xbar[LP_XSLOTS];       /* exchange slot x's coefficients written */
-    __shared__ float xc[LP_XSLOTS][8];                       /* LmCoef (6), the row kind */
-    __shared__ float sh_stat[5][LP_MAX_THREADS / 32];
-    const int tid = (int)threadIdx.x;
-    const int ngw = ((int)blockDim.x - Ts - 32) >> 5;
-    const int nsub = (int)((a.C / VEC + sub - 1) / sub);   /* positions a row: of the most vectors a row has */
-    if (tid == 0) {
-        for (int k = 0; k < R; k++) {
-            mbar_init(&full[k], 1u);
-            mbar_init(&empty[k], (uint32_t)ngw);
-        }
-        for (int k = 0; k < LP_XSLOTS; k++) mbar_init(&xbar[k], 1u);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();   /* why: barriers initialised before any copy is issued or waited on */
-    int s = 0;
-    uint32_t ph = 0u;
-    auto next_pos = [&]() {
-        if (++s == R) { s = 0; ph ^= 1u; }
-    };
-    if (tid < Ts) {
-        /* ---------------- statistics group ---------------- */
-        const int lane = tid & 31, wid = tid >> 5, nw = Ts >> 5;
-        int64_t yn = blockIdx.x < a.N ? rp_label(a.tg, a.lab64, blockIdx.x) : 0;   /* a row ahead */
-        int64_t it = 0;
-        for (int64_t i = blockIdx.x; i < a.N; i += gridDim.x, it++) {
-            const int64_t y = yn;
-            if (i + gridDim.x < a.N) yn = rp_label(a.tg, a.lab64, i + gridDim.x);
-            const int kind = lm_row_kind(a, y);
-            const T* x = (const T*)a.x + i * a.ld;
-            const LpRow g = lp_row<T>(x, a.C);
-            const float xy = (kind == 0 && tid == 0) ? to_float(x[y]) : 0.0f;
-            LmStat st;
-            st.m = -INFINITY;
-            st.s = st.w = st.b = st.n = 0.0f;
-            int64_t c = tid;   /* this thread's next group, carried across slots */
-            for (int j = 0; j < nsub; j++, next_pos()) {
-                mbar_wait(&full[s], ph);
-                if (kind != 0) continue;
-                const int64_t v0 = (int64_t)j * sub, hi = g.nv - v0 < sub ? g.nv : v0 + sub;
-                const uint4* buf = lp_ring + (size_t)s * sub - v0;   /* buf[c], c in [v0, hi) */
-                for (; c < hi; c += Ts) {
-                    float v[VEC];
-                    rp_unpack<T>(buf[c], v);
-                    lm_push_group<VEC>(st, v, y - g.h - c * VEC);
-                }
-            }
-            if (kind == 0)
-                for (int64_t e = tid; e < g.nex; e += Ts) {
-                    const int64_t j = g.extra(e);
-                    if (j == y) continue;
-                    const float v = to_float(__ldcg(x + j));
-                    if (v > st.m) lm_shift(st, v);
-                    lm_add(st, v);
-                }
-            st = lm_warp_merge(st);
-            if (lane == 0) {
-                sh_stat[0][wid] = st.m; sh_stat[1][wid] = st.s; sh_stat[2][wid] = st.w;
-                sh_stat[3][wid] = st.b; sh_stat[4][wid] = st.n;
-            }
-            lp_bar(1, Ts);   /* why: the warps' partials visible to warp 0 */
-            if (wid == 0) {
-                LmStat u;
-                if (lane < nw) {
-                    u.m = sh_stat[0][lane]; u.s = sh_stat[1][lane]; u.w = sh_stat[2][lane];
-                    u.b = sh_stat[3][lane]; u.n = sh_stat[4][lane];
-                } else {
-                    u.m = -INFINITY;
-                    u.s = u.w = u.b = u.n = 0.0f;
-                }
-                u = lm_warp_merge(u);
-                if (lane == 0) {
-                    const int x = (int)(it % LP_XSLOTS);
-                    LmCoef k = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-                    if (kind == 0) {
-                        const float l = lm_row(a, xy, u.m, u.s, u.w, u.b, true, lm_g(a, i), &k);
-                        if (a.rowloss) a.rowloss[i] = l;
-                    } else {   /* ignored: loss 0; out of range: NaN, flagged */
-                        if (kind == 2 && a.error_flag) atomicOr(a.error_flag, 1);
-                        if (a.rowloss) a.rowloss[i] = kind == 1 ? 0.0f : NAN;
-                    }
-                    xc[x][0] = k.mo; xc[x][1] = k.gp; xc[x][2] = k.gq; xc[x][3] = k.k1;
-                    xc[x][4] = k.gc; xc[x][5] = k.dy; xc[x][6] = (float)kind;
-                    mbar_arrive(&xbar[x]);   /* release: the coefficients visible to the waiters */
-                }
-            }
-            lp_bar(1, Ts);   /* why: warp 0 has read sh_stat before the next row's partials */
-        }
-    } else if (tid >= (int)blockDim.x - 32) {
-        /* ---------------- producer warp ---------------- */
-        const int lane = tid & 31;
-        int64_t P = 0;
-        for (int64_t i = blockIdx.x; i < a.N; i += gridDim.x) {
-            const bool skip = lm_row_kind(a, rp_label(a.tg, a.lab64, i)) != 0;
-            const T* x = (const T*)a.x + i * a.ld;
-            const LpRow g = lp_row<T>(x, a.C);
-            const uint4* src = reinterpret_cast<const uint4*>(x + g.h);
-            for (int j = 0; j < nsub; j++, P++, next_pos()) {
-                if (P >= R) mbar_wait(&empty[s], ph ^ 1u);   /* position P - R released */
-                const int64_t v0 = (int64_t)j * sub;
-                const int cnt = skip ? 0 : (int)(g.nv - v0 < sub ? (g.nv - v0 > 0 ? g.nv - v0 : 0) : sub);
-                uint4* dst = lp_ring + (size_t)s * sub;
-                if (lane == 0) {
-                    if (cnt > 0) mbar_arrive_tx(&full[s], (uint32_t)cnt * 16u);
-                    else mbar_arrive(&full[s]);
-                }
-                __syncwarp();
-                for (int p = lane; p * LP_PIECE < cnt; p += 32) {
-                    const int o = p * LP_PIECE, m = cnt - o < LP_PIECE ? cnt - o : LP_PIECE;
-                    bulk_load(dst + o, src + v0 + o, (uint32_t)m * 16u, &full[s]);
-                }
-            }
-        }
-    } else {
-        /* ---------------- gradient group ---------------- */
-        const int gt = tid - Ts, ng = ngw * 32, lane = tid & 31;
-        int64_t yn = blockIdx.x < a.N ? rp_label(a.tg, a.lab64, blockIdx.x) : 0;
-        int64_t it = 0;
-        for (int64_t i = blockIdx.x; i < a.N; i += gridDim.x, it++) {
-            const int64_t y = yn;
-            if (i + gridDim.x < a.N) yn = rp_label(a.tg, a.lab64, i + gridDim.x);
-            const T* x = (const T*)a.x + i * a.ld;
-            const LpRow g = lp_row<T>(x, a.C);
-            T* dx = (T*)a.dx + i * a.ld + g.h;   /* from the row's first 16-byte boundary (dlogits has x's phase) */
-            const int x8 = (int)(it % LP_XSLOTS);
-            mbar_wait(&xbar[x8], (uint32_t)((it / LP_XSLOTS) & 1));
-            LmCoef k;
-            k.mo = xc[x8][0]; k.gp = xc[x8][1]; k.gq = xc[x8][2]; k.k1 = xc[x8][3]; k.gc = xc[x8][4]; k.dy = xc[x8][5];
-            const int kind = (int)xc[x8][6];
-            int64_t q = gt;   /* this thread's next group, carried across slots */
-            for (int j = 0; j < nsub; j++, next_pos()) {
-                const int64_t v0 = (int64_t)j * sub, hi = g.nv - v0 < sub ? g.nv : v0 + sub;
-                if (kind != 0) {   /* every column 0 (ignored) or NaN (out of range) */
-                    float v[VEC];
-#pragma unroll
-                    for (int kk = 0; kk < VEC; kk++) v[kk] = kind == 1 ? 0.0f : NAN;
-                    for (; q < hi; q += ng) rp_vstore<T, VEC, !PST>(dx + q * VEC, v);
-                } else {
-                    /* complete already (the statistics waited on it; not refilled before this warp's
-                     * release): the acquire makes the bulk copy's bytes visible here */
-                    mbar_wait(&full[s], ph);
-                    const uint4* buf = lp_ring + (size_t)s * sub - v0;
-#pragma unroll 2
-                    for (; q < hi; q += ng) {
-                        float v[VEC];
-                        rp_unpack<T>(buf[q], v);
-                        const int64_t dq = y - g.h - q * VEC;
-                        const int ty = dq >= 0 && dq < VEC ? (int)dq : -1;
-#pragma unroll
-                        for (int kk = 0; kk < VEC; kk++) v[kk] = kk == ty ? k.dy : lm_grad(k, v[kk]);
-                        rp_vstore<T, VEC, !PST>(dx + q * VEC, v);
-                    }
-                }
-                __syncwarp();   /* why: the warp's reads of slot s are done before its release */
-                if (lane == 0) mbar_arrive(&empty[s]);
-            }
-            for (int64_t e = gt; e < g.nex; e += ng) {
-                const int64_t j = g.extra(e);
-                const float v = to_float(__ldcg(x + j));
-                dx[j - g.h] = from_float<T>(kind == 1 ? 0.0f : kind == 2 ? NAN : j == y ? k.dy : lm_grad(k, v));
-            }
-        }
-    }
-#else
-    __trap();   /* chosen only on sm_90+ */
-#endif
-}
 
 // ---------------------------------------------------------------------------------------------
 // launchers
@@ -859,63 +677,23 @@ static lm_fn lm_pick(fl_dtype dt, int64_t C, bool vec16, bool head, bool stage) 
 }
 
 /* FUSEDLOSS_LM_PIPE=1 (experimental, not yet run: session 16 had no GPU): fused rows of > 1024 classes
- * on sm_90 through lm_pipe_kernel, 16-byte aligned or not (vecs: the rows aligned, or logits and
- * dlogits of one 16-byte phase, as the head kernel; each row's vectors then start at its first
- * boundary, e.g. 8192x50257 bf16, 2.51x on lm_cta_head_kernel). Knobs, read on every call: _THREADS (CTA size,
- * default 544, at most 672), _STATS (statistics threads, default half of the non-producer warps),
- * _RING (KB of ring, default 200), _SUB (KB a slot at most, default 20), _SLACK (KB of the ring beyond
- * one row, i.e. of the next rows in flight, default 48), _PLAIN_ST (default 1: default-cached
- * gradient stores; 0: evict-first), _GRID (cap the CTAs: tests of the row loop). 8192x32000 bf16: 4
- * slots of 1000 vectors (16 KB) a row, R = 12, one CTA an SM. Rows that do not fit the ring with the
- * slack take the CTA kernels. */
-typedef struct { int sub, R, T, Ts; size_t smem; const void* fn; unsigned grid; } LpPlan;
-
+ * on sm_90 through rr_kernel<T, LmRing> (ringrow.cuh), 16-byte aligned or not (vecs: the rows
+ * aligned, or logits and dlogits of one 16-byte phase, as the head kernel: e.g. 8192x50257 bf16,
+ * 2.51x on lm_cta_head_kernel). Knobs FUSEDLOSS_LM_PIPE_{THREADS,STATS,RING,SUB,SLACK,PLAIN_ST,GRID}
+ * (ringrow.cuh). 8192x32000 bf16: 4 slots of 1000 vectors (16 KB) a row, R = 12, one CTA an SM. */
 template <typename T>
 static const void* lp_pick_t(bool pst) {
-    return pst ? (const void*)lm_pipe_kernel<T, true> : (const void*)lm_pipe_kernel<T, false>;
+    return pst ? (const void*)rr_kernel<T, LmRing, true> : (const void*)rr_kernel<T, LmRing, false>;
 }
 
-static int lp_plan(fl_dtype dt, int64_t N, int64_t C, bool vecs, int fused, LpPlan* out) {
-    if (!fused || !vecs || C <= 1024 || N <= 0 || rp_env_i64("FUSEDLOSS_LM_PIPE", 0) != 1) return 0;
+static const void* lp_plan(fl_dtype dt, int64_t N, int64_t C, bool vecs, int fused, RrPlan* p) {
+    if (!fused || !vecs || C <= 1024 || N <= 0 || rp_env_i64("FUSEDLOSS_LM_PIPE", 0) != 1) return nullptr;
     DevInfo d;
-    if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return 0; }
-    const int64_t nvec = C / (int64_t)(16 / fl__dtype_size(dt));
-    int T = (int)rp_env_i64("FUSEDLOSS_LM_PIPE_THREADS", 544) / 32 * 32;
-    if (T < 128 || T > LP_MAX_THREADS) T = 544;
-    int Ts = (int)rp_env_i64("FUSEDLOSS_LM_PIPE_STATS", (T - 32) / 64 * 32) / 32 * 32;
-    if (Ts < 32 || Ts > T - 64) Ts = (T - 32) / 64 * 32;
-    int ring_kb = (int)rp_env_i64("FUSEDLOSS_LM_PIPE_RING", 200);
-    if (ring_kb < 16 || ring_kb > 220) ring_kb = 200;
-    int sub_kb = (int)rp_env_i64("FUSEDLOSS_LM_PIPE_SUB", 20);
-    if (sub_kb < 1 || sub_kb > 64) sub_kb = 20;
-    const int64_t slack = rp_env_i64("FUSEDLOSS_LM_PIPE_SLACK", 48) * 1024;
-    const int64_t ring = (int64_t)ring_kb * 64, subv = (int64_t)sub_kb * 64;   /* 16-byte vectors */
-    const int64_t ns = (nvec + subv - 1) / subv, sb = (nvec + ns - 1) / ns;
-    int64_t r = ring / sb;
-    if (r > LP_MAX_SLOTS) r = LP_MAX_SLOTS;
-    if (r > (LP_XSLOTS / 2 + 1) * ns - 1) r = (LP_XSLOTS / 2 + 1) * ns - 1;   /* the xslot reuse rule */
-    if (r - ns < 1 || (r - ns) * sb * 16 < slack) return 0;
-    const bool pst = rp_env_i64("FUSEDLOSS_LM_PIPE_PLAIN_ST", 1) != 0;
-    switch (dt) {
-        case FL_DTYPE_F32: out->fn = lp_pick_t<float>(pst); break;
-        case FL_DTYPE_F16: out->fn = lp_pick_t<__half>(pst); break;
-        default: out->fn = lp_pick_t<__nv_bfloat16>(pst); break;
-    }
-    out->sub = (int)sb;
-    out->R = (int)r;
-    out->T = T;
-    out->Ts = Ts;
-    out->smem = (size_t)r * (size_t)sb * 16;
-    int n = 0;
-    if (fl__cluster_occupancy(out->fn, 0, T, out->smem, d.sms, (int)rp_env_i64("FUSEDLOSS_DEBUG", 0),
-                              "pipelined large-margin kernel", &n) != cudaSuccess || n <= 0) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    const int64_t gcap = rp_env_i64("FUSEDLOSS_LM_PIPE_GRID", 0);
-    if (gcap > 0 && n > gcap) n = (int)gcap;
-    out->grid = (unsigned)(N < n ? N : n);
-    return 1;
+    if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return nullptr; }
+    if (!rr_plan_shape("FUSEDLOSS_LM_PIPE", C, fl__dtype_size(dt), p)) return nullptr;
+    const void* fn = dt == FL_DTYPE_F32 ? lp_pick_t<float>(p->pst)
+                     : dt == FL_DTYPE_F16 ? lp_pick_t<__half>(p->pst) : lp_pick_t<__nv_bfloat16>(p->pst);
+    return rr_plan_grid("FUSEDLOSS_LM_PIPE", "pipelined large-margin kernel", fn, N, d.sms, p) ? fn : nullptr;
 }
 
 static fl_status lm_cuda(const char* fn, fl__pass pass, float* loss, void* dlogits, const void* logits, int64_t ld,
@@ -964,10 +742,10 @@ static fl_status lm_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
     /* staged only where 3 CTAs fit an SM (rows <= 72 KB): the kernel is bound by its exponentials,
      * not by the re-read, and with 2 per SM staging lost (H200 s10 run 2, fwd+bwd in a CUDA graph:
      * 8192x32000 bf16 0.635 ms staged vs 0.638 re-read; 8192x20000 fp32, 80 KB rows, 0.551 vs 0.533) */
-    LpPlan lp;
-    if (lp_plan(dtype, N, C, vec16 || head, fused, &lp)) {
+    RrPlan lp;
+    if (const void* pfn = lp_plan(dtype, N, C, vec16 || head, fused, &lp)) {
         void* args[] = {&a, &lp.sub, &lp.R, &lp.Ts};
-        FL_CUDA_TRY(cudaLaunchKernel(lp.fn, dim3(lp.grid), dim3((unsigned)lp.T), args, lp.smem, stream));
+        FL_CUDA_TRY(cudaLaunchKernel(pfn, dim3(lp.grid), dim3((unsigned)lp.T), args, lp.smem, stream));
         FL_CUDA_TRY(rl_end(w, loss, N, stream));
         return FL_OK;
     }

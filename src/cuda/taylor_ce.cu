@@ -27,6 +27,7 @@
 
 #include "cluster.cuh"
 #include "common.cuh"
+#include "ringrow.cuh"
 #include "rowpass.cuh"
 
 #define TC_THREADS 256
@@ -381,6 +382,56 @@ static __global__ void __launch_bounds__(TC_CTA_THREADS) tc_cta_head_kernel(TcAr
     }
 }
 
+/* ---- the ring kernel's policy (ringrow.cuh: FUSEDLOSS_TC_PIPE=1, experimental, not yet run) --------
+ * S = sum f(x) over the whole row (the target included), loss log S - log f(x_y), gradient
+ * f'(x) g / S - [j == y] g f'(x_y) / f(x_y): the CTA kernels' formulas (coef[0] = g / S, coef[1] =
+ * g f'(x_y) / f(x_y)); the per-thread sums in a different order than tc_cta_kernel's. Why: rows of
+ * more than RL_STAGE_MAX_BYTES and unaligned rows were re-read from L2 (8192x50257 bf16 2.07x). */
+struct TcRing {
+    typedef TcArgs Args;
+    struct Stat { float s; };
+    static __device__ __forceinline__ Stat init() { return Stat{0.0f}; }
+    template <int VEC>
+    static __device__ __forceinline__ void push(const Args& a, Stat& t, const float* v, int64_t) {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) t.s += tc_f(v[k], a.order);
+    }
+    static __device__ __forceinline__ void push1(const Args& a, Stat& t, float v, bool) { t.s += tc_f(v, a.order); }
+    static __device__ __forceinline__ Stat warp_merge(Stat t) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) t.s += __shfl_xor_sync(0xffffffffu, t.s, o);
+        return t;
+    }
+    static __device__ __forceinline__ int kind(const Args& a, int64_t y) { return tc_row_kind(a, y); }
+    static __device__ __forceinline__ float row(const Args& a, int64_t i, float xy, const Stat& u, float* c) {
+        const float fy = tc_f(xy, a.order), g = tc_g(a, i);
+        c[0] = g / u.s;
+        c[1] = g * (tc_df(xy, a.order) / fy);
+        return logf(u.s) - logf(fy);
+    }
+    static __device__ __forceinline__ float grad(const Args& a, const float* c, float v, bool target) {
+        return tc_df(v, a.order) * c[0] - (target ? c[1] : 0.0f);
+    }
+};
+
+/* FUSEDLOSS_TC_PIPE=1 (experimental, not yet run: session 16 had no GPU): fused rows of > 1024 classes
+ * on sm_90 through rr_kernel<T, TcRing> (ringrow.cuh), 16-byte aligned or of one 16-byte phase with
+ * dlogits. Knobs FUSEDLOSS_TC_PIPE_{THREADS,STATS,RING,SUB,SLACK,PLAIN_ST,GRID}. */
+template <typename T>
+static const void* tp_pick_t(bool pst) {
+    return pst ? (const void*)rr_kernel<T, TcRing, true> : (const void*)rr_kernel<T, TcRing, false>;
+}
+
+static const void* tp_plan(fl_dtype dt, int64_t N, int64_t C, bool vecs, int fused, RrPlan* p) {
+    if (!fused || !vecs || C <= 1024 || N <= 0 || rp_env_i64("FUSEDLOSS_TC_PIPE", 0) != 1) return nullptr;
+    DevInfo d;
+    if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return nullptr; }
+    if (!rr_plan_shape("FUSEDLOSS_TC_PIPE", C, fl__dtype_size(dt), p)) return nullptr;
+    const void* fn = dt == FL_DTYPE_F32 ? tp_pick_t<float>(p->pst)
+                     : dt == FL_DTYPE_F16 ? tp_pick_t<__half>(p->pst) : tp_pick_t<__nv_bfloat16>(p->pst);
+    return rr_plan_grid("FUSEDLOSS_TC_PIPE", "pipelined Taylor kernel", fn, N, d.sms, p) ? fn : nullptr;
+}
+
 typedef void (*tc_fn)(TcArgs);
 
 /* FUSEDLOSS_TC_PREFETCH=1: the staged CTA kernel with the next row's cp.async prefetch (PF above) */
@@ -452,6 +503,13 @@ static fl_status tc_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
     const bool vec16 = rl_vec16(logits, dlogits, fused, ld, es);
     const bool head = !vec16 && C > 1024 && (uintptr_t)logits % es == 0 &&
                       (!fused || ((uintptr_t)logits - (uintptr_t)dlogits) % 16 == 0);
+    RrPlan tp;
+    if (const void* pfn = tp_plan(dtype, N, C, vec16 || head, fused, &tp)) {
+        void* args[] = {&a, &tp.sub, &tp.R, &tp.Ts};
+        FL_CUDA_TRY(cudaLaunchKernel(pfn, dim3(tp.grid), dim3((unsigned)tp.T), args, tp.smem, stream));
+        FL_CUDA_TRY(rl_end(w, loss, N, stream));
+        return FL_OK;
+    }
     const size_t smem = rl_stage_bytes(C, es, vec16 || head, fused, RL_STAGE_MAX_BYTES);
     const tc_fn kfn = tc_pick(dtype, C, vec16, head, smem > 0);
     unsigned grid = 0;
