@@ -14,12 +14,14 @@
  *    once every gradient warp released position P - R (empty[s]), as bulk async copies completing
  *    full[s]; rows with an ignored or out-of-range target: no copy, full[s] completed at once.
  *  - STATISTICS (threads [0, Ts)): row i's statistics (L::push over each thread's groups c = tid,
- *    tid + Ts, ..., carried across slots; L::push1 over the extra columns, read from global memory),
+ *    tid + Ts, ..., carried across slots; L::push1 over the extra columns, read from global memory
+ *    before the sweep),
  *    a fixed merge tree (L::warp_merge, then warp 0 over the warps' results, named barrier 1), and
  *    warp 0's lane 0 forms the row's loss (into a.rowloss) and gradient coefficients (L::row) in
  *    exchange slot it % RR_XSLOTS, completing xbar[x].
  *  - GRADIENT (threads [Ts, T - 32)): waits for row i's coefficients and writes its gradient from the
- *    ring (L::grad), each warp releasing each slot; the extra columns re-read from global memory.
+ *    ring (L::grad), each warp releasing each slot; the extra columns re-read from global memory
+ *    (before the wait for the coefficients).
  * Rows not 16-byte aligned (logits and dlogits of one 16-byte phase: the host checks): each row's
  * vectors start at its first 16-byte boundary; its h head columns and the tail after its last vector
  * are the extras (RrRow). Every position of every row, special rows included, completes one phase of
@@ -117,6 +119,10 @@ static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L
             const T* x = (const T*)a.x + i * a.ld;
             const RrRow g = rr_row<T>(x, a.C);
             const float xy = (kind == 0 && tid == 0) ? to_float(x[y]) : 0.0f;
+            /* the extra columns (nex <= 2 VEC - 2 < 32 <= Ts: one a thread at most), loaded before the
+             * sweep so that their latency is not on the row's path */
+            const int64_t ej = (kind == 0 && tid < g.nex) ? g.extra(tid) : -1;
+            const float xe = ej >= 0 ? to_float(__ldcg(x + ej)) : 0.0f;
             Stat st = L::init();
             int64_t c = tid;   /* this thread's next group, carried across slots */
             for (int j = 0; j < nsub; j++, next_pos()) {
@@ -130,11 +136,7 @@ static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L
                     L::template push<VEC>(a, st, v, y - g.h - c * VEC);
                 }
             }
-            if (kind == 0)
-                for (int64_t e = tid; e < g.nex; e += Ts) {
-                    const int64_t j = g.extra(e);
-                    L::push1(a, st, to_float(__ldcg(x + j)), j == y);
-                }
+            if (ej >= 0) L::push1(a, st, xe, ej == y);
             st = L::warp_merge(st);
             if (lane == 0) sh_stat[wid] = st;
             rr_bar(1, Ts);   /* why: the warps' partials visible to warp 0 */
@@ -195,6 +197,9 @@ static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L
             const T* x = (const T*)a.x + i * a.ld;
             const RrRow g = rr_row<T>(x, a.C);
             T* dx = (T*)a.dx + i * a.ld + g.h;   /* from the row's first 16-byte boundary (x's phase) */
+            /* this thread's extra column (nex < 32 <= the group's threads), loaded before the wait */
+            const int64_t ej = gt < g.nex ? g.extra(gt) : -1;
+            const float xe = ej >= 0 ? to_float(__ldcg(x + ej)) : 0.0f;
             const int x8 = (int)(it % RR_XSLOTS);
             mbar_wait(&xbar[x8], (uint32_t)((it / RR_XSLOTS) & 1));
             float coef[6];
@@ -228,11 +233,7 @@ static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L
                 __syncwarp();   /* why: the warp's reads of slot s are done before its release */
                 if (lane == 0) mbar_arrive(&empty[s]);
             }
-            for (int64_t e = gt; e < g.nex; e += ng) {
-                const int64_t j = g.extra(e);
-                const float v = to_float(__ldcg(x + j));
-                dx[j - g.h] = from_float<T>(kind == 1 ? 0.0f : kind == 2 ? NAN : L::grad(a, coef, v, j == y));
-            }
+            if (ej >= 0) dx[ej - g.h] = from_float<T>(kind == 1 ? 0.0f : kind == 2 ? NAN : L::grad(a, coef, xe, ej == y));
         }
     }
 #else
