@@ -734,7 +734,8 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
 }
 
 // ---- the warp-specialised ring kernel (sm_90, fused forward / reverse KL) --------------------------
-// FUSEDLOSS_DISTILL_PIPE=1 (experimental, written in session 16, which had no GPU: not yet run).
+// The default for the fused KL since 2026-12-05 (FUSEDLOSS_DISTILL_PIPE=0: the staged kernel; s16 runs
+// 1-3: correct under every plan tried, memcheck 0, 1.52x against the staged kernel's 1.65x).
 // Why: the staged kernel above runs a row as phases (copy wait, statistics sweep, block reduction and
 // exchange, gradient sweep) in one group of warps, and its measured time is the SUM of its memory
 // and SFU times (KL T=2 4096x128256 bf16: 1.256 ms = 0.738 memory + 0.534 SFU; NOTES "Session 15").
@@ -915,7 +916,12 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
         for (int64_t r = cid; r < a.sc.N; r += ncl) {
             const bool ign = a.labels && rp_label(a.labels, a.lab64, r) == a.ignore;
             for (int j = 0; j < nsub; j++, P++, next_pos()) {
-                if (P >= R) mbar_wait(&empty[s], ph ^ 1u);   // position P - R released
+                if (P >= R) {
+                    mbar_wait(&empty[s], ph ^ 1u);   // position P - R released
+                    // the gradient warps' generic-proxy reads of the slot ordered before the async-proxy
+                    // copies into it (ringrow.cuh: racecheck's report of the pattern without it)
+                    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                }
                 dp_issue<TS, TT>(a, r, ign, lo, n, sub, j, dp_ring + (size_t)s * slot_vecs, &full[s]);
             }
         }
@@ -1131,9 +1137,11 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
     return n;   // resident clusters
 }
 
-// FUSEDLOSS_DISTILL_PIPE=1 (experimental, not yet run: session 16 had no GPU): fused forward /
-// reverse KL on sm_90 through distill_pipe_kernel, for rows the staged kernel's alignment rules
-// admit. Knobs, read on every call: _PIPE_THREADS (CTA size, default 544, at most 672),
+// The default since 2026-12-05 for the fused forward / reverse KL on sm_90 (FUSEDLOSS_DISTILL_PIPE=0:
+// the staged kernel), for rows the staged kernel's alignment rules admit: distill_pipe_kernel. H200
+// s16 runs 2-3, KL T=2 4096x128256 bf16 kernel: staged 1.254-1.263 ms (1.65-1.67x the floor), ring
+// 1.147-1.150 ms (1.52x; 672 threads with 384 statistics threads 1.49x, 3-CTA clusters 1.59-1.79x,
+// 192 / 320 statistics threads 1.69 / 1.55x). Other shapes not timed yet. Knobs, read on every call: _PIPE_THREADS (CTA size, default 544, at most 672),
 // _PIPE_STATS (statistics threads, default half of the non-producer warps), _PIPE_RING (KB of ring,
 // default 200), _PIPE_SUB (KB a slot at most, default 32), _PIPE_SLACK (KB of the ring beyond one
 // row's chunk, i.e. of the next row in flight, default 48), _PIPE_CS (force a cluster size),
@@ -1167,7 +1175,7 @@ static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst) {
 
 static int dp_plan(const fl__distill_params* p, const void* s, const void* t, const void* ds, bool fused, DpPlan* out) {
     if (!fused || p->mode == FL__DISTILL_JSD || p->N <= 0) return 0;
-    if (rp_env_i64("FUSEDLOSS_DISTILL_PIPE", 0) != 1) return 0;
+    if (rp_env_i64("FUSEDLOSS_DISTILL_PIPE", 1) != 1) return 0;
     DevInfo d;
     int64_t nv, NT;
     if (!dc_aligned_rows(p, s, t, ds, &d, &nv, &NT)) return 0;

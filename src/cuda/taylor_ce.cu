@@ -414,16 +414,20 @@ struct TcRing {
     }
 };
 
-/* FUSEDLOSS_TC_PIPE=1 (experimental, not yet run: session 16 had no GPU): fused rows of > 1024 classes
- * on sm_90 through rr_kernel<T, TcRing> (ringrow.cuh), 16-byte aligned or of one 16-byte phase with
- * dlogits. Knobs FUSEDLOSS_TC_PIPE_{THREADS,STATS,RING,SUB,SLACK,PLAIN_ST,GRID}. */
+/* The default for fused rows of > 1024 classes on sm_90 since 2026-12-05 (FUSEDLOSS_TC_PIPE=0: the CTA
+ * kernels below): rr_kernel<T, TcRing> (ringrow.cuh), 16-byte aligned rows or rows of one 16-byte
+ * phase with dlogits, up to ~150 KB (the ring's slack rule; longer rows take the CTA kernels). H200
+ * s16 runs 2-3, fwd+bwd graph step x floor, CTA kernels / ring: 8192x32000 bf16 1.38 / 1.20x,
+ * 8192x50257 bf16 2.11 / 1.22x (its unaligned 100 KB rows had been re-read from L2); 672 threads,
+ * 32 KB slots, evict-first stores: no better. Knobs FUSEDLOSS_TC_PIPE_{THREADS,STATS,RING,SUB,
+ * SLACK,PLAIN_ST,GRID}. */
 template <typename T>
 static const void* tp_pick_t(bool pst) {
     return pst ? (const void*)rr_kernel<T, TcRing, true> : (const void*)rr_kernel<T, TcRing, false>;
 }
 
 static const void* tp_plan(fl_dtype dt, int64_t N, int64_t C, bool vecs, int fused, RrPlan* p) {
-    if (!fused || !vecs || C <= 1024 || N <= 0 || rp_env_i64("FUSEDLOSS_TC_PIPE", 0) != 1) return nullptr;
+    if (!fused || !vecs || C <= 1024 || N <= 0 || rp_env_i64("FUSEDLOSS_TC_PIPE", 1) != 1) return nullptr;
     DevInfo d;
     if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return nullptr; }
     if (!rr_plan_shape("FUSEDLOSS_TC_PIPE", C, fl__dtype_size(dt), p)) return nullptr;
