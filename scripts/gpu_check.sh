@@ -458,13 +458,19 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
         for t in ${ZOO_TESTS:-test_elementwise_loss_cuda test_distill_cuda test_margin_ce_cuda test_softmax_focal_cuda test_lovasz_cuda test_taylor_ce_cuda test_large_margin_ce_cuda}; do
             [ -x build/$t ] || { echo "### build/$t missing"; continue; }
             echo "### $t"; timeout 240 build/$t > "$OUT/$t.out" 2>&1 || rc=1; grep -m60 -E "FAIL|input of" "$OUT/$t.out"; tail -5 "$OUT/$t.out"
-            if [ "$t" = test_distill_cuda ]; then   # the staged kernel (JSD too) walking several rows per cluster; the ticket kernel alone
-                echo "### FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 $t --small"
-                FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
-                echo "### FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_ROWS=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 $t --small"
-                FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_ROWS=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
-                echo "### FUSEDLOSS_DISTILL_STAGED=0 $t --small"
-                FUSEDLOSS_DISTILL_STAGED=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
+            if [ "$t" = test_distill_cuda ]; then   # the KL ring (default) walking rows; the staged kernel (JSD too) walking several rows per cluster; the ticket kernel alone
+                echo "### FUSEDLOSS_DISTILL_PIPE_GRID=3 $t --small"
+                FUSEDLOSS_DISTILL_PIPE_GRID=3 timeout 90 build/$t --small 2>&1 | grep -v pipelined | grep -E -m20 "FAIL|input of|passed" || rc=1
+                echo "### FUSEDLOSS_DISTILL_PIPE=0 FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 $t --small"
+                FUSEDLOSS_DISTILL_PIPE=0 FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
+                echo "### FUSEDLOSS_DISTILL_PIPE=0 FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_ROWS=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 $t --small"
+                FUSEDLOSS_DISTILL_PIPE=0 FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_ROWS=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
+                echo "### FUSEDLOSS_DISTILL_PIPE=0 FUSEDLOSS_DISTILL_STAGED=0 $t --small"
+                FUSEDLOSS_DISTILL_PIPE=0 FUSEDLOSS_DISTILL_STAGED=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
+            fi
+            if [ "$t" = test_taylor_ce_cuda ]; then   # the CTA kernels (the ring is the default for fused rows of > 1024 classes)
+                echo "### FUSEDLOSS_TC_PIPE=0 $t --small"
+                FUSEDLOSS_TC_PIPE=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "^FAIL|passed|failed" || rc=1
             fi
             if [ "$t" = test_margin_ce_cuda ] || [ "$t" = test_softmax_focal_cuda ]; then   # the staged rows kernel (default) and the ticket one
                 echo "### FUSEDLOSS_TGT_STAGED=0 $t --small"   # the ticket kernel (the staged one is the default)
@@ -486,8 +492,14 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                 for tool in memcheck racecheck; do
                     echo "### $tool $t --small"
                     # distillation: 2 clusters at most, so the staged kernel walks rows (exchanges, prefetch)
-                    FUSEDLOSS_TGT_STAGED_GRID=2 FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_GRID=2 timeout 90 "$SANITIZER" --tool $tool --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
+                    FUSEDLOSS_DISTILL_PIPE=0 FUSEDLOSS_TGT_STAGED_GRID=2 FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_GRID=2 timeout 90 "$SANITIZER" --tool $tool --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
                 done
+                # the ring kernels (KL, Taylor) refilling their slots: memcheck (racecheck reports every
+                # ring's slot refill, the CE's too: NOTES "Session 16")
+                if [ "$t" = test_distill_cuda ] || [ "$t" = test_taylor_ce_cuda ]; then
+                    echo "### memcheck $t --small, the ring on 1 cluster"
+                    FUSEDLOSS_DISTILL_PIPE_GRID=1 FUSEDLOSS_TC_PIPE_GRID=1 timeout 90 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
+                fi
             fi
         done
         if [ "${ZOO_PY:-1}" != 0 ] && [ -e build/libfusedloss.so ]; then
