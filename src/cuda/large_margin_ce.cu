@@ -676,26 +676,11 @@ static lm_fn lm_pick(fl_dtype dt, int64_t C, bool vec16, bool head, bool stage) 
     }
 }
 
-/* FUSEDLOSS_LM_PIPE=1 (experimental, not yet run: session 16 had no GPU): fused rows of > 1024 classes
- * on sm_90 through rr_kernel<T, LmRing> (ringrow.cuh), 16-byte aligned or not (vecs: the rows
- * aligned, or logits and dlogits of one 16-byte phase, as the head kernel: e.g. 8192x50257 bf16,
- * 2.51x on lm_cta_head_kernel). Knobs FUSEDLOSS_LM_PIPE_{THREADS,STATS,RING,SUB,SLACK,PLAIN_ST,GRID}
- * (ringrow.cuh). 8192x32000 bf16: 4 slots of 1000 vectors (16 KB) a row, R = 12, one CTA an SM. */
-template <typename T>
-static const void* lp_pick_t(bool pst) {
-    return pst ? (const void*)rr_kernel<T, LmRing, true> : (const void*)rr_kernel<T, LmRing, false>;
-}
-
-static const void* lp_plan(fl_dtype dt, int64_t N, int64_t C, bool vecs, int fused, RrPlan* p) {
-    if (!fused || !vecs || C <= 1024 || N <= 0 || rp_env_i64("FUSEDLOSS_LM_PIPE", 0) != 1) return nullptr;
-    DevInfo d;
-    if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return nullptr; }
-    if (!rr_plan_shape("FUSEDLOSS_LM_PIPE", C, fl__dtype_size(dt), p)) return nullptr;
-    const void* fn = dt == FL_DTYPE_F32 ? lp_pick_t<float>(p->pst)
-                     : dt == FL_DTYPE_F16 ? lp_pick_t<__half>(p->pst) : lp_pick_t<__nv_bfloat16>(p->pst);
-    return rr_plan_grid("FUSEDLOSS_LM_PIPE", "pipelined large-margin kernel", fn, N, d.sms, p) ? fn : nullptr;
-}
-
+/* FUSEDLOSS_LM_PIPE=1: fused rows of > 1024 classes on sm_90 through rr_kernel<T, LmRing> (ringrow.cuh),
+ * aligned or of one 16-byte phase with dlogits. Off by default: SLOWER than the CTA kernels (H200 s16
+ * runs 2-3, graph step x floor: 8192x32000 bf16 2.0-2.1x at every plan tried against 1.64x, 8192x50257
+ * 1.83x against 1.74x: 16 warps on its exponentials instead of 3 CTAs' 48). Knobs
+ * FUSEDLOSS_LM_PIPE_{THREADS,STATS,RING,SUB,SLACK,PLAIN_ST,GRID} (ringrow.cuh). */
 static fl_status lm_cuda(const char* fn, fl__pass pass, float* loss, void* dlogits, const void* logits, int64_t ld,
                          const void* targets, fl_index_dtype index_dtype, const float* grad_loss, float grad_scale,
                          int64_t N, int64_t C, fl_dtype dtype, const fl_large_margin_options* opts, void* workspace,
@@ -743,7 +728,8 @@ static fl_status lm_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
      * not by the re-read, and with 2 per SM staging lost (H200 s10 run 2, fwd+bwd in a CUDA graph:
      * 8192x32000 bf16 0.635 ms staged vs 0.638 re-read; 8192x20000 fp32, 80 KB rows, 0.551 vs 0.533) */
     RrPlan lp;
-    if (const void* pfn = lp_plan(dtype, N, C, vec16 || head, fused, &lp)) {
+    if (const void* pfn = rr_plan<LmRing>("FUSEDLOSS_LM_PIPE", 0, "pipelined large-margin kernel", dtype, N, C,
+                                          vec16 || head, fused, &lp)) {
         void* args[] = {&a, &lp.sub, &lp.R, &lp.Ts};
         FL_CUDA_TRY(cudaLaunchKernel(pfn, dim3(lp.grid), dim3((unsigned)lp.T), args, lp.smem, stream));
         FL_CUDA_TRY(rl_end(w, loss, N, stream));

@@ -285,20 +285,34 @@ static inline int rr_plan_shape(const char* prefix, int64_t C, size_t es, RrPlan
     return 1;
 }
 
-/* the resident CTAs of fn at the plan (the occupancy query also raises fn's shared-memory limit);
- * 0: does not fit */
-static inline int rr_plan_grid(const char* prefix, const char* what, const void* fn, int64_t N, int sms,
-                               RrPlan* p) {
-    int n = 0;
-    if (fl__cluster_occupancy(fn, 0, p->T, p->smem, sms, (int)rp_env_i64("FUSEDLOSS_DEBUG", 0), what, &n) !=
+template <class L, typename T>
+static inline const void* rr_pick_t(bool pst) {
+    return pst ? (const void*)rr_kernel<T, L, true> : (const void*)rr_kernel<T, L, false>;
+}
+
+/* The plan and kernel of loss L for a call (nullptr: the caller's other kernels): fused rows of > 1024
+ * classes on sm_90, `vecs` (16-byte aligned rows, or logits and dlogits of one 16-byte phase), the
+ * knob `prefix` (on = 1; `on` its default) and the rows fitting the ring. `what` names the kernel in
+ * FUSEDLOSS_DEBUG's occupancy line. */
+template <class L>
+static inline const void* rr_plan(const char* prefix, int on, const char* what, fl_dtype dt, int64_t N, int64_t C,
+                                  bool vecs, int fused, RrPlan* p) {
+    if (!fused || !vecs || C <= 1024 || N <= 0 || rp_env_i64(prefix, on) != 1) return nullptr;
+    DevInfo d;
+    if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return nullptr; }
+    if (!rr_plan_shape(prefix, C, fl__dtype_size(dt), p)) return nullptr;
+    const void* fn = dt == FL_DTYPE_F32 ? rr_pick_t<L, float>(p->pst)
+                     : dt == FL_DTYPE_F16 ? rr_pick_t<L, __half>(p->pst) : rr_pick_t<L, __nv_bfloat16>(p->pst);
+    int n = 0;   /* resident CTAs (the occupancy query also raises fn's shared-memory limit) */
+    if (fl__cluster_occupancy(fn, 0, p->T, p->smem, d.sms, (int)rp_env_i64("FUSEDLOSS_DEBUG", 0), what, &n) !=
             cudaSuccess || n <= 0) {
         (void)cudaGetLastError();
-        return 0;
+        return nullptr;
     }
     const int64_t gcap = rr_knob(prefix, "GRID", 0);
     if (gcap > 0 && n > gcap) n = (int)gcap;
     p->grid = (unsigned)(N < n ? N : n);
-    return 1;
+    return fn;
 }
 
 #endif /* FL_CUDA_RINGROW_CUH */

@@ -414,28 +414,13 @@ struct TcRing {
     }
 };
 
-/* The default for fused rows of > 1024 classes on sm_90 since 2026-12-05 (FUSEDLOSS_TC_PIPE=0: the CTA
- * kernels below): rr_kernel<T, TcRing> (ringrow.cuh), 16-byte aligned rows or rows of one 16-byte
+/* TcRing (rr_plan<TcRing> in tc_cuda, knob FUSEDLOSS_TC_PIPE) is the default for fused rows of > 1024
+ * classes on sm_90 since 2026-12-05 (FUSEDLOSS_TC_PIPE=0: the CTA kernels below): rr_kernel<T, TcRing> (ringrow.cuh), 16-byte aligned rows or rows of one 16-byte
  * phase with dlogits, up to ~150 KB (the ring's slack rule; longer rows take the CTA kernels). H200
  * s16 runs 2-3, fwd+bwd graph step x floor, CTA kernels / ring: 8192x32000 bf16 1.38 / 1.20x,
  * 8192x50257 bf16 2.11 / 1.22x (its unaligned 100 KB rows had been re-read from L2); 672 threads,
  * 32 KB slots, evict-first stores: no better. Knobs FUSEDLOSS_TC_PIPE_{THREADS,STATS,RING,SUB,
  * SLACK,PLAIN_ST,GRID}. */
-template <typename T>
-static const void* tp_pick_t(bool pst) {
-    return pst ? (const void*)rr_kernel<T, TcRing, true> : (const void*)rr_kernel<T, TcRing, false>;
-}
-
-static const void* tp_plan(fl_dtype dt, int64_t N, int64_t C, bool vecs, int fused, RrPlan* p) {
-    if (!fused || !vecs || C <= 1024 || N <= 0 || rp_env_i64("FUSEDLOSS_TC_PIPE", 1) != 1) return nullptr;
-    DevInfo d;
-    if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return nullptr; }
-    if (!rr_plan_shape("FUSEDLOSS_TC_PIPE", C, fl__dtype_size(dt), p)) return nullptr;
-    const void* fn = dt == FL_DTYPE_F32 ? tp_pick_t<float>(p->pst)
-                     : dt == FL_DTYPE_F16 ? tp_pick_t<__half>(p->pst) : tp_pick_t<__nv_bfloat16>(p->pst);
-    return rr_plan_grid("FUSEDLOSS_TC_PIPE", "pipelined Taylor kernel", fn, N, d.sms, p) ? fn : nullptr;
-}
-
 typedef void (*tc_fn)(TcArgs);
 
 /* FUSEDLOSS_TC_PREFETCH=1: the staged CTA kernel with the next row's cp.async prefetch (PF above) */
@@ -508,7 +493,8 @@ static fl_status tc_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
     const bool head = !vec16 && C > 1024 && (uintptr_t)logits % es == 0 &&
                       (!fused || ((uintptr_t)logits - (uintptr_t)dlogits) % 16 == 0);
     RrPlan tp;
-    if (const void* pfn = tp_plan(dtype, N, C, vec16 || head, fused, &tp)) {
+    if (const void* pfn = rr_plan<TcRing>("FUSEDLOSS_TC_PIPE", 1, "pipelined Taylor kernel", dtype, N, C, vec16 || head,
+                                          fused, &tp)) {
         void* args[] = {&a, &tp.sub, &tp.R, &tp.Ts};
         FL_CUDA_TRY(cudaLaunchKernel(pfn, dim3(tp.grid), dim3((unsigned)tp.T), args, tp.smem, stream));
         FL_CUDA_TRY(rl_end(w, loss, N, stream));
