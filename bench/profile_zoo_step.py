@@ -5,7 +5,8 @@ bench's per-step number can be split into the fused kernel and everything around
 extra kernels of the Python op and of autograd).
 
     PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so python3 bench/profile_zoo_step.py \
-        [--case arcface|kl_t2|jsd|focal_nchw|bce] [--steps 20] [--dtype float32|bfloat16|float16 (focal_nchw)]
+        [--case arcface|kl_t2|jsd|focal_nchw|bce] [--steps 20] [--dtype float32|bfloat16|float16]
+        [--shape NxV --teacher-dtype D (kl_t2 / jsd)]
 
 Prints, for the case: the floor (read the prediction (+ teacher) and write its gradient at the
 device-to-device copy bandwidth measured here, as the benches do); the median step time between
@@ -32,8 +33,11 @@ def main():
     ap.add_argument("--case", default="arcface", choices=["arcface", "kl_t2", "jsd", "focal_nchw", "bce"])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--sets", type=int, default=3, help="input sets rotated (the benches use 2 at these sizes)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                    help="logits dtype of the focal_nchw case (the others have their fixed dtypes)")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                    help="logits dtype of the focal_nchw case (default float32) and of the kl_t2 / jsd student (default bfloat16)")
+    ap.add_argument("--shape", default="4096x128256", help="NxV of the kl_t2 / jsd student and teacher logits")
+    ap.add_argument("--teacher-dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                    help="kl_t2 / jsd teacher dtype (default: the student's)")
     args = ap.parse_args()
     g = torch.Generator(device="cuda").manual_seed(1)
     sets = []
@@ -47,13 +51,16 @@ def main():
             t = torch.rand(8192, 1000, device="cuda", generator=g)
             sets.append((x, t))
         elif args.case == "focal_nchw":
-            x = (torch.randn(8, 19, 512, 1024, device="cuda", generator=g) * 3).to(getattr(torch, args.dtype)).requires_grad_(True)
+            x = (torch.randn(8, 19, 512, 1024, device="cuda", generator=g) * 3).to(getattr(torch, args.dtype or "float32")).requires_grad_(True)
             t = torch.randint(0, 19, (8, 512, 1024), device="cuda", generator=g)
             t = torch.where(torch.rand(t.shape, device="cuda", generator=g) < 0.05, torch.full_like(t, 255), t)
             sets.append((x, t))
         else:
-            s = torch.randn(4096, 128256, device="cuda", generator=g).to(torch.bfloat16).requires_grad_(True)
-            te = torch.randn(4096, 128256, device="cuda", generator=g).to(torch.bfloat16)
+            n, v = (int(d) for d in args.shape.lower().split("x"))
+            sd = getattr(torch, args.dtype or "bfloat16")
+            td = getattr(torch, args.teacher_dtype) if args.teacher_dtype else sd
+            s = torch.randn(n, v, device="cuda", generator=g).to(sd).requires_grad_(True)
+            te = torch.randn(n, v, device="cuda", generator=g).to(td)
             sets.append((s, te))
 
     bce_w = torch.rand(1000, device="cuda", generator=g) + 0.5

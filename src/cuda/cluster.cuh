@@ -38,6 +38,14 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
             : "memory");
     } while (!done);
 }
+// The ring producers' wait before refilling a slot: the consumers' generic-proxy reads of the slot
+// are ordered before this thread's async-proxy bulk copies into it by the mbarrier's release/acquire
+// and, explicitly, by the proxy fence (the cross-proxy write-after-read order; without it
+// compute-sanitizer's racecheck reports every refill as a hazard: s16 runs 4-5)
+__device__ __forceinline__ void mbar_wait_refill(uint64_t* bar, uint32_t parity) {
+    mbar_wait(bar, parity);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(

@@ -1701,7 +1701,7 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
             if (i >= a.N) break;
             const int64_t t64 = load_target(a, i);
             for (int j = 0; j < nsub; j++, P++, rp.next(R)) {
-                if (P >= R) mbar_wait(&empty[rp.s], rp.ph ^ 1u);  // position P - R released
+                if (P >= R) mbar_wait_refill(&empty[rp.s], rp.ph ^ 1u);  // position P - R released
                 tma_issue_sub<T>(a, i, crank, cs, t64, sub, j, pipe_buf + (size_t)rp.s * sub, &full[rp.s]);
             }
         }

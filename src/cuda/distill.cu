@@ -916,7 +916,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
         for (int64_t r = cid; r < a.sc.N; r += ncl) {
             const bool ign = a.labels && rp_label(a.labels, a.lab64, r) == a.ignore;
             for (int j = 0; j < nsub; j++, P++, next_pos()) {
-                if (P >= R) mbar_wait(&empty[s], ph ^ 1u);   // position P - R released (racecheck: ringrow.cuh)
+                if (P >= R) mbar_wait_refill(&empty[s], ph ^ 1u);   // position P - R released (cluster.cuh)
                 dp_issue<TS, TT>(a, r, ign, lo, n, sub, j, dp_ring + (size_t)s * slot_vecs, &full[s]);
             }
         }

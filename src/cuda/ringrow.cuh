@@ -171,11 +171,7 @@ static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L
             const RrRow g = rr_row<T>(x, a.C);
             const uint4* src = reinterpret_cast<const uint4*>(x + g.h);
             for (int j = 0; j < nsub; j++, P++, next_pos()) {
-                /* (compute-sanitizer's racecheck reports this slot refill, the gradient warps' reads
-                 * then the bulk copy, as a hazard, for ce_pipe_kernel too: s16 runs 4-5; no test saw
-                 * a wrong value. A fence.proxy.async.shared::cta here would make the cross-proxy order
-                 * explicit: written, not yet run on a GPU, so not in this kernel: NOTES "Session 16") */
-                if (P >= R) mbar_wait(&empty[s], ph ^ 1u);   /* position P - R released */
+                if (P >= R) mbar_wait_refill(&empty[s], ph ^ 1u);   /* position P - R released (cluster.cuh) */
                 const int64_t v0 = (int64_t)j * sub;
                 const int cnt = skip ? 0 : (int)(g.nv - v0 < sub ? (g.nv - v0 > 0 ? g.nv - v0 : 0) : sub);
                 uint4* dst = rr_ring + (size_t)s * sub;
