@@ -761,7 +761,7 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
 // host keeps R <= (DP_XSLOTS / 2 + 1) nsub - 1.
 #define DP_MAX_SLOTS 16
 #define DP_XSLOTS 8
-#define DP_MAX_THREADS 672
+#define DP_MAX_THREADS 768   // plans above 672 threads (FUSEDLOSS_DISTILL_PIPE_THREADS); 24 warps keep the 80-register cap (800 would cap at 72)
 #define DP_PIECE 256   // vectors per bulk copy (4 KB); the producer's lanes issue the pieces
 
 __device__ __forceinline__ void dp_bar(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
