@@ -240,6 +240,29 @@ static __device__ __forceinline__ LmStat lm_warp_merge(LmStat t) {
     return t;
 }
 
+/* the same merge for the ring kernel (LmRing), shorter on the row's critical path: the warp's maximum
+ * first (exact, a butterfly of fmaxf), each lane's sums moved to it once (lm_shift: one expf), then
+ * s, w, b, n summed by a fixed butterfly (four independent chains a level). lm_warp_merge's tree takes
+ * two lm_shift (expf) per level on one dependent chain; the ring's statistics group waits for this
+ * merge twice a row (its warps, then warp 0 over the warps). Every lane ends with the result. */
+static __device__ __forceinline__ LmStat lm_warp_merge_flat(LmStat t) {
+    float M = t.n > 0.0f ? t.m : -INFINITY;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if (t.n > 0.0f && M > t.m) lm_shift(t, M);
+    t.m = M;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float s = __shfl_xor_sync(0xffffffffu, t.s, o), w = __shfl_xor_sync(0xffffffffu, t.w, o);
+        const float b = __shfl_xor_sync(0xffffffffu, t.b, o), n = __shfl_xor_sync(0xffffffffu, t.n, o);
+        t.s += s;
+        t.w += w;
+        t.b += b;
+        t.n += n;
+    }
+    return t;
+}
+
 // ---------------------------------------------------------------------------------------------
 // kernels
 // ---------------------------------------------------------------------------------------------
@@ -615,6 +638,9 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmAr
 struct LmRing {
     typedef LmArgs Args;
     typedef LmStat Stat;
+    static constexpr bool kPairs = true;   /* two running sums a thread: the re-shift tests and the sums'
+                                              chains of two groups overlap */
+    static __device__ __forceinline__ Stat merge(Stat a, Stat b) { return lm_merge(a, b); }
     static __device__ __forceinline__ Stat init() {
         Stat t;
         t.m = -INFINITY;
@@ -630,7 +656,7 @@ struct LmRing {
         if (v > t.m) lm_shift(t, v);
         lm_add(t, v);
     }
-    static __device__ __forceinline__ Stat warp_merge(Stat t) { return lm_warp_merge(t); }
+    static __device__ __forceinline__ Stat warp_merge(Stat t) { return lm_warp_merge_flat(t); }
     static __device__ __forceinline__ int kind(const Args& a, int64_t y) { return lm_row_kind(a, y); }
     static __device__ __forceinline__ float row(const Args& a, int64_t i, float xy, const Stat& u, float* c) {
         LmCoef k;

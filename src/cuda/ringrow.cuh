@@ -36,7 +36,8 @@
  *   typedef Args (fields x, dx, tg, lab64, N, C, ld, rowloss, error_flag), typedef Stat;
  *   Stat init(); template <int VEC> void push(const Args&, Stat&, const float* v, int64_t dq) (dq: the
  *   target column minus the group's first); void push1(const Args&, Stat&, float v, bool target);
- *   Stat warp_merge(Stat) (the result in lane 0); int kind(const Args&, int64_t y) (0 regular, 1
+ *   Stat warp_merge(Stat) (the result in lane 0); static constexpr bool kPairs (true: each statistics
+ *   thread keeps two sums, its groups alternating between them, joined by Stat merge(Stat, Stat)); int kind(const Args&, int64_t y) (0 regular, 1
  *   ignored, 2 out of range); float row(const Args&, int64_t i, float xy, const Stat&, float* coef)
  *   (the loss; coef[0..5] for grad); float grad(const Args&, const float* coef, float v, bool target).
  * SPDX-License-Identifier: MIT
@@ -124,18 +125,30 @@ static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L
             const int64_t ej = (kind == 0 && tid < g.nex) ? g.extra(tid) : -1;
             const float xe = ej >= 0 ? to_float(__ldcg(x + ej)) : 0.0f;
             Stat st = L::init();
+            Stat st2 = L::init();   /* L::kPairs: the second of two independent sums (ILP) */
             int64_t c = tid;   /* this thread's next group, carried across slots */
             for (int j = 0; j < nsub; j++, next_pos()) {
                 mbar_wait(&full[s], ph);
                 if (kind != 0) continue;
                 const int64_t v0 = (int64_t)j * sub, hi = g.nv - v0 < sub ? g.nv : v0 + sub;
                 const uint4* buf = rr_ring + (size_t)s * sub - v0;   /* buf[c], c in [v0, hi) */
+                if constexpr (L::kPairs) {   /* two groups a step, into st and st2: both loads first */
+                    for (; c + Ts < hi; c += 2 * Ts) {
+                        const uint4 u0 = buf[c], u1 = buf[c + Ts];
+                        float v[VEC], w[VEC];
+                        rp_unpack<T>(u0, v);
+                        rp_unpack<T>(u1, w);
+                        L::template push<VEC>(a, st, v, y - g.h - c * VEC);
+                        L::template push<VEC>(a, st2, w, y - g.h - (c + Ts) * VEC);
+                    }
+                }
                 for (; c < hi; c += Ts) {
                     float v[VEC];
                     rp_unpack<T>(buf[c], v);
                     L::template push<VEC>(a, st, v, y - g.h - c * VEC);
                 }
             }
+            if constexpr (L::kPairs) st = L::merge(st, st2);
             if (ej >= 0) L::push1(a, st, xe, ej == y);
             st = L::warp_merge(st);
             if (lane == 0) sh_stat[wid] = st;
