@@ -1170,7 +1170,7 @@ static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst) {
 
 static int dp_plan(const fl__distill_params* p, const void* s, const void* t, const void* ds, bool fused, DpPlan* out) {
     if (!fused || p->mode == FL__DISTILL_JSD || p->N <= 0) return 0;
-    if (rp_env_i64("FUSEDLOSS_DISTILL_PIPE", 1) != 1) return 0;
+    if (rp_env_flag("FUSEDLOSS_DISTILL_PIPE", 1) != 1) return 0;
     DevInfo d;
     int64_t nv, NT;
     if (!dc_aligned_rows(p, s, t, ds, &d, &nv, &NT)) return 0;
@@ -1187,7 +1187,7 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     const int force = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_CS", 0);
     const int gcap = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_GRID", 0);
     const int debug = (int)rp_env_i64("FUSEDLOSS_DEBUG", 0);
-    const bool pst = rp_env_i64("FUSEDLOSS_DISTILL_PIPE_PLAIN_ST", 1) != 0;
+    const bool pst = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_PLAIN_ST", 1) != 0;
     const int64_t vb = 16 * (1 + NT);   // shared bytes per vector of the row
     const int64_t ring = (int64_t)ring_kb * 1024 / vb, subv = (int64_t)sub_kb * 1024 / vb > 0 ? (int64_t)sub_kb * 1024 / vb : 1;
     const int lo = force > 0 && force <= DC_MAX_CLUSTER ? force : 1, hi = force > 0 && force <= DC_MAX_CLUSTER ? force : DC_MAX_CLUSTER;

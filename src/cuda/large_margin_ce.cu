@@ -678,7 +678,7 @@ struct LmRing {
 typedef void (*lm_fn)(LmArgs);
 
 /* FUSEDLOSS_LM_PREFETCH=1: the staged CTA kernel with the next row's cp.async prefetch (PF above) */
-static int lm_prefetch(void) { return rp_env_i64("FUSEDLOSS_LM_PREFETCH", 0) != 0; }
+static int lm_prefetch(void) { return rp_env_flag("FUSEDLOSS_LM_PREFETCH", 0) != 0; }
 
 template <typename T>
 static lm_fn lm_pick_t(int64_t C, bool vec16, bool head, bool stage) {

@@ -267,6 +267,12 @@ static inline int64_t rr_knob(const char* prefix, const char* name, int64_t dflt
     return rp_env_i64(key, dflt);
 }
 
+static inline int64_t rr_knob_flag(const char* prefix, const char* name, int64_t dflt) {
+    char key[96];
+    snprintf(key, sizeof key, "%s_%s", prefix, name);
+    return rp_env_flag(key, dflt);
+}
+
 /* fills everything but grid; 0 when the rows do not fit */
 static inline int rr_plan_shape(const char* prefix, int64_t C, size_t es, RrPlan* out) {
     const int64_t nvec = C / (int64_t)(16 / es);
@@ -289,7 +295,7 @@ static inline int rr_plan_shape(const char* prefix, int64_t C, size_t es, RrPlan
     out->R = (int)r;
     out->T = T;
     out->Ts = Ts;
-    out->pst = rr_knob(prefix, "PLAIN_ST", 1) != 0;
+    out->pst = rr_knob_flag(prefix, "PLAIN_ST", 1) != 0;
     out->smem = (size_t)r * (size_t)sb * 16;
     return 1;
 }
@@ -306,7 +312,7 @@ static inline const void* rr_pick_t(bool pst) {
 template <class L>
 static inline const void* rr_plan(const char* prefix, int on, const char* what, fl_dtype dt, int64_t N, int64_t C,
                                   bool vecs, int fused, RrPlan* p) {
-    if (!fused || !vecs || C <= 1024 || N <= 0 || rp_env_i64(prefix, on) != 1) return nullptr;
+    if (!fused || !vecs || C <= 1024 || N <= 0 || rp_env_flag(prefix, on) != 1) return nullptr;
     DevInfo d;
     if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return nullptr; }
     if (!rr_plan_shape(prefix, C, fl__dtype_size(dt), p)) return nullptr;

@@ -404,6 +404,13 @@ static inline int64_t rp_env_i64(const char* name, int64_t dflt) {
     const long long x = atoll(v);
     return x > 0 ? (int64_t)x : dflt;
 }
+// an on/off (or mode) knob: its value as set, 0 included (rp_env_i64 maps 0 to the default, so a
+// knob read through it could not be switched off: FUSEDLOSS_DISTILL_PIPE=0 and FUSEDLOSS_TC_PIPE=0 ran
+// the rings anyway until s17 run 1 showed it)
+static inline int64_t rp_env_flag(const char* name, int64_t dflt) {
+    const char* v = getenv(name);
+    return v && *v ? (int64_t)atoll(v) : dflt;
+}
 
 // Resident CTAs of kernel fn (RP_THREADS threads, no dynamic shared memory) on the current device;
 // *occ caches the per-SM occupancy (0 = not known yet). 0 on a CUDA error (the caller reports it).

@@ -426,7 +426,7 @@ struct TcRing {
 typedef void (*tc_fn)(TcArgs);
 
 /* FUSEDLOSS_TC_PREFETCH=1: the staged CTA kernel with the next row's cp.async prefetch (PF above) */
-static int tc_prefetch(void) { return rp_env_i64("FUSEDLOSS_TC_PREFETCH", 0) != 0; }
+static int tc_prefetch(void) { return rp_env_flag("FUSEDLOSS_TC_PREFETCH", 0) != 0; }
 
 template <typename T>
 static tc_fn tc_pick_t(int64_t C, bool vec16, bool head, bool stage) {
