@@ -37,7 +37,7 @@
  *   Stat init(); template <int VEC> void push(const Args&, Stat&, const float* v, int64_t dq) (dq: the
  *   target column minus the group's first); void push1(const Args&, Stat&, float v, bool target);
  *   Stat warp_merge(Stat) (the result in lane 0); static constexpr bool kPairs (true: each statistics
- *   thread keeps two sums, its groups alternating between them, joined by Stat merge(Stat, Stat)); int kind(const Args&, int64_t y) (0 regular, 1
+ *   thread keeps two sums, its groups alternating between them, joined by Stat merge(Stat, Stat), needed only then); int kind(const Args&, int64_t y) (0 regular, 1
  *   ignored, 2 out of range); float row(const Args&, int64_t i, float xy, const Stat&, float* coef)
  *   (the loss; coef[0..5] for grad); float grad(const Args&, const float* coef, float v, bool target).
  * SPDX-License-Identifier: MIT
@@ -261,16 +261,14 @@ static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L
  * gradient stores, as the CE ring measured best; 0: evict-first), _GRID (cap the CTAs: tests). */
 typedef struct { int sub, R, T, Ts, pst; size_t smem; unsigned grid; } RrPlan;
 
-static inline int64_t rr_knob(const char* prefix, const char* name, int64_t dflt) {
+/* knob <prefix>_<name>: a size (flag false: <= 0 means the default) or a switch (flag true: 0 is off) */
+static inline int64_t rr_knob_read(const char* prefix, const char* name, int64_t dflt, bool flag) {
     char key[96];
     snprintf(key, sizeof key, "%s_%s", prefix, name);
-    return rp_env_i64(key, dflt);
+    return flag ? rp_env_flag(key, dflt) : rp_env_i64(key, dflt);
 }
-
-static inline int64_t rr_knob_flag(const char* prefix, const char* name, int64_t dflt) {
-    char key[96];
-    snprintf(key, sizeof key, "%s_%s", prefix, name);
-    return rp_env_flag(key, dflt);
+static inline int64_t rr_knob(const char* prefix, const char* name, int64_t dflt) {
+    return rr_knob_read(prefix, name, dflt, false);
 }
 
 /* fills everything but grid; 0 when the rows do not fit */
@@ -295,7 +293,7 @@ static inline int rr_plan_shape(const char* prefix, int64_t C, size_t es, RrPlan
     out->R = (int)r;
     out->T = T;
     out->Ts = Ts;
-    out->pst = rr_knob_flag(prefix, "PLAIN_ST", 1) != 0;
+    out->pst = rr_knob_read(prefix, "PLAIN_ST", 1, true) != 0;
     out->smem = (size_t)r * (size_t)sb * 16;
     return 1;
 }
