@@ -2,7 +2,11 @@
 """sass_diff.py — per-function SASS comparison of two CUDA objects (or .sass dumps), addresses and
 encodings stripped: which kernels a change left byte-identical and which it touched.
 
-    python3 scripts/sass_diff.py OLD.o NEW.o [--arch sm_90] [--show NAME_SUBSTRING]
+    python3 scripts/sass_diff.py OLD.o NEW.o [--arch sm_90] [--show NAME_SUBSTRING] [--rename PAT=REPL]
+
+--rename applies re.sub(PAT, REPL) to the OLD side's function names (repeatable): a kernel that gained
+a template parameter is compared with its old self, e.g. the KL ring's HD flag (session 18):
+    --rename '(distill_pipe_kernel.*?Lb[01]E)(Ev5DArgs)=\1Lb0E\2'
 
 Needs cuobjdump + nvdisasm on PATH (the build machine's CUDA 13 toolkit has neither: pip download
 nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm wheels and unzip them; NOTES.md "Session 15").
@@ -42,8 +46,12 @@ def main():
     ap.add_argument("new")
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--show", default=None, help="print a unified diff of functions whose name contains this")
+    ap.add_argument("--rename", action="append", default=[], help="PAT=REPL: re.sub on the old side's names")
     a = ap.parse_args()
     old, new = functions(a.old, a.arch), functions(a.new, a.arch)
+    for r in a.rename:
+        pat, repl = r.split("=", 1)
+        old = {re.sub(pat, repl, n): body for n, body in old.items()}
     same = diff = 0
     for n in sorted(set(old) | set(new)):
         if n not in old:

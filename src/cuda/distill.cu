@@ -759,6 +759,12 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
 // after its exchange, which follows this CTA's statistics having waited on all of them (so no warp
 // can run two phases ahead of the producer). xslot reuse: as ce_pipe_kernel (cross_entropy.cu), the
 // host keeps R <= (DP_XSLOTS / 2 + 1) nsub - 1.
+// HD (rows not 16-byte aligned whose student, teacher and dstudent rows share one phase: the host checks
+// rows 0-15, addresses mod 16 repeating every 16 rows): each row's vectors start at the student row's
+// first 16-byte boundary (RrRow, rowpass.cuh: h head columns before it, (V - h) / VEC vectors, the tail
+// after them); `nv` is then V / VEC, the most any row has, and the chunk of each CTA is cut from that;
+// the head and tail columns are rank 0's extras (the aligned kernel's tail columns, generalised).
+// Written in session 18 without a GPU (FUSEDLOSS_DISTILL_PIPE_HEAD=1).
 #define DP_MAX_SLOTS 16
 #define DP_XSLOTS 8
 #define DP_MAX_THREADS 768   // plans above 672 threads (FUSEDLOSS_DISTILL_PIPE_THREADS); 24 warps keep the 80-register cap (800 would cap at 72)
@@ -788,7 +794,7 @@ __device__ __forceinline__ Stat1 dp_group_reduce1(Stat1 v, Stat1* sm, int n) {
 // the producer warp: position (row r, sub-chunk j) of this CTA's chunk [lo, lo + n) into slot buffer
 // `dst` (sub student vectors, then sub NT teacher vectors), completing `bar`
 template <typename TS, typename TT>
-__device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, bool ign, int lo, int n, int sub, int j,
+__device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, bool ign, int lo, int n, int sub, int j,
                                          uint4* dst, uint64_t* bar) {
     constexpr int VEC = RpT<TS>::VEC;
     constexpr int NT = (int)(VEC * sizeof(TT) / 16);
@@ -801,8 +807,8 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, bool ign, in
     }
     __syncwarp();
     if (cnt <= 0) return;
-    const uint4* srow = reinterpret_cast<const uint4*>((const TS*)a.s + r * a.lds) + lo + v0;
-    const uint4* trow = reinterpret_cast<const uint4*>((const TT*)a.t + r * a.ldt) + (int64_t)(lo + v0) * NT;
+    const uint4* srow = reinterpret_cast<const uint4*>((const TS*)a.s + r * a.lds + h) + lo + v0;
+    const uint4* trow = reinterpret_cast<const uint4*>((const TT*)a.t + r * a.ldt + h) + (int64_t)(lo + v0) * NT;
     const int ps = (cnt + DP_PIECE - 1) / DP_PIECE, pt = (cnt * NT + DP_PIECE - 1) / DP_PIECE;
     for (int p = lane; p < ps + pt; p += 32) {
         if (p < ps) {
@@ -815,7 +821,15 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, bool ign, in
     }
 }
 
-template <typename TS, typename TT, int MODE, bool PST>
+// one row's layout in distill_pipe_kernel: h head columns, this CTA's n vectors, nex extra columns
+// (the head, then the tail from column t0)
+struct DpRow {
+    int64_t h, t0;
+    int n, nex;
+    __device__ __forceinline__ int64_t extra(int e) const { return e < h ? (int64_t)e : t0 + (e - h); }
+};
+
+template <typename TS, typename TT, int MODE, bool PST, bool HD>
 __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a, int cs, int per, int nv, int sub,
                                                                           int R, int Ts) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -853,6 +867,24 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
     auto next_pos = [&]() {
         if (++s == R) { s = 0; ph ^= 1u; }
     };
+    // row layout: the aligned kernel's constants, or (HD) the student row's RrRow with this CTA's share
+    // of its vectors
+    auto row_layout = [&](const TS* srow) -> DpRow {
+        DpRow w;
+        w.h = 0;
+        w.n = n;
+        w.nex = tail;
+        w.t0 = (int64_t)nv * VEC;
+        if (HD) {
+            const RrRow g = rr_row<TS>(srow, a.V);
+            const int nvr = (int)g.nv;
+            w.h = g.h;
+            w.n = nvr - lo < per ? (nvr - lo > 0 ? nvr - lo : 0) : per;
+            w.nex = (int)g.nex;
+            w.t0 = g.t0;
+        }
+        return w;
+    };
     if (tid < Ts) {
         // ---------------- statistics group ----------------
         bool ign_next = a.labels && cid < a.sc.N && rp_label(a.labels, a.lab64, cid) == a.ignore;
@@ -862,8 +894,9 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             if (a.labels && r + ncl < a.sc.N) ign_next = rp_label(a.labels, a.lab64, r + ncl) == a.ignore;
             const TS* srow = (const TS*)a.s + r * a.lds;
             const TT* trow = (const TT*)a.t + r * a.ldt;
-            const bool has_x = !ign && rank == 0 && tid < tail;
-            const int64_t xcol = (int64_t)nv * VEC + tid;
+            const DpRow w = row_layout(srow);
+            const bool has_x = !ign && rank == 0 && tid < w.nex;
+            const int64_t xcol = HD ? w.extra(tid) : w.t0 + tid;
             const float xs_x = has_x ? rp_sload(srow + xcol) * k2 : 0.0f, xt_x = has_x ? rp_sload(trow + xcol) * k2 : 0.0f;
             Stat1 st = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f}, st1 = st;
             auto acc = [&](Stat1& st, const uint4* sb, const uint4* tb, int q) { dc_acc<TS, TT, MODE, true>(st, sb, tb, q, k2); };
@@ -872,7 +905,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             for (int j = 0; j < nsub; j++, next_pos()) {
                 mbar_wait(&full[s], ph);
                 const int v0 = j * sub;
-                const int hi = ign ? 0 : (n - v0 < sub ? n - v0 : sub) + v0;   // chunk coordinates
+                const int hi = ign ? 0 : (w.n - v0 < sub ? w.n - v0 : sub) + v0;   // chunk coordinates
                 if (hi <= v0) continue;
                 const uint4* sb = dp_ring + (size_t)s * slot_vecs - v0;   // sb[c], c in [v0, hi)
                 const uint4* tb = dp_ring + (size_t)s * slot_vecs + sub - (size_t)v0 * NT;
@@ -884,10 +917,10 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 // masked classes (-inf in both inputs): redo this thread's vectors from global memory
                 // with the guarded formulas, as the staged kernel (the row is intact there: its
                 // gradient is written after this exchange)
-                const uint4* gsb = reinterpret_cast<const uint4*>(srow) + lo;
-                const uint4* gtb = reinterpret_cast<const uint4*>(trow) + (int64_t)lo * NT;
+                const uint4* gsb = reinterpret_cast<const uint4*>(srow + w.h) + lo;
+                const uint4* gtb = reinterpret_cast<const uint4*>(trow + w.h) + (int64_t)lo * NT;
                 st = Stat1{-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
-                for (int q = tid; q < n; q += Ts) dc_acc<TS, TT, MODE, false>(st, gsb, gtb, q, k2);
+                for (int q = tid; q < w.n; q += Ts) dc_acc<TS, TT, MODE, false>(st, gsb, gtb, q, k2);
             }
             if (has_x) st = combine1<MODE>(st, dc_one<MODE>(xs_x, xt_x));
             st = dp_group_reduce1<MODE>(st, sm1, Ts);
@@ -915,9 +948,10 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
         int64_t P = 0;
         for (int64_t r = cid; r < a.sc.N; r += ncl) {
             const bool ign = a.labels && rp_label(a.labels, a.lab64, r) == a.ignore;
+            const DpRow w = row_layout((const TS*)a.s + r * a.lds);
             for (int j = 0; j < nsub; j++, P++, next_pos()) {
                 if (P >= R) mbar_wait_refill(&empty[s], ph ^ 1u);   // position P - R released (cluster.cuh)
-                dp_issue<TS, TT>(a, r, ign, lo, n, sub, j, dp_ring + (size_t)s * slot_vecs, &full[s]);
+                dp_issue<TS, TT>(a, r, w.h, ign, lo, w.n, sub, j, dp_ring + (size_t)s * slot_vecs, &full[s]);
             }
         }
     } else {
@@ -935,8 +969,9 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             const TS* srow = (const TS*)a.s + r * a.lds;
             const TT* trow = (const TT*)a.t + r * a.ldt;
             TS* drow = (TS*)a.ds + r * a.lds;
-            const bool has_x = rank == 0 && gt < tail;
-            const int64_t xcol = (int64_t)nv * VEC + gt;
+            const DpRow w = row_layout(srow);
+            const bool has_x = rank == 0 && gt < w.nex;
+            const int64_t xcol = HD ? w.extra(gt) : w.t0 + gt;
             const float xs_x = (has_x && !ign) ? rp_sload(srow + xcol) : 0.0f;
             const float xt_x = (has_x && !ign) ? rp_sload(trow + xcol) : 0.0f;
             const int x = (int)(it % DP_XSLOTS);
@@ -959,12 +994,12 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             int q = gt;   // this thread's next vector in chunk coordinates, carried across slots
             for (int j = 0; j < nsub; j++, next_pos()) {
                 const int v0 = j * sub;
-                const int hi = (n - v0 < sub ? n - v0 : sub) + v0;
+                const int hi = (w.n - v0 < sub ? w.n - v0 : sub) + v0;
                 if (ign) {
                     float z[VEC];
 #pragma unroll
                     for (int v = 0; v < VEC; v++) z[v] = 0.0f;
-                    for (; q < hi; q += ng) rp_vstore<TS, VEC, !PST>(drow + (int64_t)(lo + q) * VEC, z);
+                    for (; q < hi; q += ng) rp_vstore<TS, VEC, !PST>(drow + w.h + (int64_t)(lo + q) * VEC, z);
                 } else if (hi > v0) {
                     // already complete (the statistics group waited on it; it cannot be refilled before
                     // this warp's release): the acquire makes the bulk copy's bytes visible here
@@ -977,7 +1012,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                         dc_unpack<TS, TT>(sb, tb, q, xs, xt);
 #pragma unroll
                         for (int v = 0; v < VEC; v++) xs[v] = grad(xs[v], xt[v]);
-                        rp_vstore<TS, VEC, !PST>(drow + (int64_t)(lo + q) * VEC, xs);
+                        rp_vstore<TS, VEC, !PST>(drow + w.h + (int64_t)(lo + q) * VEC, xs);
                     }
                 }
                 __syncwarp();   // why: the warp's reads of slot s are done before its release
@@ -1145,27 +1180,57 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
 // as the staged kernel). The plan takes the smallest cluster whose per-CTA chunk leaves the slack
 // free and that the device holds. KL T=2 4096x128256 bf16: cs 4, 4 slots of
 // 1002 vectors (31 KB), R = 6 (188 KB), 33 clusters.
+// _PIPE_HEAD=1 (off until measured; session 18, no GPU): rows that are not 16-byte aligned but of one
+// phase in student, teacher and dstudent (GPT-2's 50257 columns in bf16: today 2.35x the floor on the
+// ticket kernel, s17) take the HD kernel instead of the ticket kernel.
 struct DpPlan { int cs, per, nv, sub, R, T, Ts; size_t smem; const void* fn; };
 
-template <typename TS, typename TT, bool PST>
+template <typename TS, typename TT, bool PST, bool HD>
 static const void* pick_pipe3(int mode) {
-    return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL, PST>
-                                   : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_RKL, PST>;
+    return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL, PST, HD>
+                                   : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_RKL, PST, HD>;
 }
 
+// (the unaligned-row kernels with default-cached stores only: _PLAIN_ST=0 on such rows takes the
+// kernels below the ring)
 template <typename TS, typename TT>
-static const void* pick_pipe2(int mode, bool pst) {
-    return pst ? pick_pipe3<TS, TT, true>(mode) : pick_pipe3<TS, TT, false>(mode);
+static const void* pick_pipe2(int mode, bool pst, bool hd) {
+    if (hd) return pst ? pick_pipe3<TS, TT, true, true>(mode) : nullptr;
+    return pst ? pick_pipe3<TS, TT, true, false>(mode) : pick_pipe3<TS, TT, false, false>(mode);
 }
 
-static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst) {
+static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst, bool hd) {
     const bool t32 = tdt == FL_DTYPE_F32;
     switch (sdt) {
-        case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst);
-        case FL_DTYPE_F16: return t32 ? pick_pipe2<__half, float>(mode, pst) : pick_pipe2<__half, __half>(mode, pst);
+        case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst, hd);
+        case FL_DTYPE_F16:
+            return t32 ? pick_pipe2<__half, float>(mode, pst, hd) : pick_pipe2<__half, __half>(mode, pst, hd);
         default:
-            return t32 ? pick_pipe2<__nv_bfloat16, float>(mode, pst) : pick_pipe2<__nv_bfloat16, __nv_bfloat16>(mode, pst);
+            return t32 ? pick_pipe2<__nv_bfloat16, float>(mode, pst, hd)
+                       : pick_pipe2<__nv_bfloat16, __nv_bfloat16>(mode, pst, hd);
     }
+}
+
+// Rows not 16-byte aligned that distill_pipe_kernel<..., HD = true> takes: sm_90, and in every row the
+// teacher and dstudent are 16-byte aligned at the student row's first 16-byte boundary (column h).
+// A row's address mod 16 repeats every 16 rows (16 / gcd(ld bytes, 16) divides 16), so rows 0-15 decide
+// for all. E.g. bf16 / bf16 rows of 50257 with equally aligned bases, or a bf16 student with an fp32
+// teacher of the same row length (the teacher's phase is twice the student's). Fills as dc_aligned_rows
+// (*nv = V / VEC, the most vectors a row can have).
+static int dp_head_rows(const fl__distill_params* p, const void* s, const void* t, const void* ds, DevInfo* d,
+                        int64_t* nv, int64_t* NT) {
+    if (dev_info(d) != cudaSuccess || d->cc_major < 9) { (void)cudaGetLastError(); return 0; }
+    const size_t es = fl__dtype_size(p->dtype), et = fl__dtype_size(p->teacher_dtype);
+    const int64_t VEC = (int64_t)(16 / es);
+    for (int64_t r = 0; r < p->N && r < 16; r++) {
+        const uintptr_t sa = (uintptr_t)s + (uintptr_t)(r * p->ld_s * (int64_t)es);
+        const uintptr_t h = ((16u - (sa & 15u)) & 15u) / es;   // s is element-aligned (distill_cuda)
+        if (((uintptr_t)t + (uintptr_t)((r * p->ld_t + (int64_t)h) * (int64_t)et)) & 15u) return 0;
+        if (ds && (((uintptr_t)ds + (uintptr_t)((r * p->ld_s + (int64_t)h) * (int64_t)es)) & 15u)) return 0;
+    }
+    *nv = p->V / VEC;
+    *NT = VEC * (int64_t)et / 16;
+    return 1;
 }
 
 static int dp_plan(const fl__distill_params* p, const void* s, const void* t, const void* ds, bool fused, DpPlan* out) {
@@ -1173,7 +1238,11 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     if (rp_env_flag("FUSEDLOSS_DISTILL_PIPE", 1) != 1) return 0;
     DevInfo d;
     int64_t nv, NT;
-    if (!dc_aligned_rows(p, s, t, ds, &d, &nv, &NT)) return 0;
+    bool hd = false;   // rows not 16-byte aligned, of one phase (FUSEDLOSS_DISTILL_PIPE_HEAD=1; untested: off)
+    if (!dc_aligned_rows(p, s, t, ds, &d, &nv, &NT)) {
+        if (rp_env_flag("FUSEDLOSS_DISTILL_PIPE_HEAD", 0) != 1 || !dp_head_rows(p, s, t, ds, &d, &nv, &NT)) return 0;
+        hd = true;
+    }
     if (nv < 1024) return 0;
     int T = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_THREADS", 544) / 32 * 32;
     if (T < 128 || T > DP_MAX_THREADS) T = 544;
@@ -1191,7 +1260,8 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     const int64_t vb = 16 * (1 + NT);   // shared bytes per vector of the row
     const int64_t ring = (int64_t)ring_kb * 1024 / vb, subv = (int64_t)sub_kb * 1024 / vb > 0 ? (int64_t)sub_kb * 1024 / vb : 1;
     const int lo = force > 0 && force <= DC_MAX_CLUSTER ? force : 1, hi = force > 0 && force <= DC_MAX_CLUSTER ? force : DC_MAX_CLUSTER;
-    out->fn = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst);
+    out->fn = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd);
+    if (!out->fn) return 0;
     out->nv = (int)nv;
     out->T = T;
     out->Ts = Ts;

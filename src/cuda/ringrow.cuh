@@ -57,25 +57,6 @@
 #define RR_MAX_THREADS 672
 #define RR_PIECE 256   /* vectors per bulk copy (4 KB); the producer's lanes issue the pieces */
 
-/* a row's layout in the ring: h head columns before its first 16-byte boundary (0 for aligned rows),
- * nv 16-byte vectors from there, nex extra columns (the head, then the tail from t0), extra e at
- * column extra(e) */
-struct RrRow {
-    int64_t h, nv, nex, t0;
-    __device__ __forceinline__ int64_t extra(int64_t e) const { return e < h ? e : t0 + (e - h); }
-};
-template <typename T>
-static __device__ __forceinline__ RrRow rr_row(const T* x, int64_t C) {
-    constexpr int VEC = 16 / (int)sizeof(T);
-    RrRow r;
-    r.h = (int64_t)(((16u - ((uintptr_t)x & 15u)) & 15u) / sizeof(T));   /* x is element-aligned */
-    if (r.h > C) r.h = C;
-    r.nv = (C - r.h) / VEC;
-    r.t0 = r.h + r.nv * VEC;
-    r.nex = C - r.nv * VEC;
-    return r;
-}
-
 static __device__ __forceinline__ void rr_bar(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 
 template <typename T, class L, bool PST>

@@ -69,6 +69,25 @@ __device__ __forceinline__ void rp_vstore(T* p, const float* f) {
     }
 }
 
+// A row's layout for the ring kernels (ringrow.cuh's rr_kernel, distill.cu's distill_pipe_kernel): h
+// head columns before its first 16-byte boundary (0 for aligned rows), nv 16-byte vectors from there,
+// nex extra columns (the head, then the tail from t0), extra e at column extra(e)
+struct RrRow {
+    int64_t h, nv, nex, t0;
+    __device__ __forceinline__ int64_t extra(int64_t e) const { return e < h ? e : t0 + (e - h); }
+};
+template <typename T>
+static __device__ __forceinline__ RrRow rr_row(const T* x, int64_t C) {
+    constexpr int VEC = 16 / (int)sizeof(T);
+    RrRow r;
+    r.h = (int64_t)(((16u - ((uintptr_t)x & 15u)) & 15u) / sizeof(T));   // x is element-aligned
+    if (r.h > C) r.h = C;
+    r.nv = (C - r.h) / VEC;
+    r.t0 = r.h + r.nv * VEC;
+    r.nex = C - r.nv * VEC;
+    return r;
+}
+
 // Columns [lo, hi) of chunk c of a row (chunks of chk columns; chunk 0 also takes the h scalar head
 // elements before the first 16-byte aligned column), and its vector-aligned part [vlo, vhi).
 struct RpRange {
