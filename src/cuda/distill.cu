@@ -1280,7 +1280,8 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         out->R = (int)r;
         out->smem = (size_t)r * (size_t)sb * (size_t)vb;
         int n = 0;
-        if (fl__cluster_occupancy(out->fn, cc, T, out->smem, d.sms, debug, "pipelined distillation kernel", &n) !=
+        if (fl__cluster_occupancy(out->fn, cc, T, out->smem, d.sms, debug,
+                                  hd ? "pipelined distillation kernel (unaligned rows)" : "pipelined distillation kernel", &n) !=
                 cudaSuccess || n <= 0) {
             (void)cudaGetLastError();
             continue;   // e.g. a cluster wider than the device schedules: try the next size
