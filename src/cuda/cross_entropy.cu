@@ -1554,6 +1554,17 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
 __device__ __forceinline__ void group_bar(int id, int n) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
+__device__ __forceinline__ void group_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+// NB (FUSEDLOSS_CE_PIPE_NBAR=1; session 18, no GPU: not yet run): the gradient warps release slot s with
+// bar.arrive on hardware barrier PIPE_NB_BASE + s, the producer waits with bar.sync on it (count: the
+// gradient warps + the producer) and fences the async proxy, instead of the mbarrier empty[s]. Same
+// order, non-blocking for the gradient warps as before; for compute-sanitizer's racecheck, which
+// reports every refill under the mbarrier protocol (s16-s17) and is expected to model hardware
+// barriers (ringrow.cuh's NB has the argument). Barriers 0 and 1 are taken: R <= 14 (pipe_plan).
+#define PIPE_NB_BASE 2
+#define PIPE_NB_MAX_SLOTS 14
 
 // A walker over the ring: slot and phase parity of the current position.
 struct RingPos {
@@ -1593,7 +1604,7 @@ __device__ __forceinline__ RowStats group_reduce_ms(RowStats r, float* sh, int g
     return t;
 }
 
-template <typename T, int F, bool PST = false>
+template <typename T, int F, bool PST = false, bool NB = false>
 __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int cs, int per, int sub, int R, int Ts) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) uint4 pipe_buf[];     // [R][sub] 16-byte vectors: the ring
@@ -1701,7 +1712,15 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
             if (i >= a.N) break;
             const int64_t t64 = load_target(a, i);
             for (int j = 0; j < nsub; j++, P++, rp.next(R)) {
-                if (P >= R) mbar_wait_refill(&empty[rp.s], rp.ph ^ 1u);  // position P - R released
+                if (P >= R) {  // position P - R released
+                    if constexpr (NB) {
+                        __syncwarp();  // why: bar.sync is warp-aligned (the lanes left the piece loop apart)
+                        group_bar(PIPE_NB_BASE + rp.s, (ngw + 1) * 32);
+                        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                    } else {
+                        mbar_wait_refill(&empty[rp.s], rp.ph ^ 1u);
+                    }
+                }
                 tma_issue_sub<T>(a, i, crank, cs, t64, sub, j, pipe_buf + (size_t)rp.s * sub, &full[rp.s]);
             }
         }
@@ -1776,7 +1795,8 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
                     }
                 }
                 __syncwarp();  // why: the warp's reads of slot s are done before its release
-                if (lane == 0) mbar_arrive(&empty[rp.s]);
+                if constexpr (NB) group_arrive(PIPE_NB_BASE + rp.s, (ngw + 1) * 32);  // (warp-aligned: all lanes)
+                else if (lane == 0) mbar_arrive(&empty[rp.s]);
             }
             if (has_x) drow[ex] = from_float<T>(ignored ? 0.0f : grad_elem<F>(a, c, zval<F>(a, xs, ex), ex));
         }
@@ -1976,7 +1996,7 @@ __global__ void __launch_bounds__(32) ce_reduce_final_kernel(CeArgs a, const dou
 // kernels are no-ops when a kernel is launched without the PDL attribute (the default).
 struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync;
                int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_maxcs, pipe_cs, pipe_ring, pdl,
-               plain_st, two_stage_rows, pdl_chain; };
+               plain_st, two_stage_rows, pdl_chain, pipe_nbar; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -2016,6 +2036,7 @@ static const Knobs* knobs(void) {
         n.two_stage_rows = env_int("FUSEDLOSS_CE_TWO_STAGE_ROWS", CE_TWO_STAGE_ROWS);  // launch_setup
         if (n.two_stage_rows < 1) n.two_stage_rows = CE_TWO_STAGE_ROWS;
         n.pdl_chain = env_int("FUSEDLOSS_CE_PDL_CHAIN", 0) != 0;
+        n.pipe_nbar = env_int("FUSEDLOSS_CE_PIPE_NBAR", 0) != 0;  // ce_pipe_kernel's NB
         if (n.pipe_sub < -1 || n.pipe_sub > 64) n.pipe_sub = -1;
         if (n.pipe_slack < -1 || n.pipe_slack > 200) n.pipe_slack = -1;
         if (n.pipe_maxcs < 0 || n.pipe_maxcs > TMA_MAX_CLUSTER) n.pipe_maxcs = 0;
@@ -2403,6 +2424,7 @@ static int pipe_plan(int pass, int cc_major, int64_t V, int esize, int flags, Co
             const int64_t sb = (p + ns - 1) / ns;
             int64_t r = ring / sb;
             if (r > PIPE_MAX_SLOTS) r = PIPE_MAX_SLOTS;
+            if (k->pipe_nbar && r > PIPE_NB_MAX_SLOTS) r = PIPE_NB_MAX_SLOTS;
             if (r > (PIPE_XSLOTS / 2 + 1) * ns - 1) r = (PIPE_XSLOTS / 2 + 1) * ns - 1;
             if (r - ns < 1 || (r - ns) * sb * 16 < (int64_t)slack * 1024) continue;
             cs = cc; per = (int)p; sub = (int)sb; R = (int)r;
@@ -2437,10 +2459,10 @@ static void pipe_threads_for(int F, const Config& c, int* T, int* Ts) {
     *Ts = s;
 }
 
-template <typename T, int F, bool PST>
+template <typename T, int F, bool PST, bool NB = false>
 static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
     *done = 0;
-    const void* fn = (const void*)ce_pipe_kernel<T, F, PST>;
+    const void* fn = (const void*)ce_pipe_kernel<T, F, PST, NB>;
     int T_, Ts;
     pipe_threads_for(F, c, &T_, &Ts);
     int n = 0;
@@ -2459,13 +2481,17 @@ static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t
     cfg.blockDim = dim3((unsigned)T_, 1, 1);
     cfg.dynamicSmemBytes = c.psmem;
     cfg.stream = s;
-    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F, PST>, a, c.pcs, c.pper, c.psub, c.pR, Ts);
+    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F, PST, NB>, a, c.pcs, c.pper, c.psub, c.pR, Ts);
     if (e == cudaSuccess) *done = 1;
     return e;
 }
 // ring mode (a row's chunk in several slots): default-cached gradient stores (see store_vec)
 template <typename T, int F>
 static cudaError_t launch_pipe(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
+    if (knobs()->pipe_nbar && c.pR <= PIPE_NB_MAX_SLOTS) {  // (whole-chunk plans: R = nbuf <= 4)
+        if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, true>(a, c, s, done);
+        return launch_pipe_st<T, F, false, true>(a, c, s, done);
+    }
     if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true>(a, c, s, done);
     return launch_pipe_st<T, F, false>(a, c, s, done);
 }

@@ -58,8 +58,24 @@
 #define RR_PIECE 256   /* vectors per bulk copy (4 KB); the producer's lanes issue the pieces */
 
 static __device__ __forceinline__ void rr_bar(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+static __device__ __forceinline__ void rr_bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
 
-template <typename T, class L, bool PST>
+/* NB (FUSEDLOSS_<loss>_PIPE_NBAR=1; session 18, no GPU: not yet run): the gradient warps release slot s
+ * with bar.arrive on hardware barrier RR_NB_BASE + s and the producer waits with bar.sync on it before
+ * the refill (count: the gradient warps + the producer), instead of the mbarrier empty[s]. The same
+ * order (bar.arrive is a release, bar.sync an acquire, then the proxy fence), and non-blocking for the
+ * gradient warps as before; the purpose is compute-sanitizer's racecheck, which reports every refill
+ * under the mbarrier protocol (s16-s17: the gradient warps' LDS against the next UBLKCP) and is
+ * expected to model the hardware barriers. One phase a slot a lap: the gradient warps reach slot s again
+ * only after the producer refilled it, i.e. after its bar.sync of the previous lap; the last R
+ * releases of a CTA are never waited for (arrivals left pending at exit). Barriers 0 (__syncthreads)
+ * and 1 (the statistics group) are taken: R <= 14 (rr_plan_shape). */
+#define RR_NB_BASE 2
+#define RR_NB_MAX_SLOTS 14
+
+template <typename T, class L, bool PST, bool NB = false>
 static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L::Args a, int sub, int R, int Ts) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     typedef typename L::Stat Stat;
@@ -165,7 +181,15 @@ static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L
             const RrRow g = rr_row<T>(x, a.C);
             const uint4* src = reinterpret_cast<const uint4*>(x + g.h);
             for (int j = 0; j < nsub; j++, P++, next_pos()) {
-                if (P >= R) mbar_wait_refill(&empty[s], ph ^ 1u);   /* position P - R released (cluster.cuh) */
+                if (P >= R) {   /* position P - R released */
+                    if constexpr (NB) {
+                        __syncwarp();   /* why: bar.sync is warp-aligned (the lanes left the piece loop apart) */
+                        rr_bar(RR_NB_BASE + s, (ngw + 1) * 32);
+                        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                    } else {
+                        mbar_wait_refill(&empty[s], ph ^ 1u);   /* (cluster.cuh) */
+                    }
+                }
                 const int64_t v0 = (int64_t)j * sub;
                 const int cnt = skip ? 0 : (int)(g.nv - v0 < sub ? (g.nv - v0 > 0 ? g.nv - v0 : 0) : sub);
                 uint4* dst = rr_ring + (size_t)s * sub;
@@ -225,7 +249,8 @@ static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L
                     }
                 }
                 __syncwarp();   /* why: the warp's reads of slot s are done before its release */
-                if (lane == 0) mbar_arrive(&empty[s]);
+                if constexpr (NB) rr_bar_arrive(RR_NB_BASE + s, (ngw + 1) * 32);   /* (warp-aligned: all lanes) */
+                else if (lane == 0) mbar_arrive(&empty[s]);
             }
             if (ej >= 0) dx[ej - g.h] = from_float<T>(kind == 1 ? 0.0f : kind == 2 ? NAN : L::grad(a, coef, xe, ej == y));
         }
@@ -239,8 +264,9 @@ static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L
  * `slack` bytes for the next rows. Knobs <prefix>_THREADS (CTA size, default 544, at most 672),
  * _STATS (statistics threads, default half of the non-producer warps), _RING (KB, default 200), _SUB
  * (KB a slot at most, default 20), _SLACK (KB, default 48), _PLAIN_ST (default 1: default-cached
- * gradient stores, as the CE ring measured best; 0: evict-first), _GRID (cap the CTAs: tests). */
-typedef struct { int sub, R, T, Ts, pst; size_t smem; unsigned grid; } RrPlan;
+ * gradient stores, as the CE ring measured best; 0: evict-first), _GRID (cap the CTAs: tests), _NBAR (default
+ * 0; 1: the slots released through hardware barriers, NB above, with _PLAIN_ST=1 only). */
+typedef struct { int sub, R, T, Ts, pst, nb; size_t smem; unsigned grid; } RrPlan;
 
 /* knob <prefix>_<name>: a size (flag false: <= 0 means the default) or a switch (flag true: 0 is off) */
 static inline int64_t rr_knob_read(const char* prefix, const char* name, int64_t dflt, bool flag) {
@@ -266,8 +292,10 @@ static inline int rr_plan_shape(const char* prefix, int64_t C, size_t es, RrPlan
     const int64_t slack = rr_knob(prefix, "SLACK", 48) * 1024;
     const int64_t ring = (int64_t)ring_kb * 64, subv = (int64_t)sub_kb * 64;   /* 16-byte vectors */
     const int64_t ns = (nvec + subv - 1) / subv, sb = (nvec + ns - 1) / ns;
+    const int nb = rr_knob_read(prefix, "NBAR", 0, true) != 0;
     int64_t r = ring / sb;
     if (r > RR_MAX_SLOTS) r = RR_MAX_SLOTS;
+    if (nb && r > RR_NB_MAX_SLOTS) r = RR_NB_MAX_SLOTS;   /* hardware barriers 2-15 */
     if (r > (RR_XSLOTS / 2 + 1) * ns - 1) r = (RR_XSLOTS / 2 + 1) * ns - 1;   /* the xslot reuse bound */
     if (r - ns < 1 || (r - ns) * sb * 16 < slack) return 0;
     out->sub = (int)sb;
@@ -275,12 +303,14 @@ static inline int rr_plan_shape(const char* prefix, int64_t C, size_t es, RrPlan
     out->T = T;
     out->Ts = Ts;
     out->pst = rr_knob_read(prefix, "PLAIN_ST", 1, true) != 0;
+    out->nb = nb;
     out->smem = (size_t)r * (size_t)sb * 16;
     return 1;
 }
 
 template <class L, typename T>
-static inline const void* rr_pick_t(bool pst) {
+static inline const void* rr_pick_t(bool pst, bool nb) {
+    if (nb) return pst ? (const void*)rr_kernel<T, L, true, true> : nullptr;   /* NB: default-cached stores only */
     return pst ? (const void*)rr_kernel<T, L, true> : (const void*)rr_kernel<T, L, false>;
 }
 
@@ -295,8 +325,10 @@ static inline const void* rr_plan(const char* prefix, int on, const char* what, 
     DevInfo d;
     if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return nullptr; }
     if (!rr_plan_shape(prefix, C, fl__dtype_size(dt), p)) return nullptr;
-    const void* fn = dt == FL_DTYPE_F32 ? rr_pick_t<L, float>(p->pst)
-                     : dt == FL_DTYPE_F16 ? rr_pick_t<L, __half>(p->pst) : rr_pick_t<L, __nv_bfloat16>(p->pst);
+    const void* fn = dt == FL_DTYPE_F32 ? rr_pick_t<L, float>(p->pst, p->nb)
+                     : dt == FL_DTYPE_F16 ? rr_pick_t<L, __half>(p->pst, p->nb)
+                                          : rr_pick_t<L, __nv_bfloat16>(p->pst, p->nb);
+    if (!fn) return nullptr;
     int n = 0;   /* resident CTAs (the occupancy query also raises fn's shared-memory limit) */
     if (fl__cluster_occupancy(fn, 0, p->T, p->smem, d.sms, (int)rp_env_i64("FUSEDLOSS_DEBUG", 0), what, &n) !=
             cudaSuccess || n <= 0) {
