@@ -18,6 +18,12 @@ a slot or an exchange slot holding another position or row than it expects (befo
 yields), or when nothing can progress (deadlock). With --violate R = (XSLOTS / 2 + 1) nsub, which
 lets an exchange slot be overwritten before its reader is done: the check must then find failures
 (it did: 648 of 3526 runs when written), which shows it can fail.
+--nbar models the NB variant of the release (FUSEDLOSS_*_PIPE_NBAR, session 18): the gradient warps
+bar.arrive on a hardware barrier per slot and the producer bar.syncs on it before the refill, R <= 14.
+A hardware barrier has no phases: it counts arrivals and completes at its count, so an arrival meant
+for the next lap of a slot, made before the producer's sync of this lap, would complete the wrong
+lap; the model asserts that every arrival belongs to the barrier's current lap. --nbar --violate
+lets the producer bar.arrive instead of bar.sync (no wait): the slot checks must then fail.
 This models the protocol, not the kernels' code: it does not replace the GPU tests.
 SPDX-License-Identifier: MIT
 """
@@ -61,7 +67,25 @@ class Barrier:
         return ok
 
 
-def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored):
+class HwBarrier:
+    """A hardware (named) barrier: bar.arrive / bar.sync add one arrival (a warp each here); the barrier
+    completes at `count` arrivals (waking the bar.sync waiters) and starts over. `lap`: which completion
+    an arrival is meant for, which must be the current one."""
+
+    def __init__(self, count):
+        self.count = count
+        self.n = 0
+        self.gen = 0  # completions so far
+
+    def arrive(self, lap):
+        assert lap == self.gen, f"hardware barrier: an arrival for lap {lap} while lap {self.gen} is open"
+        self.n += 1
+        if self.n == self.count:
+            self.gen += 1
+            self.n = 0
+
+
+def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored, nbar=False, nowait=False):
     per = nsub * sub
     nv = per * cs - rng.randrange(0, per // 2 + 1) if cs > 1 else per
     ignored = [rng.random() < p_ignored for _ in range(rows)]
@@ -69,6 +93,7 @@ def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored):
     for rank in range(cs):
         n = max(0, min(per, nv - rank * per))
         ctas.append(dict(rank=rank, n=n, full=[Barrier(1) for _ in range(R)], empty=[Barrier(ngw) for _ in range(R)],
+                         hb=[HwBarrier(ngw + 1) for _ in range(R)],
                          xbar=[Barrier(1) for _ in range(XSLOTS)], slot=[None] * R,
                          xs=[[None] * cs for _ in range(XSLOTS)]))
     pending = []  # asynchronous completions not yet landed
@@ -81,7 +106,12 @@ def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored):
         for row in range(rows):
             for j in range(nsub):
                 s, ph = P % R, (P // R) & 1
-                if P >= R:
+                if P >= R and nbar:   # bar.sync (nowait: bar.arrive, the --violate variant)
+                    lap = P // R - 1
+                    c["hb"][s].arrive(lap)
+                    while not nowait and c["hb"][s].gen <= lap:
+                        yield
+                elif P >= R:
                     while not c["empty"][s].try_wait(ph ^ 1, P // R - 1):
                         yield
                 k = count(c, row, j)
@@ -142,7 +172,10 @@ def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored):
                     assert c["slot"][s] == (row, j), f"gradient read slot {s}: {c['slot'][s]}, want {(row, j)}"
                     yield
                     assert c["slot"][s] == (row, j), f"gradient read slot {s} (2): {c['slot'][s]}"
-                c["empty"][s].arrive()
+                if nbar:
+                    c["hb"][s].arrive(P // R)
+                else:
+                    c["empty"][s].arrive()
                 P += 1
                 yield
 
@@ -172,14 +205,18 @@ def main():
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--violate", action="store_true", help="R one past the hosts' bound: failures expected")
+    ap.add_argument("--nbar", action="store_true", help="the hardware-barrier release (NB); with --violate: "
+                    "the producer does not wait")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     bad = done = 0
     while done < args.runs:
         cs = rng.choice([1, 1, 2, 3, 4])
         nsub = rng.randint(1, 5)
-        hi = min(16, (XSLOTS // 2 + 1) * nsub - 1)
-        if args.violate:
+        hi = min(14 if args.nbar else 16, (XSLOTS // 2 + 1) * nsub - 1)
+        if args.violate and args.nbar:
+            R = rng.randint(nsub + 1, hi)
+        elif args.violate:
             if (XSLOTS // 2 + 1) * nsub > 16:
                 continue
             R = (XSLOTS // 2 + 1) * nsub
@@ -187,7 +224,7 @@ def main():
             R = rng.randint(nsub + 1, hi)
         cfg = (cs, R, nsub, rng.randint(1, 4), rng.randint(1, 40), rng.randint(1, 3), rng.choice([0.0, 0.3, 1.0]))
         try:
-            r = run(rng, *cfg)
+            r = run(rng, *cfg, nbar=args.nbar, nowait=args.violate and args.nbar)
         except AssertionError as e:
             r = f"assertion: {e}"
         done += 1
@@ -195,7 +232,9 @@ def main():
             bad += 1
             if bad <= 5:
                 print("cs R nsub sub rows ngw p_ignored =", cfg, "->", r)
-    print(f"ring_protocol_model: {done} runs, {bad} bad{' (R past the bound: failures expected)' if args.violate else ''}")
+    what = (" (the producer does not wait: failures expected)" if args.nbar else " (R past the bound: failures expected)") \
+        if args.violate else ""
+    print(f"ring_protocol_model{' --nbar' if args.nbar else ''}: {done} runs, {bad} bad{what}")
     ok = bad > 0 if args.violate else bad == 0
     print("overall okay:", int(ok))
     return 0 if ok else 1
