@@ -771,6 +771,13 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
 #define DP_PIECE 256   // vectors per bulk copy (4 KB); the producer's lanes issue the pieces
 
 __device__ __forceinline__ void dp_bar(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void dp_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+// NB (FUSEDLOSS_DISTILL_PIPE_NBAR=1; session 18, no GPU: not yet run): slot s released through hardware
+// barrier DP_NB_BASE + s (the gradient warps bar.arrive, the producer bar.sync + proxy fence) instead
+// of the mbarrier empty[s], for compute-sanitizer's racecheck (ringrow.cuh's NB has the argument;
+// scripts/ring_protocol_model.py --nbar the protocol). Barriers 0 and 1 are taken: R <= 14 (dp_plan).
+#define DP_NB_BASE 2
+#define DP_NB_MAX_SLOTS 14
 
 // fixed-tree reduction over the statistics group (threads [0, n), named barrier 1); valid in thread 0
 // (block_reduce1's tree with named barriers; not shared with it: a common warp-tree helper changed
@@ -829,7 +836,7 @@ struct DpRow {
     __device__ __forceinline__ int64_t extra(int e) const { return e < h ? (int64_t)e : t0 + (e - h); }
 };
 
-template <typename TS, typename TT, int MODE, bool PST, bool HD>
+template <typename TS, typename TT, int MODE, bool PST, bool HD, bool NB = false>
 __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a, int cs, int per, int nv, int sub,
                                                                           int R, int Ts) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -950,7 +957,15 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             const bool ign = a.labels && rp_label(a.labels, a.lab64, r) == a.ignore;
             const DpRow w = row_layout((const TS*)a.s + r * a.lds);
             for (int j = 0; j < nsub; j++, P++, next_pos()) {
-                if (P >= R) mbar_wait_refill(&empty[s], ph ^ 1u);   // position P - R released (cluster.cuh)
+                if (P >= R) {   // position P - R released
+                    if constexpr (NB) {
+                        __syncwarp();   // why: bar.sync is warp-aligned (the lanes left the piece loop apart)
+                        dp_bar(DP_NB_BASE + s, (ngw + 1) * 32);
+                        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                    } else {
+                        mbar_wait_refill(&empty[s], ph ^ 1u);   // (cluster.cuh)
+                    }
+                }
                 dp_issue<TS, TT>(a, r, w.h, ign, lo, w.n, sub, j, dp_ring + (size_t)s * slot_vecs, &full[s]);
             }
         }
@@ -1016,7 +1031,8 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                     }
                 }
                 __syncwarp();   // why: the warp's reads of slot s are done before its release
-                if (lane == 0) mbar_arrive(&empty[s]);
+                if constexpr (NB) dp_bar_arrive(DP_NB_BASE + s, (ngw + 1) * 32);   // (warp-aligned: all lanes)
+                else if (lane == 0) mbar_arrive(&empty[s]);
             }
             if (has_x) drow[xcol] = from_float<TS>(ign ? 0.0f : grad(xs_x, xt_x));
         }
@@ -1183,31 +1199,35 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
 // _PIPE_HEAD=1 (off until measured; session 18, no GPU): rows that are not 16-byte aligned but of one
 // phase in student, teacher and dstudent (GPT-2's 50257 columns in bf16: today 2.35x the floor on the
 // ticket kernel, s17) take the HD kernel instead of the ticket kernel.
+// _PIPE_NBAR=1 (off; session 18, not yet run): the slots released through hardware barriers (NB above;
+// aligned rows, _PLAIN_ST=1).
 struct DpPlan { int cs, per, nv, sub, R, T, Ts; size_t smem; const void* fn; };
 
-template <typename TS, typename TT, bool PST, bool HD>
+template <typename TS, typename TT, bool PST, bool HD, bool NB = false>
 static const void* pick_pipe3(int mode) {
-    return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL, PST, HD>
-                                   : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_RKL, PST, HD>;
+    return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL, PST, HD, NB>
+                                   : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_RKL, PST, HD, NB>;
 }
 
 // (the unaligned-row kernels with default-cached stores only: _PLAIN_ST=0 on such rows takes the
 // kernels below the ring)
+// (NB: the aligned kernels with default-cached stores only)
 template <typename TS, typename TT>
-static const void* pick_pipe2(int mode, bool pst, bool hd) {
+static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb) {
+    if (nb) return pst && !hd ? pick_pipe3<TS, TT, true, false, true>(mode) : nullptr;
     if (hd) return pst ? pick_pipe3<TS, TT, true, true>(mode) : nullptr;
     return pst ? pick_pipe3<TS, TT, true, false>(mode) : pick_pipe3<TS, TT, false, false>(mode);
 }
 
-static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst, bool hd) {
+static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst, bool hd, bool nb) {
     const bool t32 = tdt == FL_DTYPE_F32;
     switch (sdt) {
-        case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst, hd);
+        case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst, hd, nb);
         case FL_DTYPE_F16:
-            return t32 ? pick_pipe2<__half, float>(mode, pst, hd) : pick_pipe2<__half, __half>(mode, pst, hd);
+            return t32 ? pick_pipe2<__half, float>(mode, pst, hd, nb) : pick_pipe2<__half, __half>(mode, pst, hd, nb);
         default:
-            return t32 ? pick_pipe2<__nv_bfloat16, float>(mode, pst, hd)
-                       : pick_pipe2<__nv_bfloat16, __nv_bfloat16>(mode, pst, hd);
+            return t32 ? pick_pipe2<__nv_bfloat16, float>(mode, pst, hd, nb)
+                       : pick_pipe2<__nv_bfloat16, __nv_bfloat16>(mode, pst, hd, nb);
     }
 }
 
@@ -1257,10 +1277,11 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     const int gcap = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_GRID", 0);
     const int debug = (int)rp_env_i64("FUSEDLOSS_DEBUG", 0);
     const bool pst = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_PLAIN_ST", 1) != 0;
+    const bool nb = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_NBAR", 0) != 0;
     const int64_t vb = 16 * (1 + NT);   // shared bytes per vector of the row
     const int64_t ring = (int64_t)ring_kb * 1024 / vb, subv = (int64_t)sub_kb * 1024 / vb > 0 ? (int64_t)sub_kb * 1024 / vb : 1;
     const int lo = force > 0 && force <= DC_MAX_CLUSTER ? force : 1, hi = force > 0 && force <= DC_MAX_CLUSTER ? force : DC_MAX_CLUSTER;
-    out->fn = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd);
+    out->fn = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb);
     if (!out->fn) return 0;
     out->nv = (int)nv;
     out->T = T;
@@ -1272,6 +1293,7 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         const int64_t sb = (per + ns - 1) / ns;
         int64_t r = ring / sb;
         if (r > DP_MAX_SLOTS) r = DP_MAX_SLOTS;
+        if (nb && r > DP_NB_MAX_SLOTS) r = DP_NB_MAX_SLOTS;
         if (r > (DP_XSLOTS / 2 + 1) * ns - 1) r = (DP_XSLOTS / 2 + 1) * ns - 1;   // the xslot reuse rule
         if (r - ns < 1 || (r - ns) * sb * vb < slack) continue;
         out->cs = cc;
