@@ -216,6 +216,8 @@ if want test-knobs && have build/test_cross_entropy_cuda test-knobs; then
         FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 FUSEDLOSS_CE_PIPE_THREADS=128 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=0 FUSEDLOSS_CE_PIPE_KB=5 FUSEDLOSS_CE_PIPE_NBUF=4 FUSEDLOSS_CE_PIPE_THREADS=256 FUSEDLOSS_CE_PIPE_STATS=64"
         FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=0 FUSEDLOSS_CE_PIPE_KB=5 FUSEDLOSS_CE_PIPE_NBUF=4 FUSEDLOSS_CE_PIPE_THREADS=256 FUSEDLOSS_CE_PIPE_STATS=64 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_PIPE_NBAR=1 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 (the hardware-barrier slot release, slots refilled)"
+        FUSEDLOSS_CE_PIPE_NBAR=1 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PIPE_THREADS=800 (the option-free ring kernel at its launch bound)"
         FUSEDLOSS_CE_PIPE_THREADS=800 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PDL=0 (graph capture without programmatic dependent launch)"
@@ -467,10 +469,17 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                 FUSEDLOSS_DISTILL_PIPE=0 FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_ROWS=2 FUSEDLOSS_DISTILL_STAGED_GRID=3 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 echo "### FUSEDLOSS_DISTILL_PIPE=0 FUSEDLOSS_DISTILL_STAGED=0 $t --small"
                 FUSEDLOSS_DISTILL_PIPE=0 FUSEDLOSS_DISTILL_STAGED=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
+                # the opt-in rings of s18: rows not 16-byte aligned (HEAD), the hardware-barrier slot release (NBAR)
+                for kv in "FUSEDLOSS_DISTILL_PIPE_HEAD=1 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_NBAR=1 FUSEDLOSS_DISTILL_PIPE_GRID=3"; do
+                    echo "### $kv $t --small --kl"
+                    env $kv timeout 90 build/$t --small --kl 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
+                done
             fi
             if [ "$t" = test_taylor_ce_cuda ]; then   # the CTA kernels (the ring is the default for fused rows of > 1024 classes)
                 echo "### FUSEDLOSS_TC_PIPE=0 $t --small"
                 FUSEDLOSS_TC_PIPE=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "^FAIL|passed|failed" || rc=1
+                echo "### FUSEDLOSS_TC_PIPE_NBAR=1 FUSEDLOSS_TC_PIPE_GRID=1 $t --small"   # the hardware-barrier slot release of s18
+                FUSEDLOSS_TC_PIPE_NBAR=1 FUSEDLOSS_TC_PIPE_GRID=1 timeout 90 build/$t --small 2>&1 | grep -E -m20 "^FAIL|passed|failed" || rc=1
             fi
             if [ "$t" = test_margin_ce_cuda ] || [ "$t" = test_softmax_focal_cuda ]; then   # the staged rows kernel (default) and the ticket one
                 echo "### FUSEDLOSS_TGT_STAGED=0 $t --small"   # the ticket kernel (the staged one is the default)
