@@ -46,6 +46,25 @@ __device__ __forceinline__ void mbar_wait_refill(uint64_t* bar, uint32_t parity)
     mbar_wait(bar, parity);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+// The same release through hardware barriers (the rings' NB variant, FUSEDLOSS_*_PIPE_NBAR=1; session 18,
+// not yet run): slot s is barrier NB_BASE + s, counted in threads (the gradient warps + the producer);
+// the consumers' bar.arrive is a release and does not wait, the producer's bar.sync an acquire, then the
+// proxy fence as above. Barriers 0 (__syncthreads) and 1 (the statistics groups) are taken: at most
+// NB_MAX_SLOTS slots. A hardware barrier has no phases: the rings never let a slot's next-lap arrival
+// precede the producer's sync of this lap (scripts/ring_protocol_model.py --nbar). Purpose:
+// compute-sanitizer's racecheck, which reports every refill under the mbarrier protocol (s16-s17) and
+// is expected to model hardware barriers. Both are warp-aligned: every lane executes them.
+#define NB_BASE 2
+#define NB_MAX_SLOTS 14
+__device__ __forceinline__ void nbar_release(int s, int n) {
+    __syncwarp();   // why: the warp's reads of the slot are done before its release
+    asm volatile("bar.arrive %0, %1;" ::"r"(NB_BASE + s), "r"(n) : "memory");
+}
+__device__ __forceinline__ void nbar_wait_refill(int s, int n) {
+    __syncwarp();   // why: bar.sync is warp-aligned (the producer's lanes left its copy loop apart)
+    asm volatile("bar.sync %0, %1;" ::"r"(NB_BASE + s), "r"(n) : "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(

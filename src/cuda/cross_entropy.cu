@@ -1554,17 +1554,8 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
 __device__ __forceinline__ void group_bar(int id, int n) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
-__device__ __forceinline__ void group_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-// NB (FUSEDLOSS_CE_PIPE_NBAR=1; session 18, no GPU: not yet run): the gradient warps release slot s with
-// bar.arrive on hardware barrier PIPE_NB_BASE + s, the producer waits with bar.sync on it (count: the
-// gradient warps + the producer) and fences the async proxy, instead of the mbarrier empty[s]. Same
-// order, non-blocking for the gradient warps as before; for compute-sanitizer's racecheck, which
-// reports every refill under the mbarrier protocol (s16-s17) and is expected to model hardware
-// barriers (ringrow.cuh's NB has the argument). Barriers 0 and 1 are taken: R <= 14 (pipe_plan).
-#define PIPE_NB_BASE 2
-#define PIPE_NB_MAX_SLOTS 14
+// NB (FUSEDLOSS_CE_PIPE_NBAR=1; not yet run): slot s released through hardware barrier NB_BASE + s
+// (cluster.cuh: nbar_release / nbar_wait_refill) instead of the mbarrier empty[s]; R <= NB_MAX_SLOTS.
 
 // A walker over the ring: slot and phase parity of the current position.
 struct RingPos {
@@ -1713,13 +1704,8 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
             const int64_t t64 = load_target(a, i);
             for (int j = 0; j < nsub; j++, P++, rp.next(R)) {
                 if (P >= R) {  // position P - R released
-                    if constexpr (NB) {
-                        __syncwarp();  // why: bar.sync is warp-aligned (the lanes left the piece loop apart)
-                        group_bar(PIPE_NB_BASE + rp.s, (ngw + 1) * 32);
-                        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                    } else {
-                        mbar_wait_refill(&empty[rp.s], rp.ph ^ 1u);
-                    }
+                    if constexpr (NB) nbar_wait_refill(rp.s, (ngw + 1) * 32);  // (cluster.cuh)
+                    else mbar_wait_refill(&empty[rp.s], rp.ph ^ 1u);
                 }
                 tma_issue_sub<T>(a, i, crank, cs, t64, sub, j, pipe_buf + (size_t)rp.s * sub, &full[rp.s]);
             }
@@ -1794,9 +1780,12 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
                         store_vec<T, PST>(vec_grad<F>(a, c, lds_pack<T>(buf + q), e0), drow, e0);
                     }
                 }
-                __syncwarp();  // why: the warp's reads of slot s are done before its release
-                if constexpr (NB) group_arrive(PIPE_NB_BASE + rp.s, (ngw + 1) * 32);  // (warp-aligned: all lanes)
-                else if (lane == 0) mbar_arrive(&empty[rp.s]);
+                if constexpr (NB) {
+                    nbar_release(rp.s, (ngw + 1) * 32);
+                } else {
+                    __syncwarp();  // why: the warp's reads of slot s are done before its release
+                    if (lane == 0) mbar_arrive(&empty[rp.s]);
+                }
             }
             if (has_x) drow[ex] = from_float<T>(ignored ? 0.0f : grad_elem<F>(a, c, zval<F>(a, xs, ex), ex));
         }
@@ -2424,7 +2413,7 @@ static int pipe_plan(int pass, int cc_major, int64_t V, int esize, int flags, Co
             const int64_t sb = (p + ns - 1) / ns;
             int64_t r = ring / sb;
             if (r > PIPE_MAX_SLOTS) r = PIPE_MAX_SLOTS;
-            if (k->pipe_nbar && r > PIPE_NB_MAX_SLOTS) r = PIPE_NB_MAX_SLOTS;
+            if (k->pipe_nbar && r > NB_MAX_SLOTS) r = NB_MAX_SLOTS;
             if (r > (PIPE_XSLOTS / 2 + 1) * ns - 1) r = (PIPE_XSLOTS / 2 + 1) * ns - 1;
             if (r - ns < 1 || (r - ns) * sb * 16 < (int64_t)slack * 1024) continue;
             cs = cc; per = (int)p; sub = (int)sb; R = (int)r;
@@ -2488,7 +2477,7 @@ static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t
 // ring mode (a row's chunk in several slots): default-cached gradient stores (see store_vec)
 template <typename T, int F>
 static cudaError_t launch_pipe(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
-    if (knobs()->pipe_nbar && c.pR <= PIPE_NB_MAX_SLOTS) {  // (whole-chunk plans: R = nbuf <= 4)
+    if (knobs()->pipe_nbar && c.pR <= NB_MAX_SLOTS) {  // (whole-chunk plans: R = nbuf <= 4)
         if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, true>(a, c, s, done);
         return launch_pipe_st<T, F, false, true>(a, c, s, done);
     }

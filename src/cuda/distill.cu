@@ -771,13 +771,8 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
 #define DP_PIECE 256   // vectors per bulk copy (4 KB); the producer's lanes issue the pieces
 
 __device__ __forceinline__ void dp_bar(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void dp_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-// NB (FUSEDLOSS_DISTILL_PIPE_NBAR=1; session 18, no GPU: not yet run): slot s released through hardware
-// barrier DP_NB_BASE + s (the gradient warps bar.arrive, the producer bar.sync + proxy fence) instead
-// of the mbarrier empty[s], for compute-sanitizer's racecheck (ringrow.cuh's NB has the argument;
-// scripts/ring_protocol_model.py --nbar the protocol). Barriers 0 and 1 are taken: R <= 14 (dp_plan).
-#define DP_NB_BASE 2
-#define DP_NB_MAX_SLOTS 14
+// NB (FUSEDLOSS_DISTILL_PIPE_NBAR=1; not yet run): slot s released through hardware barrier NB_BASE + s
+// (cluster.cuh: nbar_release / nbar_wait_refill) instead of the mbarrier empty[s]; R <= NB_MAX_SLOTS.
 
 // fixed-tree reduction over the statistics group (threads [0, n), named barrier 1); valid in thread 0
 // (block_reduce1's tree with named barriers; not shared with it: a common warp-tree helper changed
@@ -828,14 +823,6 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, b
     }
 }
 
-// one row's layout in distill_pipe_kernel: h head columns, this CTA's n vectors, nex extra columns
-// (the head, then the tail from column t0)
-struct DpRow {
-    int64_t h, t0;
-    int n, nex;
-    __device__ __forceinline__ int64_t extra(int e) const { return e < h ? (int64_t)e : t0 + (e - h); }
-};
-
 template <typename TS, typename TT, int MODE, bool PST, bool HD, bool NB = false>
 __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a, int cs, int per, int nv, int sub,
                                                                           int R, int Ts) {
@@ -874,23 +861,21 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
     auto next_pos = [&]() {
         if (++s == R) { s = 0; ph ^= 1u; }
     };
-    // row layout: the aligned kernel's constants, or (HD) the student row's RrRow with this CTA's share
-    // of its vectors
-    auto row_layout = [&](const TS* srow) -> DpRow {
-        DpRow w;
-        w.h = 0;
-        w.n = n;
-        w.nex = tail;
-        w.t0 = (int64_t)nv * VEC;
-        if (HD) {
-            const RrRow g = rr_row<TS>(srow, a.V);
-            const int nvr = (int)g.nv;
-            w.h = g.h;
-            w.n = nvr - lo < per ? (nvr - lo > 0 ? nvr - lo : 0) : per;
-            w.nex = (int)g.nex;
-            w.t0 = g.t0;
-        }
-        return w;
+    // a row's layout (rowpass.cuh's RrRow): the aligned kernel's constants, or (HD) the student row's own;
+    // and this CTA's share of its vectors
+    auto row_layout = [&](const TS* srow) -> RrRow {
+        if (HD) return rr_row<TS>(srow, a.V);
+        RrRow g;
+        g.h = 0;
+        g.nv = nv;
+        g.nex = tail;
+        g.t0 = (int64_t)nv * VEC;
+        return g;
+    };
+    auto cta_vecs = [&](const RrRow& g) -> int {
+        if (!HD) return n;
+        const int nvr = (int)g.nv;
+        return nvr - lo < per ? (nvr - lo > 0 ? nvr - lo : 0) : per;
     };
     if (tid < Ts) {
         // ---------------- statistics group ----------------
@@ -901,7 +886,8 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             if (a.labels && r + ncl < a.sc.N) ign_next = rp_label(a.labels, a.lab64, r + ncl) == a.ignore;
             const TS* srow = (const TS*)a.s + r * a.lds;
             const TT* trow = (const TT*)a.t + r * a.ldt;
-            const DpRow w = row_layout(srow);
+            const RrRow w = row_layout(srow);
+            const int wn = cta_vecs(w);
             const bool has_x = !ign && rank == 0 && tid < w.nex;
             const int64_t xcol = HD ? w.extra(tid) : w.t0 + tid;
             const float xs_x = has_x ? rp_sload(srow + xcol) * k2 : 0.0f, xt_x = has_x ? rp_sload(trow + xcol) * k2 : 0.0f;
@@ -912,7 +898,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             for (int j = 0; j < nsub; j++, next_pos()) {
                 mbar_wait(&full[s], ph);
                 const int v0 = j * sub;
-                const int hi = ign ? 0 : (w.n - v0 < sub ? w.n - v0 : sub) + v0;   // chunk coordinates
+                const int hi = ign ? 0 : (wn - v0 < sub ? wn - v0 : sub) + v0;   // chunk coordinates
                 if (hi <= v0) continue;
                 const uint4* sb = dp_ring + (size_t)s * slot_vecs - v0;   // sb[c], c in [v0, hi)
                 const uint4* tb = dp_ring + (size_t)s * slot_vecs + sub - (size_t)v0 * NT;
@@ -927,7 +913,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 const uint4* gsb = reinterpret_cast<const uint4*>(srow + w.h) + lo;
                 const uint4* gtb = reinterpret_cast<const uint4*>(trow + w.h) + (int64_t)lo * NT;
                 st = Stat1{-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
-                for (int q = tid; q < w.n; q += Ts) dc_acc<TS, TT, MODE, false>(st, gsb, gtb, q, k2);
+                for (int q = tid; q < wn; q += Ts) dc_acc<TS, TT, MODE, false>(st, gsb, gtb, q, k2);
             }
             if (has_x) st = combine1<MODE>(st, dc_one<MODE>(xs_x, xt_x));
             st = dp_group_reduce1<MODE>(st, sm1, Ts);
@@ -955,18 +941,14 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
         int64_t P = 0;
         for (int64_t r = cid; r < a.sc.N; r += ncl) {
             const bool ign = a.labels && rp_label(a.labels, a.lab64, r) == a.ignore;
-            const DpRow w = row_layout((const TS*)a.s + r * a.lds);
+            const RrRow w = row_layout((const TS*)a.s + r * a.lds);
+            const int wn = cta_vecs(w);
             for (int j = 0; j < nsub; j++, P++, next_pos()) {
                 if (P >= R) {   // position P - R released
-                    if constexpr (NB) {
-                        __syncwarp();   // why: bar.sync is warp-aligned (the lanes left the piece loop apart)
-                        dp_bar(DP_NB_BASE + s, (ngw + 1) * 32);
-                        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                    } else {
-                        mbar_wait_refill(&empty[s], ph ^ 1u);   // (cluster.cuh)
-                    }
+                    if constexpr (NB) nbar_wait_refill(s, (ngw + 1) * 32);   // (cluster.cuh)
+                    else mbar_wait_refill(&empty[s], ph ^ 1u);
                 }
-                dp_issue<TS, TT>(a, r, w.h, ign, lo, w.n, sub, j, dp_ring + (size_t)s * slot_vecs, &full[s]);
+                dp_issue<TS, TT>(a, r, w.h, ign, lo, wn, sub, j, dp_ring + (size_t)s * slot_vecs, &full[s]);
             }
         }
     } else {
@@ -984,7 +966,8 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             const TS* srow = (const TS*)a.s + r * a.lds;
             const TT* trow = (const TT*)a.t + r * a.ldt;
             TS* drow = (TS*)a.ds + r * a.lds;
-            const DpRow w = row_layout(srow);
+            const RrRow w = row_layout(srow);
+            const int wn = cta_vecs(w);
             const bool has_x = rank == 0 && gt < w.nex;
             const int64_t xcol = HD ? w.extra(gt) : w.t0 + gt;
             const float xs_x = (has_x && !ign) ? rp_sload(srow + xcol) : 0.0f;
@@ -1009,7 +992,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             int q = gt;   // this thread's next vector in chunk coordinates, carried across slots
             for (int j = 0; j < nsub; j++, next_pos()) {
                 const int v0 = j * sub;
-                const int hi = (w.n - v0 < sub ? w.n - v0 : sub) + v0;
+                const int hi = (wn - v0 < sub ? wn - v0 : sub) + v0;
                 if (ign) {
                     float z[VEC];
 #pragma unroll
@@ -1030,9 +1013,12 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                         rp_vstore<TS, VEC, !PST>(drow + w.h + (int64_t)(lo + q) * VEC, xs);
                     }
                 }
-                __syncwarp();   // why: the warp's reads of slot s are done before its release
-                if constexpr (NB) dp_bar_arrive(DP_NB_BASE + s, (ngw + 1) * 32);   // (warp-aligned: all lanes)
-                else if (lane == 0) mbar_arrive(&empty[s]);
+                if constexpr (NB) {
+                    nbar_release(s, (ngw + 1) * 32);
+                } else {
+                    __syncwarp();   // why: the warp's reads of slot s are done before its release
+                    if (lane == 0) mbar_arrive(&empty[s]);
+                }
             }
             if (has_x) drow[xcol] = from_float<TS>(ign ? 0.0f : grad(xs_x, xt_x));
         }
@@ -1293,7 +1279,7 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         const int64_t sb = (per + ns - 1) / ns;
         int64_t r = ring / sb;
         if (r > DP_MAX_SLOTS) r = DP_MAX_SLOTS;
-        if (nb && r > DP_NB_MAX_SLOTS) r = DP_NB_MAX_SLOTS;
+        if (nb && r > NB_MAX_SLOTS) r = NB_MAX_SLOTS;
         if (r > (DP_XSLOTS / 2 + 1) * ns - 1) r = (DP_XSLOTS / 2 + 1) * ns - 1;   // the xslot reuse rule
         if (r - ns < 1 || (r - ns) * sb * vb < slack) continue;
         out->cs = cc;

@@ -58,22 +58,9 @@
 #define RR_PIECE 256   /* vectors per bulk copy (4 KB); the producer's lanes issue the pieces */
 
 static __device__ __forceinline__ void rr_bar(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-static __device__ __forceinline__ void rr_bar_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
 
-/* NB (FUSEDLOSS_<loss>_PIPE_NBAR=1; session 18, no GPU: not yet run): the gradient warps release slot s
- * with bar.arrive on hardware barrier RR_NB_BASE + s and the producer waits with bar.sync on it before
- * the refill (count: the gradient warps + the producer), instead of the mbarrier empty[s]. The same
- * order (bar.arrive is a release, bar.sync an acquire, then the proxy fence), and non-blocking for the
- * gradient warps as before; the purpose is compute-sanitizer's racecheck, which reports every refill
- * under the mbarrier protocol (s16-s17: the gradient warps' LDS against the next UBLKCP) and is
- * expected to model the hardware barriers. One phase a slot a lap: the gradient warps reach slot s again
- * only after the producer refilled it, i.e. after its bar.sync of the previous lap; the last R
- * releases of a CTA are never waited for (arrivals left pending at exit). Barriers 0 (__syncthreads)
- * and 1 (the statistics group) are taken: R <= 14 (rr_plan_shape). */
-#define RR_NB_BASE 2
-#define RR_NB_MAX_SLOTS 14
+/* NB (FUSEDLOSS_<loss>_PIPE_NBAR=1; not yet run): slot s released through hardware barrier NB_BASE + s
+ * (cluster.cuh: nbar_release / nbar_wait_refill) instead of the mbarrier empty[s]; R <= NB_MAX_SLOTS. */
 
 template <typename T, class L, bool PST, bool NB = false>
 static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L::Args a, int sub, int R, int Ts) {
@@ -182,13 +169,8 @@ static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L
             const uint4* src = reinterpret_cast<const uint4*>(x + g.h);
             for (int j = 0; j < nsub; j++, P++, next_pos()) {
                 if (P >= R) {   /* position P - R released */
-                    if constexpr (NB) {
-                        __syncwarp();   /* why: bar.sync is warp-aligned (the lanes left the piece loop apart) */
-                        rr_bar(RR_NB_BASE + s, (ngw + 1) * 32);
-                        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                    } else {
-                        mbar_wait_refill(&empty[s], ph ^ 1u);   /* (cluster.cuh) */
-                    }
+                    if constexpr (NB) nbar_wait_refill(s, (ngw + 1) * 32);   /* (cluster.cuh) */
+                    else mbar_wait_refill(&empty[s], ph ^ 1u);
                 }
                 const int64_t v0 = (int64_t)j * sub;
                 const int cnt = skip ? 0 : (int)(g.nv - v0 < sub ? (g.nv - v0 > 0 ? g.nv - v0 : 0) : sub);
@@ -248,9 +230,12 @@ static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L
                         rp_vstore<T, VEC, !PST>(dx + q * VEC, v);
                     }
                 }
-                __syncwarp();   /* why: the warp's reads of slot s are done before its release */
-                if constexpr (NB) rr_bar_arrive(RR_NB_BASE + s, (ngw + 1) * 32);   /* (warp-aligned: all lanes) */
-                else if (lane == 0) mbar_arrive(&empty[s]);
+                if constexpr (NB) {
+                    nbar_release(s, (ngw + 1) * 32);
+                } else {
+                    __syncwarp();   /* why: the warp's reads of slot s are done before its release */
+                    if (lane == 0) mbar_arrive(&empty[s]);
+                }
             }
             if (ej >= 0) dx[ej - g.h] = from_float<T>(kind == 1 ? 0.0f : kind == 2 ? NAN : L::grad(a, coef, xe, ej == y));
         }
@@ -295,7 +280,7 @@ static inline int rr_plan_shape(const char* prefix, int64_t C, size_t es, RrPlan
     const int nb = rr_knob_read(prefix, "NBAR", 0, true) != 0;
     int64_t r = ring / sb;
     if (r > RR_MAX_SLOTS) r = RR_MAX_SLOTS;
-    if (nb && r > RR_NB_MAX_SLOTS) r = RR_NB_MAX_SLOTS;   /* hardware barriers 2-15 */
+    if (nb && r > NB_MAX_SLOTS) r = NB_MAX_SLOTS;   /* hardware barriers 2-15 */
     if (r > (RR_XSLOTS / 2 + 1) * ns - 1) r = (RR_XSLOTS / 2 + 1) * ns - 1;   /* the xslot reuse bound */
     if (r - ns < 1 || (r - ns) * sb * 16 < slack) return 0;
     out->sub = (int)sb;
