@@ -454,7 +454,7 @@ fi
 
 # ---- loss zoo (issue 8) ---------------------------------------------------------------------------
 if want zoo && have build/test_elementwise_loss_cuda zoo; then
-    run_step zoo "${ZOO_CAP:-360}" '
+    run_step zoo "${ZOO_CAP:-420}" '
         set -o pipefail   # a failure under | tail must fail the step
         rc=0
         for t in ${ZOO_TESTS:-test_elementwise_loss_cuda test_distill_cuda test_margin_ce_cuda test_softmax_focal_cuda test_lovasz_cuda test_taylor_ce_cuda test_large_margin_ce_cuda}; do
@@ -492,6 +492,20 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                     echo "### $kv $t --small"
                     env $kv timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 done
+            fi
+            if [ "$t" = test_lovasz_cuda ]; then   # the v2 Jaccard pass of s19 (look-back scan, bucketed gradient): direct stores, then buckets of 32 / 64 pixels on every shape
+                for kv in "FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET=0" "FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5" "FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=6"; do
+                    echo "### $kv $t"
+                    env $kv timeout 150 build/$t 2>&1 | grep -E -m20 "FAIL|passed|failed" || rc=1
+                done
+                echo "### FUSEDLOSS_LOVASZ_JAC=2 $t (the big case: buckets of 8192 pixels)"
+                FUSEDLOSS_LOVASZ_JAC=2 timeout 150 build/$t 2>&1 | grep -E -m20 "FAIL|passed|failed" || rc=1
+                if [ -n "$SANITIZER" ]; then
+                    for tool in memcheck racecheck synccheck; do
+                        echo "### $tool FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5 $t --small"
+                        FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5 timeout 90 "$SANITIZER" --tool $tool --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
+                    done
+                fi
             fi
             if [ "$t" = test_elementwise_loss_cuda ]; then   # the exact 16-bit forms (the fast ones are the default)
                 echo "### FUSEDLOSS_EW_EXACT16=1 $t --small"

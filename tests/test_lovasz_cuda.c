@@ -46,7 +46,8 @@
  * Plus: out-of-range labels (C and -5: FL_OK, after the sync loss NaN, *error_flag == 1 when given,
  * the bad pixels' dinput NaN for every class, the others as the CPU with them ignored, then a valid
  * call leaves the flag 0); determinism (two runs bitwise; a third on the other sort path,
- * FUSEDLOSS_LOVASZ_SORT 1 <-> 2, bitwise the same) and CUDA graph capture on a non-blocking
+ * FUSEDLOSS_LOVASZ_SORT 1 <-> 2, bitwise the same; a fourth on the other Jaccard pass,
+ * FUSEDLOSS_LOVASZ_JAC 1 <-> 2: the gradient bitwise, the loss within an ulp) and CUDA graph capture on a non-blocking
  * stream + replay bitwise equal to eager (also after grad_loss changes on the device); the big case
  * N = 4, C = 19, d = 512 x 512 (f32 probabilities and grid logits, fused: loss and gradient); bad
  * arguments (status, the function named, nothing written); the size query's 2^31 - 1 limit; N = 0.
@@ -800,6 +801,24 @@ static void test_determinism_graph(const cfg_t* c, uint64_t seed) {
         }
         zt_env_restore(&sv);
     }
+    {   /* the other Jaccard pass (FUSEDLOSS_LOVASZ_JAC 1 <-> 2, read on every call; 2 needs the 32-bit
+         * sort path, else both are the default pass): the same ranks and operations, so the gradient
+         * bitwise the same; the loss is summed in other groups (per tile), so within one fp32 ulp */
+        zt_env_saved sv;
+        const char* to = zt_env_other(&sv, "FUSEDLOSS_LOVASZ_JAC", "1", "2");   /* unset: 1, the default */
+        dcase_prepare(&h, &D, 0);
+        st = LV_CALL();
+        if (LCHECK_STATUS(st, FL_OK, "eager call, the other Jaccard pass")) {
+            zt_check_call_ok(g_case, D.flag, 0);
+            LV_FETCH(lb, db);
+            LCHECK(memcmp(da, db, xb) == 0, "FUSEDLOSS_LOVASZ_JAC=%s: the gradient differs from the other Jaccard pass",
+                   to);
+            LCHECK(lb[0] == la[0] || fabsf(lb[0] - la[0]) <= 1.2e-7f * fmaxf(fabsf(la[0]), fabsf(lb[0])),
+                   "FUSEDLOSS_LOVASZ_JAC=%s: loss %.9g, the other Jaccard pass %.9g (more than one ulp)", to,
+                   (double)lb[0], (double)la[0]);
+        }
+        zt_env_restore(&sv);
+    }
     {   /* capture on the non-blocking stream, instantiate, replay three times */
         cudaGraph_t gr = NULL;
         cudaGraphExec_t ex = NULL;
@@ -1055,6 +1074,12 @@ int main(int argc, char** argv) {
         test_determinism_graph(&c, 601);
         c.dt = FL_DTYPE_BF16; c.logits = 0; c.per_image = 1; c.all = 1; c.N = 3; c.i32 = 1; c.gs = 2.5f; c.pad = 0;
         test_determinism_graph(&c, 602);
+        if (!g_small) {   /* segments of >= 65536 pixels: FUSEDLOSS_LOVASZ_JAC=2 takes its buckets by default */
+            memset(&c, 0, sizeof c);
+            c.N = 1; c.C = 19; c.d = 70001; c.dt = FL_DTYPE_F32; c.ign = 1; c.ign_index = 255; c.pass = 1;
+            c.gl = 1; c.gs = 1.0f; c.flag = 1;
+            test_determinism_graph(&c, 603);
+        }
     }
     printf("determinism / graph: %s\n", tu_failed == det0 ? "ok" : "FAILED");
 

@@ -49,8 +49,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cub/agent/single_pass_scan_operators.cuh>
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
+#include <cuda/std/functional>
 #include <thrust/iterator/transform_iterator.h>
 
 #include "common.cuh"
@@ -58,9 +61,18 @@
 #define LV_THREADS 256
 #define LV_MAX_BLOCKS 2048
 #define LV_REG_C 32   /* lv_softmax_bwd keeps p and gp of up to 32 classes in registers */
+/* the v2 Jaccard pass (FUSEDLOSS_LOVASZ_JAC=2, lv_jaccard2): tiles of LV_TILE sorted positions */
+#define LV_ITEMS 16
+#define LV_TILE (LV_THREADS * LV_ITEMS)
+#define LV_GC_SMEM 1024   /* lv_count: per-block fg counts in shared memory for S <= this */
+#define LV_LB_MAX 512     /* gradient buckets one tile may touch (bucketed scatter) */
+#define LV_BB_MIN 5       /* bucket width 2^bits pixels, bits in [LV_BB_MIN, LV_BB_MAX] */
+#define LV_BB_MAX 13
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
+typedef unsigned short u16;
+typedef cub::ScanTileState<int> LvTileState;
 
 typedef struct {
     const void* x;
@@ -182,26 +194,44 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_keys(LvArgs a, int jb) {
     }
 }
 
+/* the v2 pipeline's G_s (fg pixels of every segment) from the labels: per block in shared memory when
+ * S <= LV_GC_SMEM, then one atomic a segment (integer sums: deterministic); gcnt [S] zeroed before. A
+ * kernel of its own: counted inside lv_keys it made ptxas spill the 16-bit K32 variants. */
+static __global__ void __launch_bounds__(LV_THREADS) lv_count(LvArgs a, int* gcnt) {
+    __shared__ int gh[LV_GC_SMEM];
+    const bool sm = a.S <= LV_GC_SMEM;
+    if (sm) {
+        for (int k = threadIdx.x; k < (int)a.S; k += LV_THREADS) gh[k] = 0;
+        __syncthreads();
+    }
+    for (int64_t i = (int64_t)blockIdx.x * LV_THREADS + threadIdx.x; i < a.P; i += (int64_t)gridDim.x * LV_THREADS) {
+        const int64_t y = lv_label(a.labels, a.lab64, i);
+        if (y == a.ign || y < 0 || y >= a.C) continue;   /* ignored, or out of range (lv_keys flags it) */
+        const int64_t seg = (a.per_image ? i / a.d : 0) * a.C + y;
+        if (sm) atomicAdd(&gh[seg], 1);
+        else atomicAdd(gcnt + seg, 1);
+    }
+    if (sm) {
+        __syncthreads();
+        for (int k = threadIdx.x; k < (int)a.S; k += LV_THREADS)
+            if (gh[k]) atomicAdd(gcnt + k, gh[k]);
+    }
+}
+
 /* the fg bit of a sorted value, as the scan's input */
 struct LvFg {
     __host__ __device__ int operator()(u32 v) const { return (int)(v & 1u); }
 };
 typedef thrust::transform_iterator<LvFg, const u32*> LvFgIt;
 
-/* one thread per set: the segment table */
-static __global__ void lv_segments(const int* scan, int64_t nsets, int64_t C, int64_t L, int all, int per_image,
-                                   int64_t N, const float* grad_loss, float grad_scale, int* G, int* base, int* Vs,
-                                   double* lw, double* gw) {
-    const int64_t set = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (set >= nsets) return;
-    const double g = (double)grad_scale * (grad_loss ? (double)grad_loss[0] : 1.0);
+/* one set's segment weights from its classes' fg counts G (lv_segments, lv_prep): V valid pixels
+ * (= sum G), K classes averaged, loss weight 1 / K [/ N] and gradient weight g / K [/ N] for the
+ * averaged classes of a set with valid pixels, else 0 */
+static __device__ __forceinline__ void lv_set_weights(int64_t set, int64_t C, int all, int per_image, int64_t N,
+                                                      double g, const int* G, int* Vs, double* lw, double* gw) {
     int64_t V = 0, K = 0;
     for (int64_t c = 0; c < C; c++) {
-        const int64_t s = set * C + c, p0 = s * L;
-        const int b = p0 > 0 ? scan[p0 - 1] : 0;
-        const int Gc = scan[p0 + L - 1] - b;
-        G[s] = Gc;
-        base[s] = b;
+        const int Gc = G[set * C + c];
         V += Gc;
         K += all || Gc > 0;
     }
@@ -213,6 +243,25 @@ static __global__ void lv_segments(const int* scan, int64_t nsets, int64_t C, in
         gw[s] = counted ? g / div : 0.0;
         Vs[s] = (int)V;
     }
+}
+
+static __device__ __forceinline__ double lv_grad_factor(const float* grad_loss, float grad_scale) {
+    return (double)grad_scale * (grad_loss ? (double)grad_loss[0] : 1.0);
+}
+
+/* one thread per set: the segment table, G and base from the scan */
+static __global__ void lv_segments(const int* scan, int64_t nsets, int64_t C, int64_t L, int all, int per_image,
+                                   int64_t N, const float* grad_loss, float grad_scale, int* G, int* base, int* Vs,
+                                   double* lw, double* gw) {
+    const int64_t set = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (set >= nsets) return;
+    for (int64_t c = 0; c < C; c++) {
+        const int64_t s = set * C + c, p0 = s * L;
+        const int b = p0 > 0 ? scan[p0 - 1] : 0;
+        G[s] = scan[p0 + L - 1] - b;
+        base[s] = b;
+    }
+    lv_set_weights(set, C, all, per_image, N, lv_grad_factor(grad_loss, grad_scale), G, Vs, lw, gw);
 }
 
 static __device__ __forceinline__ double lv_block_sum(double v, double* sh) {
@@ -274,6 +323,236 @@ static __global__ void __launch_bounds__(LV_THREADS, K32 ? 8 : 0) lv_jaccard(LvA
     if (threadIdx.x == 0) part[blockIdx.x] = t;
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* the v2 Jaccard pass (FUSEDLOSS_LOVASZ_JAC=2; 32-bit sort path only)                        */
+/*                                                                                            */
+/* The default pass reads a CUB scan of the fg bits (one more kernel: 54 us and 80 MB written  */
+/* and read back at 4 x 19 x 512 x 512) and scatters 4-byte gradients to random pixels of each */
+/* 4 MB segment (s16: ~0.33 of its 0.41 ms, not explained). v2: lv_count counts G_s, so       */
+/* lv_prep makes the segment table (base = exclusive prefix of G) before the sort ends; then   */
+/* lv_jaccard2 takes tiles of LV_TILE sorted positions in order and scans the fg bits itself   */
+/* (a block scan + CUB's decoupled look-back over the tiles: A = prefix - base[s], exactly the */
+/* default's count), computes D_k with the default's operations (the same gradient bit for     */
+/* bit; the loss sums per tile, so its rounding may differ) and, with buckets, does not        */
+/* scatter: each tile counting-sorts its gradients in shared memory by bucket (segment, pixel  */
+/* >> bits) and appends each bucket's run after an atomic on the bucket's cursor; lv_flush     */
+/* then takes one bucket a block, places its (pixel, gradient) pairs in a shared-memory window */
+/* and writes the window out in pixel order (coalesced). The order inside a bucket depends on  */
+/* the atomics, but every pixel has one entry, so the output does not.                         */
+
+typedef struct {
+    int bits;        /* bucket width 2^bits pixels; 0: no buckets (direct stores) */
+    u32 nb;          /* buckets a segment: ceil(L / 2^bits) */
+    float* gv;       /* [E]: bucket (s, b)'s entries at s L + b 2^bits, in cursor order */
+    u16* jl;         /* [E]: their pixel within the bucket */
+    int* cur;        /* [S nb] entries appended (zeroed by lv_prep) */
+} LvBkt;
+
+/* every tile's look-back status, the bucket cursors and (block 0) the segment table from G */
+static __global__ void __launch_bounds__(LV_THREADS) lv_prep(LvTileState ts, int ntiles, int* cur, int64_t ncur,
+                                                             const int* G, int64_t nsets, int64_t C, int all,
+                                                             int per_image, int64_t N, const float* grad_loss,
+                                                             float grad_scale, int* base, int* Vs, double* lw,
+                                                             double* gw) {
+    ts.InitializeStatus(ntiles);
+    for (int64_t k = (int64_t)blockIdx.x * LV_THREADS + threadIdx.x; k < ncur; k += (int64_t)gridDim.x * LV_THREADS)
+        cur[k] = 0;
+    if (blockIdx.x != 0) return;
+    typedef cub::BlockScan<int, LV_THREADS> BS;
+    __shared__ typename BS::TempStorage tmp;
+    const int64_t S = nsets * C;
+    int run = 0;
+    for (int64_t c0 = 0; c0 < S; c0 += LV_THREADS) {
+        const int64_t s = c0 + threadIdx.x;
+        int ex = 0, agg = 0;
+        BS(tmp).ExclusiveSum(s < S ? G[s] : 0, ex, agg);
+        if (s < S) base[s] = run + ex;
+        run += agg;
+        __syncthreads();
+    }
+    const double g = lv_grad_factor(grad_loss, grad_scale);
+    for (int64_t set = threadIdx.x; set < nsets; set += LV_THREADS)
+        lv_set_weights(set, C, all, per_image, N, g, G, Vs, lw, gw);
+}
+
+template <typename T, bool BKT>
+static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard2(LvArgs a, const u32* keys, const u32* vals,
+                                                                 LvTileState ts, const int* G, const int* base,
+                                                                 const int* Vs, const double* lw, const double* gw,
+                                                                 float* gp, double* part, int jb, LvBkt bk) {
+    typedef cub::BlockScan<int, LV_THREADS> BS;
+    typedef cub::TilePrefixCallbackOp<int, ::cuda::std::plus<int>, LvTileState> TP;
+    __shared__ typename BS::TempStorage sc;
+    __shared__ typename TP::TempStorage tp;
+    __shared__ double sh[LV_THREADS / 32];
+    /* BKT: per local bucket the count, the run's offset in the staging arrays and its global start */
+    __shared__ int b_cnt[BKT ? LV_LB_MAX : 1], b_off[BKT ? LV_LB_MAX : 1], b_dst[BKT ? LV_LB_MAX : 1];
+    __shared__ float st_gv[BKT ? LV_TILE : 1];
+    __shared__ u16 st_jl[BKT ? LV_TILE : 1], st_lb[BKT ? LV_TILE : 1];
+    T* dx = (T*)a.dx;
+    const u32 E = (u32)a.E, L = (u32)a.L, C32 = (u32)a.C, d32 = (u32)a.d, P32 = (u32)a.P;   /* all < 2^31 */
+    const int tile = (int)blockIdx.x;
+    const u32 t0 = (u32)tile * LV_TILE, p0 = t0 + threadIdx.x * LV_ITEMS;
+    const u32 s_lo = t0 / L;
+    const u32 s_hi = ((t0 + LV_TILE - 1 < E ? t0 + LV_TILE - 1 : E - 1)) / L;
+    const u32 R = BKT ? (s_hi - s_lo + 1) * bk.nb : 0;   /* local buckets of this tile (host: <= LV_LB_MAX) */
+    if constexpr (BKT)
+        if (a.fused)
+            for (u32 k = threadIdx.x; k < R; k += LV_THREADS) b_cnt[k] = 0;
+
+    /* this thread's LV_ITEMS consecutive positions (evict-first: read once) */
+    u32 kk[LV_ITEMS], vv[LV_ITEMS];
+    if (t0 + LV_TILE <= E) {
+#pragma unroll
+        for (int q = 0; q < LV_ITEMS / 4; q++) {
+            const uint4 k4 = __ldcs((const uint4*)(keys + p0) + q), v4 = __ldcs((const uint4*)(vals + p0) + q);
+            kk[4 * q] = k4.x; kk[4 * q + 1] = k4.y; kk[4 * q + 2] = k4.z; kk[4 * q + 3] = k4.w;
+            vv[4 * q] = v4.x; vv[4 * q + 1] = v4.y; vv[4 * q + 2] = v4.z; vv[4 * q + 3] = v4.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < LV_ITEMS; i++) {
+            kk[i] = p0 + i < E ? __ldcs(keys + p0 + i) : 0xFFFFFFFFu;
+            vv[i] = p0 + i < E ? __ldcs(vals + p0 + i) : 0u;   /* fg 0: adds nothing to the scan */
+        }
+    }
+    /* the exclusive fg count before this thread's first position, over all E (the default's scan) */
+    int cnt = 0;
+#pragma unroll
+    for (int i = 0; i < LV_ITEMS; i++) cnt += (int)(vv[i] & 1u);
+    int run = 0;
+    if (tile == 0) {
+        int agg = 0;
+        BS(sc).ExclusiveSum(cnt, run, agg);
+        if (threadIdx.x == 0) ts.SetInclusive(0, agg);
+    } else {
+        TP pre(ts, tp, ::cuda::std::plus<int>{}, tile);
+        BS(sc).ExclusiveSum(cnt, run, pre);
+    }
+    if (BKT && a.fused) __syncthreads();   /* b_cnt zeroed before the counting below */
+
+    double acc = 0.0;
+    float gvr[BKT ? LV_ITEMS : 1];
+    u32 lbr[BKT ? LV_ITEMS : 1];   /* (local bucket << 16) | rank in it, 0xFFFFFFFF: no entry */
+    u32 s = p0 / L, r = p0 - s * L;
+#pragma unroll
+    for (int i = 0; i < LV_ITEMS; i++) {
+        if (BKT) lbr[i] = 0xFFFFFFFFu;
+        const u32 pos = p0 + i;
+        const int fg = (int)(vv[i] & 1u);
+        run += fg;   /* inclusive: fg bits up to and including pos */
+        if (pos < E && (int)r < Vs[s]) {   /* else past the end, or an ignored pixel (sorted last) */
+            const double Gs = (double)G[s];
+            const double k = (double)(r + 1);
+            const double A = (double)(run - base[s]);   /* fg up to and including k */
+            const double B = k - A;
+            double D;
+            if (fg) D = 1.0 / (Gs + B);
+            else if (r == 0) D = 1.0 / (Gs + 1.0);
+            else D = (Gs - A) / ((Gs + B) * (Gs + B - 1.0));
+            const float e = __uint_as_float(0x7FFFFFFFu - kk[i]);
+            acc += lw[s] * (double)e * D;
+            if (a.fused) {
+                const float gv = (float)(gw[s] * D * (fg ? -1.0 : 1.0));
+                const u32 j = (vv[i] >> 1) & ((1u << jb) - 1u);
+                if (BKT) {
+                    const u32 lb = (s - s_lo) * bk.nb + (j >> bk.bits);
+                    gvr[i] = gv;
+                    lbr[i] = (lb << 16) | (u32)atomicAdd(&b_cnt[lb], 1);
+                } else {
+                    const u32 set = s / C32, c = s - set * C32;
+                    const u32 ip = a.per_image ? set * d32 + j : j;
+                    if (a.from_logits) {
+                        gp[(size_t)c * P32 + ip] = gv;
+                    } else {
+                        const u32 n = ip / d32, kx = ip - n * d32;
+                        dx[(int64_t)n * a.ld + (int64_t)c * d32 + kx] = from_float<T>(gv);
+                    }
+                }
+            }
+        }
+        if (++r == L) {
+            r = 0;
+            s++;
+        }
+    }
+    if constexpr (BKT) if (a.fused) {
+        __syncthreads();   /* every count in */
+        /* runs' offsets in the staging arrays (exclusive scan of the counts, 2 buckets a thread) and
+         * each run's global start: one atomic on the bucket's cursor */
+        const u32 q0 = 2 * threadIdx.x, q1 = q0 + 1;
+        const int c0 = q0 < R ? b_cnt[q0] : 0, c1 = q1 < R ? b_cnt[q1] : 0;
+        int off = 0, total = 0;
+        BS(sc).ExclusiveSum(c0 + c1, off, total);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const u32 q = h ? q1 : q0;
+            const int c = h ? c1 : c0, o = h ? off + c0 : off;
+            if (q < R && c > 0) {
+                const u32 sq = s_lo + q / bk.nb, bq = q - (q / bk.nb) * bk.nb;
+                const int got = atomicAdd(bk.cur + (size_t)sq * bk.nb + bq, c);
+                b_off[q] = o;
+                b_dst[q] = (int)(sq * L + (bq << bk.bits)) + got - o;   /* + staging index = destination */
+            }
+        }
+        __syncthreads();
+        const u32 jm = (1u << jb) - 1u, wm = (1u << bk.bits) - 1u;
+#pragma unroll
+        for (int i = 0; i < LV_ITEMS; i++) {
+            if (lbr[i] == 0xFFFFFFFFu) continue;
+            const u32 lb = lbr[i] >> 16;
+            const int at = b_off[lb] + (int)(lbr[i] & 0xFFFFu);
+            st_gv[at] = gvr[i];
+            st_jl[at] = (u16)(((vv[i] >> 1) & jm) & wm);
+            st_lb[at] = (u16)lb;
+        }
+        __syncthreads();
+        /* consecutive staged entries of a bucket go to consecutive addresses: coalesced runs */
+        for (int k = threadIdx.x; k < total; k += LV_THREADS) {
+            const int dst = b_dst[st_lb[k]] + k;
+            bk.gv[dst] = st_gv[k];
+            bk.jl[dst] = st_jl[k];
+        }
+    }
+    const double t = lv_block_sum(acc, sh);
+    if (threadIdx.x == 0) part[tile] = t;
+}
+
+/* one block a bucket (s, b): its entries into a shared-memory window of 2^bits pixels, then the
+ * window out in pixel order (only the pixels with an entry: ignored pixels keep lv_keys' value) */
+template <typename T>
+static __global__ void __launch_bounds__(LV_THREADS) lv_flush(LvArgs a, LvBkt bk, float* gp) {
+    __shared__ float win[1 << LV_BB_MAX];
+    __shared__ u32 msk[(1 << LV_BB_MAX) / 32];
+    T* dx = (T*)a.dx;
+    const u32 L = (u32)a.L, C32 = (u32)a.C, d32 = (u32)a.d, P32 = (u32)a.P;
+    const u32 gb = blockIdx.x, s = gb / bk.nb, b = gb - s * bk.nb;
+    const u32 lo = b << bk.bits, W = 1u << bk.bits;
+    const u32 npx = L - lo < W ? L - lo : W;
+    for (u32 k = threadIdx.x; k < (npx + 31) / 32; k += LV_THREADS) msk[k] = 0;
+    __syncthreads();
+    const u32 reg = s * L + lo;
+    const int n = bk.cur[gb];
+    for (int e = threadIdx.x; e < n; e += LV_THREADS) {
+        const u32 q = bk.jl[reg + e];
+        win[q] = __ldcs(bk.gv + reg + e);
+        atomicOr(&msk[q >> 5], 1u << (q & 31));
+    }
+    __syncthreads();
+    const u32 set = s / C32, c = s - set * C32;
+    for (u32 q = threadIdx.x; q < npx; q += LV_THREADS) {
+        if (!((msk[q >> 5] >> (q & 31)) & 1u)) continue;
+        const u32 j = lo + q;
+        const u32 ip = a.per_image ? set * d32 + j : j;
+        if (a.from_logits) {
+            gp[(size_t)c * P32 + ip] = win[q];
+        } else {
+            const u32 nn = ip / d32, kx = ip - nn * d32;
+            dx[(int64_t)nn * a.ld + (int64_t)c * d32 + kx] = from_float<T>(win[q]);
+        }
+    }
+}
+
 static __global__ void lv_final(const double* part, int nparts, const int* bad, float* loss) {
     __shared__ double sh[LV_THREADS / 32];
     double acc = 0.0;
@@ -327,9 +606,10 @@ typedef struct {
     int64_t P, L, S, E, nsets;
     int end_bit;
     int sbits, jbits;   /* bits of S - 1 and of L - 1 (the 32-bit path needs 1 + jbits + sbits <= 32) */
+    int64_t ntiles;     /* lv_jaccard2's tiles */
     size_t off_keys0, off_keys1, off_vals0, off_vals1, off_lse, off_G, off_base, off_V, off_lw, off_gw, off_part,
-        off_temp;
-    size_t temp_bytes, total;
+        off_tiles, off_cur, off_temp;
+    size_t tile_bytes, temp_bytes, total;
 } LvPlan;
 
 /* an integer knob, read on every call (an A/B within one process) */
@@ -373,7 +653,14 @@ static cudaError_t lv_plan(int64_t N, int64_t C, int64_t d, int per_image, int f
     pl->off_V = o;     o += al256(4 * S);
     pl->off_lw = o;    o += al256(8 * S);
     pl->off_gw = o;    o += al256(8 * S);
-    pl->off_part = o;  o += al256(8 * LV_MAX_BLOCKS);
+    /* the v2 pass's pieces are planned whatever the knob says (the size does not depend on it) */
+    pl->ntiles = (pl->E + LV_TILE - 1) / LV_TILE;
+    pl->off_part = o;  o += al256(8 * (size_t)(pl->ntiles > LV_MAX_BLOCKS ? pl->ntiles : LV_MAX_BLOCKS));
+    size_t tsb = 0;
+    if (pl->E > 0) LvTileState::AllocationSize((int)pl->ntiles, tsb);
+    pl->tile_bytes = tsb;
+    pl->off_tiles = o; o += al256(tsb);
+    pl->off_cur = o;   o += al256(4 * S * (size_t)((pl->L + (1 << LV_BB_MIN) - 1) >> LV_BB_MIN));
     pl->off_temp = o;
     size_t t_sort = 0, t_scan = 0;
     if (pl->E > 0) {
@@ -403,12 +690,45 @@ static cudaError_t lv_plan(int64_t N, int64_t C, int64_t d, int per_image, int f
     return cudaSuccess;
 }
 
+/* lv_plan through a per-thread cache of the last two shapes (per device): each call plans twice (the
+ * validation's size check and the run), and a plan is four CUB size queries */
+static cudaError_t lv_plan_cached(int64_t N, int64_t C, int64_t d, int per_image, int from_logits, LvPlan* pl) {
+    struct Entry {
+        int valid, dev, per_image, from_logits;
+        int64_t N, C, d;
+        LvPlan pl;
+    };
+    static thread_local Entry cache[2];
+    static thread_local int next;
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return lv_plan(N, C, d, per_image, from_logits, pl);
+    }
+    for (int k = 0; k < 2; k++) {
+        const Entry& e = cache[k];
+        if (e.valid && e.dev == dev && e.N == N && e.C == C && e.d == d && e.per_image == per_image &&
+            e.from_logits == from_logits) {
+            *pl = e.pl;
+            return cudaSuccess;
+        }
+    }
+    const cudaError_t err = lv_plan(N, C, d, per_image, from_logits, pl);
+    if (err != cudaSuccess) return err;
+    Entry& e = cache[next];
+    next ^= 1;
+    e.valid = 1; e.dev = dev; e.per_image = per_image; e.from_logits = from_logits;
+    e.N = N; e.C = C; e.d = d;
+    e.pl = *pl;
+    return cudaSuccess;
+}
+
 extern "C" {
 
 /* the CUDA workspace of one call (src/internal.h); 0 when the CUB size query failed (no device) */
 size_t fl__lovasz_cuda_workspace_bytes(int64_t N, int64_t C, int64_t d, int per_image, int from_logits) {
     LvPlan pl;
-    if (lv_plan(N, C, d, per_image, from_logits, &pl) != cudaSuccess) {
+    if (lv_plan_cached(N, C, d, per_image, from_logits, &pl) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
     }
@@ -455,9 +775,27 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
      * is the default path's order exactly: segment, then decreasing error, then increasing pixel.
      * Needs 1 + jbits + sbits <= 32 (4 x 19 x 512 x 512: 1 + 20 + 5); else the 64-bit keys. */
     const int k32 = lv_env_int("FUSEDLOSS_LOVASZ_SORT", 2) == 2 && 1 + pl.jbits + pl.sbits <= 32;
+    /* FUSEDLOSS_LOVASZ_JAC=2 (32-bit path only; built 2026-12-05 s19 without a GPU, off until timed):
+     * G counted by lv_keys, the fg scan inside the Jaccard pass, the gradient through buckets (see
+     * lv_jaccard2) */
+    const int jac2 = k32 && pl.E > 0 && lv_env_int("FUSEDLOSS_LOVASZ_JAC", 1) == 2;
+    int* G = (int*)(ws + pl.off_G);
+    int* base = (int*)(ws + pl.off_base);
+    int* Vs = (int*)(ws + pl.off_V);
+    double* lw = (double*)(ws + pl.off_lw);
+    double* gw = (double*)(ws + pl.off_gw);
+    double* part = (double*)(ws + pl.off_part);
     FL_CUDA_TRY(cudaMemsetAsync(ws, 0, 256, stream));
-    if (k32) lv_keys<T, true><<<lv_grid(pl.P, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
-    else lv_keys<T, false><<<lv_grid(pl.P, cap), LV_THREADS, 0, stream>>>(a, 0);
+    if (jac2) {
+        FL_CUDA_TRY(cudaMemsetAsync(G, 0, 4 * (size_t)pl.S, stream));
+        lv_count<<<lv_grid(pl.P, (int64_t)sms * 4), LV_THREADS, 0, stream>>>(a, G);
+        FL_CUDA_TRY(cudaGetLastError());
+    }
+    if (k32) {
+        lv_keys<T, true><<<lv_grid(pl.P, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
+    } else {
+        lv_keys<T, false><<<lv_grid(pl.P, cap), LV_THREADS, 0, stream>>>(a, 0);
+    }
     FL_CUDA_TRY(cudaGetLastError());
 
     cub::DoubleBuffer<u64> kb((u64*)(ws + pl.off_keys0), (u64*)(ws + pl.off_keys1));
@@ -467,6 +805,7 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
     const u32* vals;
     int* scan;
     float* gp;
+    float* bucket_gv = nullptr;   /* jac2: the upper half of the sorted keys' 8E-byte buffer */
     if (k32) {
         cub::DoubleBuffer<u32> eb((u32*)(ws + pl.off_keys0), (u32*)(ws + pl.off_keys1));
         FL_CUDA_TRY(cub::DeviceRadixSort::SortPairs((void*)(ws + pl.off_temp), tb, eb, vb, (int)pl.E, 0, 32, stream));
@@ -482,6 +821,7 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
         vals = vb.Current();
         scan = (int*)vb.Alternate();
         gp = (float*)eb.Alternate();                  /* C x P floats = 4E bytes */
+        bucket_gv = (float*)(eb.Current() + pl.E);
     } else {
         FL_CUDA_TRY(cub::DeviceRadixSort::SortPairs((void*)(ws + pl.off_temp), tb, kb, vb, (int)pl.E, 0, pl.end_bit,
                                                     stream));
@@ -490,43 +830,79 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
         scan = (int*)vb.Alternate();                  /* E ints: the scanned fg bits */
         gp = (float*)kb.Alternate();                  /* C x P floats (4E bytes of the 8E) */
     }
-    tb = pl.temp_bytes;
-    FL_CUDA_TRY(cub::DeviceScan::InclusiveSum((void*)(ws + pl.off_temp), tb, LvFgIt(vals, LvFg()), scan, (int)pl.E,
-                                              stream));
-
-    int* G = (int*)(ws + pl.off_G);
-    int* base = (int*)(ws + pl.off_base);
-    int* Vs = (int*)(ws + pl.off_V);
-    double* lw = (double*)(ws + pl.off_lw);
-    double* gw = (double*)(ws + pl.off_gw);
-    double* part = (double*)(ws + pl.off_part);
-    lv_segments<<<(unsigned)((pl.nsets + 127) / 128), 128, 0, stream>>>(scan, pl.nsets, p->C, pl.L, a.all,
-                                                                         p->per_image, p->N, grad_loss, grad_scale,
-                                                                         G, base, Vs, lw, gw);
-    FL_CUDA_TRY(cudaGetLastError());
-    /* exactly the resident blocks: the positions in flight form one window moving through the
-     * sorted array, so each segment's scattered gradient writes land in L2 together (run 4: 2048
-     * blocks = two waves, each writing half of every segment: 0.73 ms for 20M positions) */
-    static int occ[3][2];
-    int* o = &occ[p->dtype == FL_DTYPE_F32 ? 0 : p->dtype == FL_DTYPE_F16 ? 1 : 2][k32];
-    if (*o == 0) {
-        int v = 0;
-        FL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &v, k32 ? (const void*)lv_jaccard<T, true> : (const void*)lv_jaccard<T, false>, LV_THREADS, 0));
-        *o = v > 0 ? v : 1;
+    int64_t nparts;
+    if (jac2) {
+        LvTileState ts;
+        FL_CUDA_TRY(ts.Init((int)pl.ntiles, ws + pl.off_tiles, pl.tile_bytes));
+        /* buckets: FUSEDLOSS_LOVASZ_BUCKET=0 stores directly (as the default pass); width 2^bits pixels
+         * (FUSEDLOSS_LOVASZ_BUCKET_BITS, 5-13), for segments of >= FUSEDLOSS_LOVASZ_BUCKET_MIN pixels
+         * (default 65536; the tests take 1) whose tiles touch <= LV_LB_MAX buckets */
+        LvBkt bk;
+        memset(&bk, 0, sizeof bk);
+        int bits = lv_env_int("FUSEDLOSS_LOVASZ_BUCKET_BITS", LV_BB_MAX);
+        bits = bits < LV_BB_MIN ? LV_BB_MIN : bits > LV_BB_MAX ? LV_BB_MAX : bits;
+        const int64_t nb = (pl.L + (1 << bits) - 1) >> bits;
+        int64_t segs = (LV_TILE - 1) / pl.L + 2;
+        if (segs > pl.S) segs = pl.S;
+        const int bkt = a.fused && lv_env_int("FUSEDLOSS_LOVASZ_BUCKET", 1) != 0 &&
+                        pl.L >= (int64_t)lv_env_int("FUSEDLOSS_LOVASZ_BUCKET_MIN", 65536) && segs * nb <= LV_LB_MAX;
+        if (bkt) {
+            bk.bits = bits;
+            bk.nb = (u32)nb;
+            bk.gv = bucket_gv;
+            bk.jl = (u16*)scan;                       /* the scan's 4E bytes are free on this path */
+            bk.cur = (int*)(ws + pl.off_cur);
+        }
+        const int64_t ncur = bkt ? pl.S * nb : 0;
+        lv_prep<<<(unsigned)((pl.ntiles + LV_THREADS - 1) / LV_THREADS), LV_THREADS, 0, stream>>>(
+            ts, (int)pl.ntiles, bk.cur, ncur, G, pl.nsets, p->C, a.all, p->per_image, p->N, grad_loss, grad_scale,
+            base, Vs, lw, gw);
+        FL_CUDA_TRY(cudaGetLastError());
+        if (bkt)
+            lv_jaccard2<T, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
+                a, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
+        else
+            lv_jaccard2<T, false><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
+                a, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
+        FL_CUDA_TRY(cudaGetLastError());
+        if (bkt) {
+            lv_flush<T><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(a, bk, gp);
+            FL_CUDA_TRY(cudaGetLastError());
+        }
+        nparts = pl.ntiles;
+    } else {
+        tb = pl.temp_bytes;
+        FL_CUDA_TRY(cub::DeviceScan::InclusiveSum((void*)(ws + pl.off_temp), tb, LvFgIt(vals, LvFg()), scan,
+                                                  (int)pl.E, stream));
+        lv_segments<<<(unsigned)((pl.nsets + 127) / 128), 128, 0, stream>>>(scan, pl.nsets, p->C, pl.L, a.all,
+                                                                             p->per_image, p->N, grad_loss,
+                                                                             grad_scale, G, base, Vs, lw, gw);
+        FL_CUDA_TRY(cudaGetLastError());
+        /* exactly the resident blocks: the positions in flight form one window moving through the
+         * sorted array, so each segment's scattered gradient writes land in L2 together (run 4: 2048
+         * blocks = two waves, each writing half of every segment: 0.73 ms for 20M positions) */
+        static int occ[3][2];
+        int* o = &occ[p->dtype == FL_DTYPE_F32 ? 0 : p->dtype == FL_DTYPE_F16 ? 1 : 2][k32];
+        if (*o == 0) {
+            int v = 0;
+            FL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &v, k32 ? (const void*)lv_jaccard<T, true> : (const void*)lv_jaccard<T, false>, LV_THREADS, 0));
+            *o = v > 0 ? v : 1;
+        }
+        int64_t nb = (pl.E + LV_THREADS - 1) / LV_THREADS;
+        if (nb > (int64_t)sms * *o) nb = (int64_t)sms * *o;
+        if (nb > LV_MAX_BLOCKS) nb = LV_MAX_BLOCKS;
+        if (k32)
+            lv_jaccard<T, true><<<(unsigned)nb, LV_THREADS, 0, stream>>>(a, keys, vals, scan, G, base, Vs, lw, gw, gp,
+                                                                          part, pl.jbits);
+        else
+            lv_jaccard<T, false><<<(unsigned)nb, LV_THREADS, 0, stream>>>(a, keys, vals, scan, G, base, Vs, lw, gw,
+                                                                           gp, part, 0);
+        FL_CUDA_TRY(cudaGetLastError());
+        nparts = nb;
     }
-    int64_t nb = (pl.E + LV_THREADS - 1) / LV_THREADS;
-    if (nb > (int64_t)sms * *o) nb = (int64_t)sms * *o;
-    if (nb > LV_MAX_BLOCKS) nb = LV_MAX_BLOCKS;
-    if (k32)
-        lv_jaccard<T, true><<<(unsigned)nb, LV_THREADS, 0, stream>>>(a, keys, vals, scan, G, base, Vs, lw, gw, gp,
-                                                                      part, pl.jbits);
-    else
-        lv_jaccard<T, false><<<(unsigned)nb, LV_THREADS, 0, stream>>>(a, keys, vals, scan, G, base, Vs, lw, gw, gp,
-                                                                       part, 0);
-    FL_CUDA_TRY(cudaGetLastError());
     if (loss) {
-        lv_final<<<1, LV_THREADS, 0, stream>>>(part, (int)nb, a.bad, loss);
+        lv_final<<<1, LV_THREADS, 0, stream>>>(part, (int)nparts, a.bad, loss);
         FL_CUDA_TRY(cudaGetLastError());
     }
     if (a.fused && p->from_logits) {
@@ -549,7 +925,7 @@ static fl_status lv_cuda(const char* fn, fl__pass pass, float* loss, void* dinpu
         return FL_OK;
     }
     LvPlan pl;
-    FL_CUDA_TRY(lv_plan(N, C, d, p.per_image, p.from_logits, &pl));
+    FL_CUDA_TRY(lv_plan_cached(N, C, d, p.per_image, p.from_logits, &pl));
     int* ef = opts ? opts->error_flag : nullptr;
     switch (dtype) {
         case FL_DTYPE_F32:
