@@ -124,9 +124,12 @@ def _run(kind, x, labels, grad, classes, per_image, from_logits, ignore_index):
             raise ValueError(f"fusedloss::{op}: grad must be float32 with 1 element on {dev}, got "
                              f"{grad.dtype} {tuple(grad.shape)} on {grad.device}")
         grad = grad.contiguous()
-    loss = torch.zeros((), dtype=_F32, device=dev) if kind != 1 else None
+    # the C op writes the loss (no fill kernel on the step's critical path); N = 0 returns 0 here
+    loss = torch.empty((), dtype=_F32, device=dev) if kind != 1 else None
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if kind != 0 else None
     if N == 0:
+        if loss is not None:
+            loss.zero_()
         return loss if kind == 0 else (dx if kind == 1 else (loss, dx))
     cuda = dev.type == "cuda"
     if cuda and dev.index is not None and torch.cuda.current_device() != dev.index:
