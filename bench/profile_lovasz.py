@@ -58,22 +58,15 @@ def main():
         print(f"  {us / args.reps:9.1f} us  x{n / args.reps:5.1f}  {k}")
     # the step's time with the host in it (what bench_lovasz measures: events around one synchronised
     # step) and back to back (the host's launches overlapping the previous step's kernels)
-    import statistics
-    one = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        b.synchronize()
-        one.append(a.elapsed_time(b))
+    from torch_timing import timed   # bench/, this script's folder
+    one, _ = timed(step, 20, 0)
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
     for _ in range(20):
         step()
     b.record()
     b.synchronize()
-    print(f"step: {statistics.median(one):.3f} ms synchronised (median of 20), {a.elapsed_time(b) / 20:.3f} ms "
+    print(f"step: {one:.3f} ms synchronised (median of 20), {a.elapsed_time(b) / 20:.3f} ms "
           f"back to back; kernels {total / args.reps / 1e3:.3f} ms")
     return 0
 

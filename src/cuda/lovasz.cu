@@ -33,6 +33,11 @@
  *   6. lv_final    one block: the block partials in a fixed order (deterministic), NaN if a label
  *                  was out of range; lv_softmax_bwd (logits + fused): per pixel dx_c = p_c (gp_c -
  *                  sum_k p_k gp_k), every x read before dx is written (in place works).
+ *   FUSEDLOSS_LOVASZ_JAC=2 (32-bit sort path; off by default until timed) replaces 3-5 with lv_count
+ *                  (G from the labels, before the sort), lv_prep (segment table, look-back states,
+ *                  bucket cursors), lv_jaccard2 (tiles in order, the fg scan by decoupled look-back,
+ *                  the gradient appended by bucket) and lv_flush (each bucket's window out in pixel
+ *                  order); see the section before lv_jaccard2.
  *
  * Numerics: e in fp32 (the CPU uses double), so errors that differ by less than an fp32 rounding
  * may tie here (ordered by pixel index) where the CPU separates them: the loss does not depend on
@@ -41,7 +46,8 @@
  * sort, the loss is NaN, its dinput is NaN, and *opts->error_flag = 1 when error_flag is set.
  * Limits: E = C N d <= 2^31 - 1 elements (FL_ERR_UNSUPPORTED beyond).
  * Workspace (256-byte aligned pieces): 256 header | keys 2 x 8E | values 2 x 4E | lse 4P (logits)
- * | per segment G, base, V int32 + loss / gradient weights double | block partials | CUB temp.
+ * | per segment G, base, V int32 + loss / gradient weights double | block / tile partials | look-back
+ * states | bucket cursors | CUB temp.
  * SPDX-License-Identifier: MIT
  */
 #include <math.h>
@@ -276,6 +282,30 @@ static __device__ __forceinline__ double lv_block_sum(double v, double* sh) {
     return t;
 }
 
+/* D_k of a segment with Gs fg pixels at rank k = r + 1 with A fg up to and including it: Berman's
+ * J_k - J_{k-1} in closed form (lv_jaccard, lv_jaccard2: the same operations, so the same bits) */
+static __device__ __forceinline__ double lv_dk(int fg, u32 r, double Gs, double A) {
+    const double B = (double)(r + 1) - A;   /* bg up to k */
+    if (fg) return 1.0 / (Gs + B);
+    if (r == 0) return 1.0 / (Gs + 1.0);
+    return (Gs - A) / ((Gs + B) * (Gs + B - 1.0));
+}
+
+/* the gradient gv of (segment s, pixel j of its set): to dinput (probabilities) or to gp [C][P] fp32
+ * (logits); 32-bit index arithmetic, every index < E < 2^31 */
+template <typename T>
+static __device__ __forceinline__ void lv_store_grad(const LvArgs& a, float* gp, u32 s, u32 j, float gv) {
+    const u32 C32 = (u32)a.C, d32 = (u32)a.d;
+    const u32 set = s / C32, c = s - set * C32;
+    const u32 i = a.per_image ? set * d32 + j : j;
+    if (a.from_logits) {
+        gp[(size_t)c * (u32)a.P + i] = gv;
+    } else {
+        const u32 n = i / d32, kk = i - n * d32;
+        ((T*)a.dx)[(int64_t)n * a.ld + (int64_t)c * d32 + kk] = from_float<T>(gv);
+    }
+}
+
 template <typename T, bool K32>
 static __global__ void __launch_bounds__(LV_THREADS, K32 ? 8 : 0) lv_jaccard(LvArgs a, const u64* keys, const u32* vals,
                                                                  const int* scan, const int* G, const int* base,
@@ -283,8 +313,7 @@ static __global__ void __launch_bounds__(LV_THREADS, K32 ? 8 : 0) lv_jaccard(LvA
                                                                  float* gp, double* part, int jb) {
     __shared__ double sh[LV_THREADS / 32];
     double acc = 0.0;
-    T* dx = (T*)a.dx;
-    const u32 E = (u32)a.E, L = (u32)a.L, C32 = (u32)a.C, d32 = (u32)a.d, P32 = (u32)a.P;   /* all < 2^31 */
+    const u32 E = (u32)a.E, L = (u32)a.L;   /* all < 2^31 */
     for (u32 pos = blockIdx.x * LV_THREADS + threadIdx.x; pos < E; pos += gridDim.x * LV_THREADS) {
         const u32 s = pos / L, r = pos - s * L;
         if ((int)r >= Vs[s]) continue;   /* an ignored pixel (sorted last) */
@@ -295,29 +324,11 @@ static __global__ void __launch_bounds__(LV_THREADS, K32 ? 8 : 0) lv_jaccard(LvA
         const u32 v0 = K32 ? __ldcs(vals + pos) : vals[pos];
         const u32 v = K32 ? (((v0 >> 1) & ((1u << jb) - 1u)) << 1) | (v0 & 1u) : v0;
         const int fg = (int)(v & 1u);
-        const double Gs = (double)G[s];
-        const double k = (double)(r + 1);
         const double A = (double)((K32 ? __ldcs(scan + pos) : scan[pos]) - base[s]);   /* fg up to and including k */
-        const double B = k - A;                           /* bg up to k */
-        double D;
-        if (fg) D = 1.0 / (Gs + B);
-        else if (r == 0) D = 1.0 / (Gs + 1.0);
-        else D = (Gs - A) / ((Gs + B) * (Gs + B - 1.0));
+        const double D = lv_dk(fg, r, (double)G[s], A);
         const float e = __uint_as_float(0x7FFFFFFFu - (u32)(key & 0xFFFFFFFFull));
         acc += lw[s] * (double)e * D;
-        if (a.fused) {
-            const float gv = (float)(gw[s] * D * (fg ? -1.0 : 1.0));
-            /* 32-bit index arithmetic: every index < E < 2^31 */
-            const u32 set = s / C32, c = s - set * C32;
-            const u32 j = v >> 1;
-            const u32 i = a.per_image ? set * d32 + j : j;
-            if (a.from_logits) {
-                gp[(size_t)c * P32 + i] = gv;
-            } else {
-                const u32 n = i / d32, kk = i - n * d32;
-                dx[(int64_t)n * a.ld + (int64_t)c * d32 + kk] = from_float<T>(gv);
-            }
-        }
+        if (a.fused) lv_store_grad<T>(a, gp, s, v >> 1, (float)(gw[s] * D * (fg ? -1.0 : 1.0)));
     }
     const double t = lv_block_sum(acc, sh);
     if (threadIdx.x == 0) part[blockIdx.x] = t;
@@ -389,8 +400,7 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard2(LvArgs a, const
     __shared__ int b_cnt[BKT ? LV_LB_MAX : 1], b_off[BKT ? LV_LB_MAX : 1], b_dst[BKT ? LV_LB_MAX : 1];
     __shared__ float st_gv[BKT ? LV_TILE : 1];
     __shared__ u16 st_jl[BKT ? LV_TILE : 1], st_lb[BKT ? LV_TILE : 1];
-    T* dx = (T*)a.dx;
-    const u32 E = (u32)a.E, L = (u32)a.L, C32 = (u32)a.C, d32 = (u32)a.d, P32 = (u32)a.P;   /* all < 2^31 */
+    const u32 E = (u32)a.E, L = (u32)a.L;   /* all < 2^31 */
     const int tile = (int)blockIdx.x;
     const u32 t0 = (u32)tile * LV_TILE, p0 = t0 + threadIdx.x * LV_ITEMS;
     const u32 s_lo = t0 / L;
@@ -442,14 +452,7 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard2(LvArgs a, const
         const int fg = (int)(vv[i] & 1u);
         run += fg;   /* inclusive: fg bits up to and including pos */
         if (pos < E && (int)r < Vs[s]) {   /* else past the end, or an ignored pixel (sorted last) */
-            const double Gs = (double)G[s];
-            const double k = (double)(r + 1);
-            const double A = (double)(run - base[s]);   /* fg up to and including k */
-            const double B = k - A;
-            double D;
-            if (fg) D = 1.0 / (Gs + B);
-            else if (r == 0) D = 1.0 / (Gs + 1.0);
-            else D = (Gs - A) / ((Gs + B) * (Gs + B - 1.0));
+            const double D = lv_dk(fg, r, (double)G[s], (double)(run - base[s]));   /* A: fg up to and including k */
             const float e = __uint_as_float(0x7FFFFFFFu - kk[i]);
             acc += lw[s] * (double)e * D;
             if (a.fused) {
@@ -460,14 +463,7 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard2(LvArgs a, const
                     gvr[i] = gv;
                     lbr[i] = (lb << 16) | (u32)atomicAdd(&b_cnt[lb], 1);
                 } else {
-                    const u32 set = s / C32, c = s - set * C32;
-                    const u32 ip = a.per_image ? set * d32 + j : j;
-                    if (a.from_logits) {
-                        gp[(size_t)c * P32 + ip] = gv;
-                    } else {
-                        const u32 n = ip / d32, kx = ip - n * d32;
-                        dx[(int64_t)n * a.ld + (int64_t)c * d32 + kx] = from_float<T>(gv);
-                    }
+                    lv_store_grad<T>(a, gp, s, j, gv);
                 }
             }
         }
@@ -524,8 +520,7 @@ template <typename T>
 static __global__ void __launch_bounds__(LV_THREADS) lv_flush(LvArgs a, LvBkt bk, float* gp) {
     __shared__ float win[1 << LV_BB_MAX];
     __shared__ u32 msk[(1 << LV_BB_MAX) / 32];
-    T* dx = (T*)a.dx;
-    const u32 L = (u32)a.L, C32 = (u32)a.C, d32 = (u32)a.d, P32 = (u32)a.P;
+    const u32 L = (u32)a.L;
     const u32 gb = blockIdx.x, s = gb / bk.nb, b = gb - s * bk.nb;
     const u32 lo = b << bk.bits, W = 1u << bk.bits;
     const u32 npx = L - lo < W ? L - lo : W;
@@ -539,18 +534,8 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_flush(LvArgs a, LvBkt bk
         atomicOr(&msk[q >> 5], 1u << (q & 31));
     }
     __syncthreads();
-    const u32 set = s / C32, c = s - set * C32;
-    for (u32 q = threadIdx.x; q < npx; q += LV_THREADS) {
-        if (!((msk[q >> 5] >> (q & 31)) & 1u)) continue;
-        const u32 j = lo + q;
-        const u32 ip = a.per_image ? set * d32 + j : j;
-        if (a.from_logits) {
-            gp[(size_t)c * P32 + ip] = win[q];
-        } else {
-            const u32 nn = ip / d32, kx = ip - nn * d32;
-            dx[(int64_t)nn * a.ld + (int64_t)c * d32 + kx] = from_float<T>(win[q]);
-        }
-    }
+    for (u32 q = threadIdx.x; q < npx; q += LV_THREADS)
+        if ((msk[q >> 5] >> (q & 31)) & 1u) lv_store_grad<T>(a, gp, s, lo + q, win[q]);
 }
 
 static __global__ void lv_final(const double* part, int nparts, const int* bad, float* loss) {
