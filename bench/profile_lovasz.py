@@ -3,7 +3,7 @@
 kernels of fusedloss.lovasz_softmax forward + backward (torch.profiler, CUPTI), summed per kernel
 name over --reps calls, on the bench's input (4x19x512x512 fp32, 5% ignored, present classes).
 
-    PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so python3 bench/profile_lovasz.py [--per-image] [--logits]
+    PYTHONPATH=python FUSEDLOSS_LIBRARY=build/libfusedloss.so python3 bench/profile_lovasz.py [--per-image] [--logits] [--pc]
 """
 import argparse
 import os
@@ -17,6 +17,7 @@ def main():
     ap.add_argument("--shape", default="4x19x512x512")
     ap.add_argument("--per-image", action="store_true")
     ap.add_argument("--logits", action="store_true")
+    ap.add_argument("--pc", action="store_true", help="the P x C layout: [P, C] input, [P] labels (N = P, d = 1)")
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
     import torch
@@ -30,6 +31,9 @@ def main():
     x = (z if args.logits else torch.softmax(z, 1)).requires_grad_(True)
     t = torch.randint(0, shape[1], (shape[0],) + shape[2:], device="cuda", generator=g)
     t[torch.rand(t.shape, device="cuda", generator=g) < 0.05] = 255
+    if args.pc:
+        x = x.detach().movedim(1, -1).reshape(-1, shape[1]).contiguous().requires_grad_(True)
+        t = t.reshape(-1)
 
     def step():
         x.grad = None
@@ -50,9 +54,10 @@ def main():
             n, us = tot.get(k, (0, 0.0))
             tot[k] = (n + 1, us + ev.device_time)
     total = sum(us for _, us in tot.values())
-    print(f"profile_lovasz {args.shape} per_image={args.per_image} logits={args.logits} "
+    print(f"profile_lovasz {args.shape} per_image={args.per_image} logits={args.logits} pc={args.pc} "
           f"sort={os.environ.get('FUSEDLOSS_LOVASZ_SORT', 'default')} "
-          f"jac={os.environ.get('FUSEDLOSS_LOVASZ_JAC', 'default')}: {total / args.reps / 1e3:.3f} ms of "
+          f"jac={os.environ.get('FUSEDLOSS_LOVASZ_JAC', 'default')} "
+          f"pc_route={os.environ.get('FUSEDLOSS_LOVASZ_PC', 'default')}: {total / args.reps / 1e3:.3f} ms of "
           "kernels per step")
     for k, (n, us) in sorted(tot.items(), key=lambda kv: -kv[1][1]):
         print(f"  {us / args.reps:9.1f} us  x{n / args.reps:5.1f}  {k}")

@@ -498,6 +498,10 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                     echo "### $kv $t"
                     env $kv timeout 150 build/$t 2>&1 | grep -E -m20 "FAIL|passed|failed" || rc=1
                 done
+                for kv in "FUSEDLOSS_LOVASZ_PC=1" "FUSEDLOSS_LOVASZ_PC=1 FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5"; do   # small-d probabilities through the class-major buffer
+                    echo "### $kv $t --no-big"
+                    env $kv timeout 150 build/$t --no-big 2>&1 | grep -E -m20 "FAIL|passed|failed" || rc=1
+                done
                 echo "### FUSEDLOSS_LOVASZ_JAC=2 $t (the big case: buckets of 8192 pixels)"
                 FUSEDLOSS_LOVASZ_JAC=2 timeout 150 build/$t 2>&1 | grep -E -m20 "FAIL|passed|failed" || rc=1
                 if [ -n "$SANITIZER" ]; then

@@ -47,7 +47,8 @@
  * the bad pixels' dinput NaN for every class, the others as the CPU with them ignored, then a valid
  * call leaves the flag 0); determinism (two runs bitwise; a third on the other sort path,
  * FUSEDLOSS_LOVASZ_SORT 1 <-> 2, bitwise the same; a fourth on the other Jaccard pass,
- * FUSEDLOSS_LOVASZ_JAC 1 <-> 2: the gradient bitwise, the loss within an ulp) and CUDA graph capture on a non-blocking
+ * FUSEDLOSS_LOVASZ_JAC 1 <-> 2: the gradient bitwise, the loss within an ulp; one on the other route of a
+ * small-d probabilities gradient, FUSEDLOSS_LOVASZ_PC 0 <-> 1: bitwise) and CUDA graph capture on a non-blocking
  * stream + replay bitwise equal to eager (also after grad_loss changes on the device); the big case
  * N = 4, C = 19, d = 512 x 512 (f32 probabilities and grid logits, fused: loss and gradient); bad
  * arguments (status, the function named, nothing written); the size query's 2^31 - 1 limit; N = 0.
@@ -801,6 +802,21 @@ static void test_determinism_graph(const cfg_t* c, uint64_t seed) {
         }
         zt_env_restore(&sv);
     }
+    {   /* the other route of a small-d probabilities gradient (FUSEDLOSS_LOVASZ_PC 0 <-> 1: through the
+         * class-major buffer and a copy, or stored directly): the same values, so bitwise the same */
+        zt_env_saved sv;
+        const char* to = zt_env_other(&sv, "FUSEDLOSS_LOVASZ_PC", "0", "1");   /* unset: 0, the default */
+        dcase_prepare(&h, &D, 0);
+        st = LV_CALL();
+        if (LCHECK_STATUS(st, FL_OK, "eager call, the other gradient route")) {
+            zt_check_call_ok(g_case, D.flag, 0);
+            LV_FETCH(lb, db);
+            LCHECK(memcmp(la, lb, 8) == 0 && memcmp(da, db, xb) == 0,
+                   "FUSEDLOSS_LOVASZ_PC=%s differs from the other gradient route (loss %.9g / %.9g)", to,
+                   (double)lb[0], (double)la[0]);
+        }
+        zt_env_restore(&sv);
+    }
     {   /* the other Jaccard pass (FUSEDLOSS_LOVASZ_JAC 1 <-> 2, read on every call; 2 needs the 32-bit
          * sort path, else both are the default pass): the same ranks and operations, so the gradient
          * bitwise the same; the loss is summed in other groups (per tile), so within one fp32 ulp */
@@ -1074,6 +1090,11 @@ int main(int argc, char** argv) {
         test_determinism_graph(&c, 601);
         c.dt = FL_DTYPE_BF16; c.logits = 0; c.per_image = 1; c.all = 1; c.N = 3; c.i32 = 1; c.gs = 2.5f; c.pad = 0;
         test_determinism_graph(&c, 602);
+        /* the P x C layout ([P, C] probabilities: N = P pixels, d = 1), FUSEDLOSS_LOVASZ_PC's case */
+        memset(&c, 0, sizeof c);
+        c.N = g_small ? 300 : 70001; c.C = g_small ? 5 : 19; c.d = 1; c.dt = FL_DTYPE_F32; c.ign = 1;
+        c.ign_index = 255; c.pass = 1; c.gl = 1; c.gs = 1.0f; c.flag = 1;
+        test_determinism_graph(&c, 604);
         if (!g_small) {   /* segments of >= 65536 pixels: FUSEDLOSS_LOVASZ_JAC=2 takes its buckets by default */
             memset(&c, 0, sizeof c);
             c.N = 1; c.C = 19; c.d = 70001; c.dt = FL_DTYPE_F32; c.ign = 1; c.ign_index = 255; c.pass = 1;

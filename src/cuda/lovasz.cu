@@ -74,6 +74,7 @@
 #define LV_LB_MAX 512     /* gradient buckets one tile may touch (bucketed scatter) */
 #define LV_BB_MIN 5       /* bucket width 2^bits pixels, bits in [LV_BB_MIN, LV_BB_MAX] */
 #define LV_BB_MAX 13
+#define LV_PC_D 1024      /* FUSEDLOSS_LOVASZ_PC=1: probabilities with d below this go through gp */
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -546,7 +547,10 @@ static __global__ void lv_final(const double* part, int nparts, const int* bad, 
     if (threadIdx.x == 0) loss[0] = *bad ? NAN : (float)t;
 }
 
-template <typename T>
+/* PROB (FUSEDLOSS_LOVASZ_PC=1, probabilities with small d such as the P x C layout [P, C]): the
+ * gradient w.r.t. the probabilities is gp itself, copied per pixel into dinput; ignored and
+ * out-of-range pixels keep lv_keys' 0 / NaN */
+template <typename T, bool PROB = false>
 static __global__ void __launch_bounds__(LV_THREADS) lv_softmax_bwd(LvArgs a, const float* gp) {
     const T* x = (const T*)a.x;
     T* dx = (T*)a.dx;
@@ -555,6 +559,11 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_softmax_bwd(LvArgs a, co
         const int bad = y != a.ign && (y < 0 || y >= a.C);
         const int64_t n = i / a.d, k = i - n * a.d;
         const int64_t e0 = n * a.ld + k;
+        if constexpr (PROB) {
+            if (y == a.ign || bad) continue;
+            for (int64_t c = 0; c < a.C; c++) dx[e0 + c * a.d] = from_float<T>(gp[c * a.P + i]);
+            continue;
+        }
         if (y == a.ign || bad) {
             for (int64_t c = 0; c < a.C; c++) dx[e0 + c * a.d] = from_float<T>(bad ? NAN : 0.0f);
             continue;
@@ -815,6 +824,13 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
         scan = (int*)vb.Alternate();                  /* E ints: the scanned fg bits */
         gp = (float*)kb.Alternate();                  /* C x P floats (4E bytes of the 8E) */
     }
+    /* FUSEDLOSS_LOVASZ_PC=1 (s19, off until timed): probabilities with d < LV_PC_D (the P x C layout
+     * [P, C] has d = 1) take the logits' route: the Jaccard pass stores into gp [C][P], where each
+     * class's gradient stays in its own 4P-byte window, and lv_softmax_bwd<PROB> copies it to
+     * dinput pixel by pixel. Directly, a class's stores land C d elements apart over all of dinput. */
+    LvArgs ag = a;
+    const int via_gp = a.fused && !p->from_logits && p->d < LV_PC_D && lv_env_int("FUSEDLOSS_LOVASZ_PC", 0) != 0;
+    if (via_gp) ag.from_logits = 1;   /* the Jaccard pass and the flush only (lv_store_grad's target) */
     int64_t nparts;
     if (jac2) {
         LvTileState ts;
@@ -845,13 +861,13 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
         FL_CUDA_TRY(cudaGetLastError());
         if (bkt)
             lv_jaccard2<T, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
-                a, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
+                ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         else
             lv_jaccard2<T, false><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
-                a, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
+                ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         FL_CUDA_TRY(cudaGetLastError());
         if (bkt) {
-            lv_flush<T><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(a, bk, gp);
+            lv_flush<T><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(ag, bk, gp);
             FL_CUDA_TRY(cudaGetLastError());
         }
         nparts = pl.ntiles;
@@ -878,10 +894,10 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
         if (nb > (int64_t)sms * *o) nb = (int64_t)sms * *o;
         if (nb > LV_MAX_BLOCKS) nb = LV_MAX_BLOCKS;
         if (k32)
-            lv_jaccard<T, true><<<(unsigned)nb, LV_THREADS, 0, stream>>>(a, keys, vals, scan, G, base, Vs, lw, gw, gp,
-                                                                          part, pl.jbits);
+            lv_jaccard<T, true><<<(unsigned)nb, LV_THREADS, 0, stream>>>(ag, keys, vals, scan, G, base, Vs, lw, gw,
+                                                                          gp, part, pl.jbits);
         else
-            lv_jaccard<T, false><<<(unsigned)nb, LV_THREADS, 0, stream>>>(a, keys, vals, scan, G, base, Vs, lw, gw,
+            lv_jaccard<T, false><<<(unsigned)nb, LV_THREADS, 0, stream>>>(ag, keys, vals, scan, G, base, Vs, lw, gw,
                                                                            gp, part, 0);
         FL_CUDA_TRY(cudaGetLastError());
         nparts = nb;
@@ -892,6 +908,9 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
     }
     if (a.fused && p->from_logits) {
         lv_softmax_bwd<T><<<lv_grid(pl.P, cap), LV_THREADS, 0, stream>>>(a, gp);
+        FL_CUDA_TRY(cudaGetLastError());
+    } else if (via_gp) {
+        lv_softmax_bwd<T, true><<<lv_grid(pl.P, cap), LV_THREADS, 0, stream>>>(a, gp);
         FL_CUDA_TRY(cudaGetLastError());
     }
     return FL_OK;
