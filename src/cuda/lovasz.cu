@@ -45,8 +45,8 @@
  * are exact, e.g. probabilities on a 2^-12 grid). Out-of-range labels: that pixel is ignored in the
  * sort, the loss is NaN, its dinput is NaN, and *opts->error_flag = 1 when error_flag is set.
  * Limits: E = C N d <= 2^31 - 1 elements (FL_ERR_UNSUPPORTED beyond).
- * Workspace (256-byte aligned pieces): 256 header | keys 2 x 8E | values 2 x 4E | lse 4P (logits)
- * | per segment G, base, V int32 + loss / gradient weights double | block / tile partials | look-back
+ * Workspace (256-byte aligned pieces): 256 header | G 4S | keys 2 x 8E | values 2 x 4E | lse 4P (logits)
+ * | per segment base, V int32 + loss / gradient weights double | block / tile partials | look-back
  * states | bucket cursors | CUB temp.
  * SPDX-License-Identifier: MIT
  */
@@ -637,12 +637,12 @@ static cudaError_t lv_plan(int64_t N, int64_t C, int64_t d, int per_image, int f
     pl->jbits = jb;
     const size_t E = (size_t)pl->E, S = (size_t)pl->S;
     size_t o = 256;
+    pl->off_G = o;     o += al256(4 * S);   /* right after the header: one memset zeroes both (v2 counts G) */
     pl->off_keys0 = o; o += al256(8 * E);
     pl->off_keys1 = o; o += al256(8 * E);
     pl->off_vals0 = o; o += al256(4 * E);
     pl->off_vals1 = o; o += al256(4 * E);
     pl->off_lse = o;   o += from_logits ? al256(4 * (size_t)pl->P) : 0;
-    pl->off_G = o;     o += al256(4 * S);
     pl->off_base = o;  o += al256(4 * S);
     pl->off_V = o;     o += al256(4 * S);
     pl->off_lw = o;    o += al256(8 * S);
@@ -779,9 +779,8 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
     double* lw = (double*)(ws + pl.off_lw);
     double* gw = (double*)(ws + pl.off_gw);
     double* part = (double*)(ws + pl.off_part);
-    FL_CUDA_TRY(cudaMemsetAsync(ws, 0, 256, stream));
+    FL_CUDA_TRY(cudaMemsetAsync(ws, 0, jac2 ? pl.off_G + 4 * (size_t)pl.S : 256, stream));   /* header (+ G) */
     if (jac2) {
-        FL_CUDA_TRY(cudaMemsetAsync(G, 0, 4 * (size_t)pl.S, stream));
         lv_count<<<lv_grid(pl.P, (int64_t)sms * 4), LV_THREADS, 0, stream>>>(a, G);
         FL_CUDA_TRY(cudaGetLastError());
     }
