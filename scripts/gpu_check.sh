@@ -498,7 +498,7 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                     echo "### $kv $t"
                     env $kv timeout 150 build/$t 2>&1 | grep -E -m20 "FAIL|passed|failed" || rc=1
                 done
-                for kv in "FUSEDLOSS_LOVASZ_PC=1" "FUSEDLOSS_LOVASZ_PC=1 FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5"; do   # small-d probabilities through the class-major buffer
+                for kv in "FUSEDLOSS_LOVASZ_PC=1" "FUSEDLOSS_LOVASZ_PC=1 FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5" "FUSEDLOSS_LOVASZ_KEYS4=1"; do   # small-d probabilities through the class-major buffer; the 4-pixel key kernel
                     echo "### $kv $t --no-big"
                     env $kv timeout 150 build/$t --no-big 2>&1 | grep -E -m20 "FAIL|passed|failed" || rc=1
                 done
