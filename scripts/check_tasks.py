@@ -9,7 +9,7 @@ For each task line "<seconds> <command>" of the given files (default: scripts/ta
   - every build/<name> it runs has a source (tests/<name>.c*, bench/<name>.c*) or a Makefile rule, and every
     --flag given to it appears in that source;
   - every bench/ or scripts/ Python script it runs exists and defines each --flag given to it.
-Exit 1 with one line per problem; 0 when every list is clean.
+Also every FUSEDLOSS_* knob scripts/gpu_check.sh sets. Exit 1 with one line per problem; 0 when all is clean.
 
     python3 scripts/check_tasks.py [LIST ...]
 """
@@ -119,6 +119,13 @@ def main():
             secs, _, cmd = line.partition(" ")
             n += 1
             check_line(f"{os.path.relpath(path, REPO)}:{ln}", secs, cmd, knobs_text, problems)
+    # the knobs gpu_check.sh sets (its steps are not task lines, but a misspelt knob there is as silent)
+    for path in (os.path.join(REPO, "scripts/gpu_check.sh"),):
+        if os.path.exists(path):
+            for ln, line in enumerate(read(path).splitlines(), 1):
+                for knob in sorted(set(re.findall(r"\b(FUSEDLOSS_[A-Z0-9_]+)=", line))):
+                    if not knob_known(knob, knobs_text):
+                        problems.append(f"{os.path.relpath(path, REPO)}:{ln}: knob {knob} is read nowhere")
     for p in problems:
         print(p)
     print(f"check_tasks: {len(lists)} lists, {n} tasks, {len(problems)} problems")
