@@ -1111,6 +1111,11 @@ int main(int argc, char** argv) {
         c.N = g_small ? 300 : 70001; c.C = g_small ? 5 : 19; c.d = 1; c.dt = FL_DTYPE_F32; c.ign = 1;
         c.ign_index = 255; c.pass = 1; c.gl = 1; c.gs = 1.0f; c.flag = 1;
         test_determinism_graph(&c, 604);
+        /* per image with S = N C = 1140 segments (> LV_GC_SMEM: lv_count's global-atomic path, JAC=2) */
+        memset(&c, 0, sizeof c);
+        c.N = 60; c.C = 19; c.d = 8; c.dt = FL_DTYPE_BF16; c.per_image = 1; c.ign = 1; c.ign_index = -100;
+        c.pass = 1; c.gl = 1; c.gs = 1.0f; c.flag = 1;
+        test_determinism_graph(&c, 605);
         if (!g_small) {   /* segments of >= 65536 pixels: FUSEDLOSS_LOVASZ_JAC=2 takes its buckets by default */
             memset(&c, 0, sizeof c);
             c.N = 1; c.C = 19; c.d = 70000; c.dt = FL_DTYPE_F32; c.ign = 1; c.ign_index = 255; c.pass = 1;
