@@ -788,68 +788,39 @@ static void test_determinism_graph(const cfg_t* c, uint64_t seed) {
     cmp_grad("eager dinput", c, &h, da, rd, gp, NULL);
     LCHECK(memcmp(la, lb, 8) == 0 && memcmp(da, db, xb) == 0, "two eager runs differ (loss %.9g / %.9g)",
            (double)la[0], (double)lb[0]);
-    {   /* the other sort path (FUSEDLOSS_LOVASZ_SORT 1 <-> 2, read on every call): the same order and
-         * the same operations, so bitwise the same outputs */
-        zt_env_saved sv;
-        const char* to = zt_env_other(&sv, "FUSEDLOSS_LOVASZ_SORT", "2", "1");   /* unset: 2, the default */
-        dcase_prepare(&h, &D, 0);
-        st = LV_CALL();
-        if (LCHECK_STATUS(st, FL_OK, "eager call, the other sort path")) {
-            zt_check_call_ok(g_case, D.flag, 0);
-            LV_FETCH(lb, db);
-            LCHECK(memcmp(la, lb, 8) == 0 && memcmp(da, db, xb) == 0,
-                   "FUSEDLOSS_LOVASZ_SORT=%s differs from the other sort path (loss %.9g / %.9g)", to,
-                   (double)lb[0], (double)la[0]);
+    /* A/B of the kernel-choice knobs (read on every call; zt_env_other flips each to the value it does
+     * not hold now, unset counting as the default) against the eager outputs la / da:
+     *   FUSEDLOSS_LOVASZ_SORT 2 <-> 1   the 8-byte-pair / 12-byte-pair sort: the same order and operations
+     *   FUSEDLOSS_LOVASZ_KEYS4 0 <-> 1  the 4-pixel key kernel (where d, ld and the input allow it)
+     *   FUSEDLOSS_LOVASZ_PC 0 <-> 1     small-d probabilities' gradient through the class-major buffer
+     *   FUSEDLOSS_LOVASZ_JAC 1 <-> 2    the v2 Jaccard pass (32-bit sort path): the same ranks and
+     *                                   operations, the loss summed per tile (so within an fp32 ulp)
+     * all bitwise the same gradient, and the same loss but for JAC's summation order */
+    {
+        static const struct {
+            const char *knob, *dflt, *other;
+            int loss_ulp;
+        } ab[] = {{"FUSEDLOSS_LOVASZ_SORT", "2", "1", 0},
+                  {"FUSEDLOSS_LOVASZ_KEYS4", "0", "1", 0},
+                  {"FUSEDLOSS_LOVASZ_PC", "0", "1", 0},
+                  {"FUSEDLOSS_LOVASZ_JAC", "1", "2", 1}};
+        for (size_t q = 0; q < sizeof ab / sizeof ab[0]; q++) {
+            zt_env_saved sv;
+            const char* to = zt_env_other(&sv, ab[q].knob, ab[q].dflt, ab[q].other);
+            dcase_prepare(&h, &D, 0);
+            st = LV_CALL();
+            if (LCHECK_STATUS(st, FL_OK, "eager call, the other path of a knob")) {
+                zt_check_call_ok(g_case, D.flag, 0);
+                LV_FETCH(lb, db);
+                const int same_loss = ab[q].loss_ulp ? (lb[0] == la[0] || fabsf(lb[0] - la[0]) <= 1.2e-7f *
+                                                                                    fmaxf(fabsf(la[0]), fabsf(lb[0])))
+                                                     : memcmp(la, lb, 8) == 0;
+                LCHECK(same_loss && memcmp(da, db, xb) == 0, "%s=%s: %s differs from the other path (loss %.9g / %.9g)",
+                       ab[q].knob, to, memcmp(da, db, xb) ? "the gradient" : "the loss", (double)lb[0],
+                       (double)la[0]);
+            }
+            zt_env_restore(&sv);
         }
-        zt_env_restore(&sv);
-    }
-    {   /* the other key kernel (FUSEDLOSS_LOVASZ_KEYS4 0 <-> 1: four pixels a thread where d, ld and the
-         * input allow it): the same operations per pixel, so bitwise the same */
-        zt_env_saved sv;
-        const char* to = zt_env_other(&sv, "FUSEDLOSS_LOVASZ_KEYS4", "0", "1");   /* unset: 0, the default */
-        dcase_prepare(&h, &D, 0);
-        st = LV_CALL();
-        if (LCHECK_STATUS(st, FL_OK, "eager call, the other key kernel")) {
-            zt_check_call_ok(g_case, D.flag, 0);
-            LV_FETCH(lb, db);
-            LCHECK(memcmp(la, lb, 8) == 0 && memcmp(da, db, xb) == 0,
-                   "FUSEDLOSS_LOVASZ_KEYS4=%s differs from the other key kernel (loss %.9g / %.9g)", to,
-                   (double)lb[0], (double)la[0]);
-        }
-        zt_env_restore(&sv);
-    }
-    {   /* the other route of a small-d probabilities gradient (FUSEDLOSS_LOVASZ_PC 0 <-> 1: through the
-         * class-major buffer and a copy, or stored directly): the same values, so bitwise the same */
-        zt_env_saved sv;
-        const char* to = zt_env_other(&sv, "FUSEDLOSS_LOVASZ_PC", "0", "1");   /* unset: 0, the default */
-        dcase_prepare(&h, &D, 0);
-        st = LV_CALL();
-        if (LCHECK_STATUS(st, FL_OK, "eager call, the other gradient route")) {
-            zt_check_call_ok(g_case, D.flag, 0);
-            LV_FETCH(lb, db);
-            LCHECK(memcmp(la, lb, 8) == 0 && memcmp(da, db, xb) == 0,
-                   "FUSEDLOSS_LOVASZ_PC=%s differs from the other gradient route (loss %.9g / %.9g)", to,
-                   (double)lb[0], (double)la[0]);
-        }
-        zt_env_restore(&sv);
-    }
-    {   /* the other Jaccard pass (FUSEDLOSS_LOVASZ_JAC 1 <-> 2, read on every call; 2 needs the 32-bit
-         * sort path, else both are the default pass): the same ranks and operations, so the gradient
-         * bitwise the same; the loss is summed in other groups (per tile), so within one fp32 ulp */
-        zt_env_saved sv;
-        const char* to = zt_env_other(&sv, "FUSEDLOSS_LOVASZ_JAC", "1", "2");   /* unset: 1, the default */
-        dcase_prepare(&h, &D, 0);
-        st = LV_CALL();
-        if (LCHECK_STATUS(st, FL_OK, "eager call, the other Jaccard pass")) {
-            zt_check_call_ok(g_case, D.flag, 0);
-            LV_FETCH(lb, db);
-            LCHECK(memcmp(da, db, xb) == 0, "FUSEDLOSS_LOVASZ_JAC=%s: the gradient differs from the other Jaccard pass",
-                   to);
-            LCHECK(lb[0] == la[0] || fabsf(lb[0] - la[0]) <= 1.2e-7f * fmaxf(fabsf(la[0]), fabsf(lb[0])),
-                   "FUSEDLOSS_LOVASZ_JAC=%s: loss %.9g, the other Jaccard pass %.9g (more than one ulp)", to,
-                   (double)lb[0], (double)la[0]);
-        }
-        zt_env_restore(&sv);
     }
     {   /* capture on the non-blocking stream, instantiate, replay three times */
         cudaGraph_t gr = NULL;
