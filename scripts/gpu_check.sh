@@ -218,6 +218,10 @@ if want test-knobs && have build/test_cross_entropy_cuda test-knobs; then
         FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=0 FUSEDLOSS_CE_PIPE_KB=5 FUSEDLOSS_CE_PIPE_NBUF=4 FUSEDLOSS_CE_PIPE_THREADS=256 FUSEDLOSS_CE_PIPE_STATS=64 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PIPE_NBAR=1 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 (the hardware-barrier slot release, slots refilled)"
         FUSEDLOSS_CE_PIPE_NBAR=1 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_PIPE_TMAP=1 (the producer through tensor maps), default plans, then slots refilled, then whole chunks"
+        FUSEDLOSS_CE_PIPE_TMAP=1 build/test_cross_entropy_cuda --no-big || rc=1
+        FUSEDLOSS_CE_PIPE_TMAP=1 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
+        FUSEDLOSS_CE_PIPE_TMAP=1 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=0 FUSEDLOSS_CE_PIPE_KB=5 FUSEDLOSS_CE_PIPE_NBUF=4 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PIPE_THREADS=800 (the option-free ring kernel at its launch bound)"
         FUSEDLOSS_CE_PIPE_THREADS=800 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PDL=0 (graph capture without programmatic dependent launch)"

@@ -8,6 +8,7 @@
 #ifndef FL_CUDA_CLUSTER_CUH
 #define FL_CUDA_CLUSTER_CUH
 
+#include <cuda.h>   /* CUtensorMap and cuTensorMapEncodeTiled's types (the function: a driver entry point) */
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -71,6 +72,57 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
             smem_addr(dst)),
         "l"(src), "r"(bytes), "r"(smem_addr(bar))
         : "memory");
+}
+
+// ---- the same copies through tensor maps (FUSEDLOSS_CE_PIPE_TMAP=1; session 19, not yet run) ----------
+// Why: compute-sanitizer's racecheck attributes a raw cp.async.bulk's shared-memory write to the thread
+// that issued it and does not take the mbarrier protocol that orders it against other warps' reads as
+// a happens-before edge, so every ring slot refill is reported (s16-s17: the CE ring's 1.8M hazards,
+// the KL and Taylor rings' too). flash-attention met the same with its raw bulk copies and found the
+// descriptor form (cp.async.bulk.tensor) reported clean, the write then belonging to no thread
+// (flash_attn/cute, "RACECHECK_TMA_HAZARD", 2025). The view: the whole input buffer as rows of 16
+// bytes (uint8 [rows][16], row pitch 16) from its 16-byte-aligned base; three maps whose boxes are
+// FL_TMAP_BOX[k] rows (4 KB, 256 B, 128 B), so that every destination is 128-byte aligned (the
+// tensor copies' shared-memory alignment) given a 128-byte-aligned slot: n vectors go as n / 256
+// big boxes, then 16-row boxes, then one or two 8-row boxes that may read up to 7 vectors past n
+// (into the slot's own rounding: the slot's capacity must be a multiple of 8 vectors; past the
+// buffer's last whole 16-byte row the map zero-fills, reading nothing). expect_tx counts the boxes'
+// bytes, over-read included.
+#define FL_TMAP_NBOX 3
+static const int FL_TMAP_BOX[FL_TMAP_NBOX] = {256, 16, 8};
+typedef struct {
+    CUtensorMap m[FL_TMAP_NBOX];
+} FlTmaps;
+
+__device__ __forceinline__ void bulk_tensor_load(void* dst, const CUtensorMap* map, int row, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+        "[%4];" ::"r"(smem_addr(dst)),
+        "l"((uint64_t)(uintptr_t)map), "r"(0), "r"(row), "r"(smem_addr(bar))
+        : "memory");
+}
+// The 16-byte row of the maps' view where p (16-byte aligned, inside the buffer at base) starts.
+__device__ __forceinline__ int tmap_row(const void* base, const void* p) {
+    return (int)(((uintptr_t)p - ((uintptr_t)base & ~(uintptr_t)15)) >> 4);
+}
+// n vectors from view row r0 to dst (128-byte aligned, room for n rounded up to 8 vectors), counted
+// on bar: lane 0 arrives with the byte count (or without, n = 0), then the warp's lanes issue the
+// boxes, one a lane (as the raw copies' pieces). Every lane of the warp calls it.
+__device__ __forceinline__ void tmap_issue(uint4* dst, const FlTmaps& tm, int r0, int n, uint64_t* bar) {
+    const int lane = threadIdx.x & 31;
+    const int n256 = n >> 8, r = n & 255, n16 = r >> 4, n8 = ((r & 15) + 7) >> 3;
+    if (lane == 0) {
+        if (n > 0) mbar_arrive_tx(bar, (uint32_t)(n256 * 256 + n16 * 16 + n8 * 8) * 16u);
+        else mbar_arrive(bar);
+    }
+    __syncwarp();
+    for (int p = lane; p < n256 + n16 + n8; p += 32) {
+        int off, k;
+        if (p < n256) { off = p * 256; k = 0; }
+        else if (p < n256 + n16) { off = n256 * 256 + (p - n256) * 16; k = 1; }
+        else { off = n256 * 256 + n16 * 16 + (p - n256 - n16) * 8; k = 2; }
+        bulk_tensor_load(dst + off, &tm.m[k], r0 + off, bar);
+    }
 }
 
 // Per-thread 16-byte asynchronous copies (sm_80+ LDGSTS, L1 bypassed), their completion tracked
@@ -262,6 +314,51 @@ static inline cudaError_t fl__cluster_occupancy(const void* fn, int cs, int T, s
     pthread_mutex_unlock(&mu);
     *out = n;
     return e;
+}
+
+// FlTmaps over [base, base + bytes) (bulk_tensor_load's view: uint8 [rows][16] from base rounded down to 16
+// bytes, rows = the whole 16-byte rows up to base + bytes). cuTensorMapEncodeTiled comes from the
+// driver through the runtime's entry-point query (no link against libcuda), looked up once. Host-only
+// work: no device call, nothing allocated, capturable. 0 on success; nonzero (no driver entry point,
+// rows >= 2^31, an encode error) means: use the raw copies.
+typedef CUresult (*fl_encode_tiled_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                       const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                       CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static inline fl_encode_tiled_fn fl__encode_tiled(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    static fl_encode_tiled_fn fn = NULL;
+    struct L {
+        static void look(void) {
+            void* p = NULL;
+            cudaDriverEntryPointQueryResult q;
+            if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+                    cudaSuccess &&
+                q == cudaDriverEntryPointSuccess)
+                fn = (fl_encode_tiled_fn)p;
+            else
+                (void)cudaGetLastError();
+        }
+    };
+    pthread_once(&once, L::look);
+    return fn;
+}
+static inline int fl__tmaps_encode(const void* base, size_t bytes, FlTmaps* out) {
+    const fl_encode_tiled_fn enc = fl__encode_tiled();
+    if (!enc) return 1;
+    const uintptr_t b16 = (uintptr_t)base & ~(uintptr_t)15;
+    const uint64_t rows = ((uint64_t)((uintptr_t)base - b16) + bytes) >> 4;
+    if (rows == 0 || rows >= ((uint64_t)1 << 31)) return 1;
+    const cuuint64_t gdim[2] = {16, rows};
+    const cuuint64_t gstride[1] = {16};
+    const cuuint32_t estride[2] = {1, 1};
+    for (int k = 0; k < FL_TMAP_NBOX; k++) {
+        const cuuint32_t box[2] = {16, (cuuint32_t)FL_TMAP_BOX[k]};
+        if (enc(&out->m[k], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void*)b16, gdim, gstride, box, estride,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+            return 1;
+    }
+    return 0;
 }
 
 #endif /* FL_CUDA_CLUSTER_CUH */

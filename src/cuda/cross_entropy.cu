@@ -40,6 +40,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../internal.h"
 #include "common.cuh"
@@ -1554,6 +1555,9 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
 __device__ __forceinline__ void group_bar(int id, int n) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
+// TM (FUSEDLOSS_CE_PIPE_TMAP=1; session 19, not yet run): the producer's copies through tensor maps
+// (cluster.cuh: FlTmaps, tmap_issue), slots of whole 128-byte lines, so that racecheck sees no thread
+// writing the slots (its reports of every refill under the raw bulk copies: s16-s17).
 // NB (FUSEDLOSS_CE_PIPE_NBAR=1; not yet run): slot s released through hardware barrier NB_BASE + s
 // (cluster.cuh: nbar_release / nbar_wait_refill) instead of the mbarrier empty[s]; R <= NB_MAX_SLOTS.
 
@@ -1595,8 +1599,9 @@ __device__ __forceinline__ RowStats group_reduce_ms(RowStats r, float* sh, int g
     return t;
 }
 
-template <typename T, int F, bool PST = false, bool NB = false>
-__global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int cs, int per, int sub, int R, int Ts) {
+template <typename T, int F, bool PST = false, bool NB = false, bool TM = false>
+__global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int cs, int per, int sub, int R, int Ts,
+                                                                   const __grid_constant__ FlTmaps tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) uint4 pipe_buf[];     // [R][sub] 16-byte vectors: the ring
     __shared__ __align__(8) uint64_t full[PIPE_MAX_SLOTS];   // slot s's sub-chunk landed
@@ -1707,7 +1712,21 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
                     if constexpr (NB) nbar_wait_refill(rp.s, (ngw + 1) * 32);  // (cluster.cuh)
                     else mbar_wait_refill(&empty[rp.s], rp.ph ^ 1u);
                 }
-                tma_issue_sub<T>(a, i, crank, cs, t64, sub, j, pipe_buf + (size_t)rp.s * sub, &full[rp.s]);
+                if constexpr (TM) {   // the tensor-map copies (cluster.cuh: tmap_issue; sub % 8 == 0)
+                    // tma_issue_sub's sub-chunk (vectors [lo, hi) of this CTA's chunk), as view rows
+                    const T* row = (const T*)a.logits + i * a.ld;
+                    int n = 0, r0 = 0;
+                    if (t64 != a.ignore_index) {
+                        const RowGrid<T> g(row, V);
+                        const TmaChunk ch = tma_chunk(g.nfull, cs, crank);
+                        const int lo = j * sub, hi = lo + sub < ch.n ? lo + sub : ch.n;
+                        n = hi > lo ? hi - lo : 0;
+                        r0 = tmap_row(a.logits, row + g.vec_elem(ch.lo + lo));
+                    }
+                    tmap_issue(pipe_buf + (size_t)rp.s * sub, tm, r0, n, &full[rp.s]);
+                } else {
+                    tma_issue_sub<T>(a, i, crank, cs, t64, sub, j, pipe_buf + (size_t)rp.s * sub, &full[rp.s]);
+                }
             }
         }
     } else {
@@ -1985,7 +2004,7 @@ __global__ void __launch_bounds__(32) ce_reduce_final_kernel(CeArgs a, const dou
 // kernels are no-ops when a kernel is launched without the PDL attribute (the default).
 struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync;
                int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_maxcs, pipe_cs, pipe_ring, pdl,
-               plain_st, two_stage_rows, pdl_chain, pipe_nbar; };
+               plain_st, two_stage_rows, pdl_chain, pipe_nbar, pipe_tmap; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -2026,6 +2045,7 @@ static const Knobs* knobs(void) {
         if (n.two_stage_rows < 1) n.two_stage_rows = CE_TWO_STAGE_ROWS;
         n.pdl_chain = env_int("FUSEDLOSS_CE_PDL_CHAIN", 0) != 0;
         n.pipe_nbar = env_int("FUSEDLOSS_CE_PIPE_NBAR", 0) != 0;  // ce_pipe_kernel's NB
+        n.pipe_tmap = env_int("FUSEDLOSS_CE_PIPE_TMAP", 0) != 0;  // ce_pipe_kernel's TM
         if (n.pipe_sub < -1 || n.pipe_sub > 64) n.pipe_sub = -1;
         if (n.pipe_slack < -1 || n.pipe_slack > 200) n.pipe_slack = -1;
         if (n.pipe_maxcs < 0 || n.pipe_maxcs > TMA_MAX_CLUSTER) n.pipe_maxcs = 0;
@@ -2225,6 +2245,9 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  free ring space beside a row's chunk (KB; default per
 //                                                  variant), the cluster size (0 = the smallest that
 //                                                  fits), ring bytes (KB, 220)
+//   FUSEDLOSS_CE_PIPE_TMAP=1                       its producer's copies as tensor-map (descriptor) TMA
+//                                                  loads instead of raw bulk copies (session 19, off
+//                                                  until run: for racecheck; cluster.cuh, FlTmaps)
 //   FUSEDLOSS_CE_PIPE_MAXCS                        widest cluster the default plan gives the ring
 //                                                  (default: 4 for 16-bit logits without options, else 2)
 //   FUSEDLOSS_CE_PIPE_KB, _NBUF                    whole-chunk mode: chunk cap (KB), chunks per CTA (2..4)
@@ -2400,7 +2423,7 @@ static int pipe_plan(int pass, int cc_major, int64_t V, int esize, int flags, Co
         }
         if (cs < 1) return 0;
         per = (int)((nv + cs - 1) / cs);
-        sub = per;
+        sub = k->pipe_tmap ? (per + 7) / 8 * 8 : per;  // TM: a whole chunk in slots of whole 128-byte lines
         R = nb;
     } else {
         const int64_t ring = (int64_t)k->pipe_ring * 64;  // vectors
@@ -2409,8 +2432,12 @@ static int pipe_plan(int pass, int cc_major, int64_t V, int esize, int flags, Co
         for (int cc = lo; cc <= hi && !cs; cc++) {
             const int64_t p = (nv + cc - 1) / cc;
             const int subkb = k->pipe_sub > 0 ? k->pipe_sub : (plain && cc <= 2) ? 20 : 32;
-            const int64_t ns = (p + subkb * 64 - 1) / (subkb * 64);
-            const int64_t sb = (p + ns - 1) / ns;
+            int64_t ns = (p + subkb * 64 - 1) / (subkb * 64);
+            int64_t sb = (p + ns - 1) / ns;
+            if (k->pipe_tmap) {  // TM: slots of whole 128-byte lines (cluster.cuh); the kernel's nsub from them
+                sb = (sb + 7) / 8 * 8;
+                ns = (p + sb - 1) / sb;
+            }
             int64_t r = ring / sb;
             if (r > PIPE_MAX_SLOTS) r = PIPE_MAX_SLOTS;
             if (k->pipe_nbar && r > NB_MAX_SLOTS) r = NB_MAX_SLOTS;
@@ -2448,10 +2475,14 @@ static void pipe_threads_for(int F, const Config& c, int* T, int* Ts) {
     *Ts = s;
 }
 
-template <typename T, int F, bool PST, bool NB = false>
+template <typename T, int F, bool PST, bool NB = false, bool TM = false>
 static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
     *done = 0;
-    const void* fn = (const void*)ce_pipe_kernel<T, F, PST, NB>;
+    FlTmaps tm;
+    memset(&tm, 0, sizeof tm);
+    if (TM && fl__tmaps_encode(a.logits, (size_t)((a.N - 1) * a.ld + a.V) * sizeof(T), &tm) != 0)
+        return launch_pipe_st<T, F, PST, NB, false>(a, c, s, done);  // no driver entry point / too big: raw copies
+    const void* fn = (const void*)ce_pipe_kernel<T, F, PST, NB, TM>;
     int T_, Ts;
     pipe_threads_for(F, c, &T_, &Ts);
     int n = 0;
@@ -2470,13 +2501,17 @@ static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t
     cfg.blockDim = dim3((unsigned)T_, 1, 1);
     cfg.dynamicSmemBytes = c.psmem;
     cfg.stream = s;
-    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F, PST, NB>, a, c.pcs, c.pper, c.psub, c.pR, Ts);
+    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F, PST, NB, TM>, a, c.pcs, c.pper, c.psub, c.pR, Ts, tm);
     if (e == cudaSuccess) *done = 1;
     return e;
 }
 // ring mode (a row's chunk in several slots): default-cached gradient stores (see store_vec)
 template <typename T, int F>
 static cudaError_t launch_pipe(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
+    if (knobs()->pipe_tmap && c.psub % 8 == 0) {  // the tensor-map copies (racecheck: see cluster.cuh)
+        if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, false, true>(a, c, s, done);
+        return launch_pipe_st<T, F, false, false, true>(a, c, s, done);
+    }
     if (knobs()->pipe_nbar && c.pR <= NB_MAX_SLOTS) {  // (whole-chunk plans: R = nbuf <= 4)
         if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, true>(a, c, s, done);
         return launch_pipe_st<T, F, false, true>(a, c, s, done);
