@@ -2480,8 +2480,11 @@ static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t
     *done = 0;
     FlTmaps tm;
     memset(&tm, 0, sizeof tm);
-    if (TM && fl__tmaps_encode(a.logits, (size_t)((a.N - 1) * a.ld + a.V) * sizeof(T), &tm) != 0)
+    if (TM && fl__tmaps_encode(a.logits, (size_t)((a.N - 1) * a.ld + a.V) * sizeof(T), &tm) != 0) {
+        if (knobs()->debug) fprintf(stderr, "fusedloss: pipelined CE kernel: tensor maps unavailable, raw copies\n");
         return launch_pipe_st<T, F, PST, NB, false>(a, c, s, done);  // no driver entry point / too big: raw copies
+    }
+    if (TM && knobs()->debug) fprintf(stderr, "fusedloss: pipelined CE kernel: producer through tensor maps\n");
     const void* fn = (const void*)ce_pipe_kernel<T, F, PST, NB, TM>;
     int T_, Ts;
     pipe_threads_for(F, c, &T_, &Ts);
