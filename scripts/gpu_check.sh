@@ -482,6 +482,9 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
             if [ "$t" = test_taylor_ce_cuda ]; then   # the CTA kernels (the ring is the default for fused rows of > 1024 classes)
                 echo "### FUSEDLOSS_TC_PIPE=0 $t --small"
                 FUSEDLOSS_TC_PIPE=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "^FAIL|passed|failed" || rc=1
+                echo "### FUSEDLOSS_TC_PIPE_TMAP=1 $t, then with FUSEDLOSS_TC_PIPE_GRID=1 --small"   # the producer through tensor maps (s19)
+                FUSEDLOSS_TC_PIPE_TMAP=1 timeout 120 build/$t 2>&1 | grep -E -m20 "^FAIL|passed|failed" || rc=1
+                FUSEDLOSS_TC_PIPE_TMAP=1 FUSEDLOSS_TC_PIPE_GRID=1 timeout 90 build/$t --small 2>&1 | grep -E -m20 "^FAIL|passed|failed" || rc=1
                 echo "### FUSEDLOSS_TC_PIPE_NBAR=1 FUSEDLOSS_TC_PIPE_GRID=1 $t --small"   # the hardware-barrier slot release of s18
                 FUSEDLOSS_TC_PIPE_NBAR=1 FUSEDLOSS_TC_PIPE_GRID=1 timeout 90 build/$t --small 2>&1 | grep -E -m20 "^FAIL|passed|failed" || rc=1
             fi

@@ -755,8 +755,8 @@ static fl_status lm_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
      * 8192x32000 bf16 0.635 ms staged vs 0.638 re-read; 8192x20000 fp32, 80 KB rows, 0.551 vs 0.533) */
     RrPlan lp;
     if (const void* pfn = rr_plan<LmRing>("FUSEDLOSS_LM_PIPE", 0, "pipelined large-margin kernel", dtype, N, C,
-                                          vec16 || head, fused, &lp)) {
-        void* args[] = {&a, &lp.sub, &lp.R, &lp.Ts};
+                                          vec16 || head, fused, logits, ld, &lp)) {
+        void* args[] = {&a, &lp.sub, &lp.R, &lp.Ts, &lp.maps};
         FL_CUDA_TRY(cudaLaunchKernel(pfn, dim3(lp.grid), dim3((unsigned)lp.T), args, lp.smem, stream));
         FL_CUDA_TRY(rl_end(w, loss, N, stream));
         return FL_OK;

@@ -62,14 +62,20 @@ static __device__ __forceinline__ void rr_bar(int id, int n) { asm volatile("bar
 /* NB (FUSEDLOSS_<loss>_PIPE_NBAR=1; not yet run): slot s released through hardware barrier NB_BASE + s
  * (cluster.cuh: nbar_release / nbar_wait_refill) instead of the mbarrier empty[s]; R <= NB_MAX_SLOTS. */
 
-template <typename T, class L, bool PST, bool NB = false>
-static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L::Args a, int sub, int R, int Ts) {
+/* TM (FUSEDLOSS_<loss>_PIPE_TMAP=1; session 19, not yet run): the producer's copies through tensor maps
+ * (cluster.cuh: FlTmaps, tmap_issue; for racecheck, as the CE ring's TM), slots of whole 128-byte lines
+ * from the dynamic shared memory's first 128-byte boundary (the plan adds 128 bytes). */
+
+template <typename T, class L, bool PST, bool NB = false, bool TM = false>
+static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L::Args a, int sub, int R, int Ts,
+                                                                       const __grid_constant__ FlTmaps tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     typedef typename L::Stat Stat;
     constexpr int VEC = 16 / (int)sizeof(T);
     /* (16-byte alignment is all the bulk copies need; a larger one would move the dynamic shared memory
-     * of every kernel of the including file) */
-    extern __shared__ __align__(16) uint4 rr_ring[];        /* [R][sub] 16-byte vectors */
+     * of every kernel of the including file; TM aligns its ring itself) */
+    extern __shared__ __align__(16) uint4 rr_dyn[];
+    uint4* const rr_ring = TM ? (uint4*)(((uintptr_t)rr_dyn + 127) & ~(uintptr_t)127) : rr_dyn;   /* [R][sub] */
     __shared__ __align__(8) uint64_t full[RR_MAX_SLOTS];    /* slot s's sub-chunk landed */
     __shared__ __align__(8) uint64_t empty[RR_MAX_SLOTS];   /* every gradient warp is done with slot s */
     __shared__ __align__(8) uint64_t xbar[RR_XSLOTS];       /* exchange slot x's coefficients written */
@@ -175,14 +181,18 @@ static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L
                 const int64_t v0 = (int64_t)j * sub;
                 const int cnt = skip ? 0 : (int)(g.nv - v0 < sub ? (g.nv - v0 > 0 ? g.nv - v0 : 0) : sub);
                 uint4* dst = rr_ring + (size_t)s * sub;
-                if (lane == 0) {
-                    if (cnt > 0) mbar_arrive_tx(&full[s], (uint32_t)cnt * 16u);
-                    else mbar_arrive(&full[s]);
-                }
-                __syncwarp();
-                for (int p = lane; p * RR_PIECE < cnt; p += 32) {
-                    const int o = p * RR_PIECE, m = cnt - o < RR_PIECE ? cnt - o : RR_PIECE;
-                    bulk_load(dst + o, src + v0 + o, (uint32_t)m * 16u, &full[s]);
+                if constexpr (TM) {
+                    tmap_issue(dst, tm, tmap_row(a.x, src + v0), cnt, &full[s]);
+                } else {
+                    if (lane == 0) {
+                        if (cnt > 0) mbar_arrive_tx(&full[s], (uint32_t)cnt * 16u);
+                        else mbar_arrive(&full[s]);
+                    }
+                    __syncwarp();
+                    for (int p = lane; p * RR_PIECE < cnt; p += 32) {
+                        const int o = p * RR_PIECE, m = cnt - o < RR_PIECE ? cnt - o : RR_PIECE;
+                        bulk_load(dst + o, src + v0 + o, (uint32_t)m * 16u, &full[s]);
+                    }
                 }
             }
         }
@@ -250,8 +260,14 @@ static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L
  * _STATS (statistics threads, default half of the non-producer warps), _RING (KB, default 200), _SUB
  * (KB a slot at most, default 20), _SLACK (KB, default 48), _PLAIN_ST (default 1: default-cached
  * gradient stores, as the CE ring measured best; 0: evict-first), _GRID (cap the CTAs: tests), _NBAR (default
- * 0; 1: the slots released through hardware barriers, NB above, with _PLAIN_ST=1 only). */
-typedef struct { int sub, R, T, Ts, pst, nb; size_t smem; unsigned grid; } RrPlan;
+ * 0; 1: the slots released through hardware barriers, NB above, with _PLAIN_ST=1 only), _TMAP (default 0;
+ * 1: the producer through tensor maps, TM above; not with _NBAR). */
+typedef struct {
+    int sub, R, T, Ts, pst, nb, tm;
+    size_t smem;
+    unsigned grid;
+    FlTmaps maps;   /* tm: the input's tensor maps (rr_plan); else zero. The kernel's last argument. */
+} RrPlan;
 
 /* knob <prefix>_<name>: a size (flag false: <= 0 means the default) or a switch (flag true: 0 is off) */
 static inline int64_t rr_knob_read(const char* prefix, const char* name, int64_t dflt, bool flag) {
@@ -276,8 +292,13 @@ static inline int rr_plan_shape(const char* prefix, int64_t C, size_t es, RrPlan
     if (sub_kb < 1 || sub_kb > 64) sub_kb = 20;
     const int64_t slack = rr_knob(prefix, "SLACK", 48) * 1024;
     const int64_t ring = (int64_t)ring_kb * 64, subv = (int64_t)sub_kb * 64;   /* 16-byte vectors */
-    const int64_t ns = (nvec + subv - 1) / subv, sb = (nvec + ns - 1) / ns;
+    int64_t ns = (nvec + subv - 1) / subv, sb = (nvec + ns - 1) / ns;
     const int nb = rr_knob_read(prefix, "NBAR", 0, true) != 0;
+    const int tm = !nb && rr_knob_read(prefix, "TMAP", 0, true) != 0;   /* _TMAP=1 (not with _NBAR) */
+    if (tm) {   /* slots of whole 128-byte lines; the kernel's sub-chunks a row from them */
+        sb = (sb + 7) / 8 * 8;
+        ns = (nvec + sb - 1) / sb;
+    }
     int64_t r = ring / sb;
     if (r > RR_MAX_SLOTS) r = RR_MAX_SLOTS;
     if (nb && r > NB_MAX_SLOTS) r = NB_MAX_SLOTS;   /* hardware barriers 2-15 */
@@ -289,13 +310,15 @@ static inline int rr_plan_shape(const char* prefix, int64_t C, size_t es, RrPlan
     out->Ts = Ts;
     out->pst = rr_knob_read(prefix, "PLAIN_ST", 1, true) != 0;
     out->nb = nb;
-    out->smem = (size_t)r * (size_t)sb * 16;
+    out->tm = tm;
+    out->smem = (size_t)r * (size_t)sb * 16 + (tm ? 128 : 0);   /* TM: room to align the ring to 128 bytes */
     return 1;
 }
 
 template <class L, typename T>
-static inline const void* rr_pick_t(bool pst, bool nb) {
+static inline const void* rr_pick_t(bool pst, bool nb, bool tm) {
     if (nb) return pst ? (const void*)rr_kernel<T, L, true, true> : nullptr;   /* NB: default-cached stores only */
+    if (tm) return pst ? (const void*)rr_kernel<T, L, true, false, true> : (const void*)rr_kernel<T, L, false, false, true>;
     return pst ? (const void*)rr_kernel<T, L, true> : (const void*)rr_kernel<T, L, false>;
 }
 
@@ -305,14 +328,21 @@ static inline const void* rr_pick_t(bool pst, bool nb) {
  * FUSEDLOSS_DEBUG's occupancy line. */
 template <class L>
 static inline const void* rr_plan(const char* prefix, int on, const char* what, fl_dtype dt, int64_t N, int64_t C,
-                                  bool vecs, int fused, RrPlan* p) {
+                                  bool vecs, int fused, const void* x, int64_t ld, RrPlan* p) {
     if (!fused || !vecs || C <= 1024 || N <= 0 || rp_env_flag(prefix, on) != 1) return nullptr;
     DevInfo d;
     if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return nullptr; }
     if (!rr_plan_shape(prefix, C, fl__dtype_size(dt), p)) return nullptr;
-    const void* fn = dt == FL_DTYPE_F32 ? rr_pick_t<L, float>(p->pst, p->nb)
-                     : dt == FL_DTYPE_F16 ? rr_pick_t<L, __half>(p->pst, p->nb)
-                                          : rr_pick_t<L, __nv_bfloat16>(p->pst, p->nb);
+    memset(&p->maps, 0, sizeof p->maps);
+    if (p->tm && fl__tmaps_encode(x, (size_t)((N - 1) * ld + C) * fl__dtype_size(dt), &p->maps) != 0) {
+        p->tm = 0;   /* no driver entry point / too big: raw copies (the plan's slots stay rounded) */
+        if (rp_env_i64("FUSEDLOSS_DEBUG", 0)) fprintf(stderr, "fusedloss: %s: tensor maps unavailable, raw copies\n", what);
+    } else if (p->tm && rp_env_i64("FUSEDLOSS_DEBUG", 0)) {
+        fprintf(stderr, "fusedloss: %s: producer through tensor maps\n", what);
+    }
+    const void* fn = dt == FL_DTYPE_F32 ? rr_pick_t<L, float>(p->pst, p->nb, p->tm)
+                     : dt == FL_DTYPE_F16 ? rr_pick_t<L, __half>(p->pst, p->nb, p->tm)
+                                          : rr_pick_t<L, __nv_bfloat16>(p->pst, p->nb, p->tm);
     if (!fn) return nullptr;
     int n = 0;   /* resident CTAs (the occupancy query also raises fn's shared-memory limit) */
     if (fl__cluster_occupancy(fn, 0, p->T, p->smem, d.sms, (int)rp_env_i64("FUSEDLOSS_DEBUG", 0), what, &n) !=

@@ -495,8 +495,8 @@ static fl_status tc_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
                       (!fused || ((uintptr_t)logits - (uintptr_t)dlogits) % 16 == 0);
     RrPlan tp;
     if (const void* pfn = rr_plan<TcRing>("FUSEDLOSS_TC_PIPE", 1, "pipelined Taylor kernel", dtype, N, C, vec16 || head,
-                                          fused, &tp)) {
-        void* args[] = {&a, &tp.sub, &tp.R, &tp.Ts};
+                                          fused, logits, ld, &tp)) {
+        void* args[] = {&a, &tp.sub, &tp.R, &tp.Ts, &tp.maps};
         FL_CUDA_TRY(cudaLaunchKernel(pfn, dim3(tp.grid), dim3((unsigned)tp.T), args, tp.smem, stream));
         FL_CUDA_TRY(rl_end(w, loss, N, stream));
         return FL_OK;
