@@ -105,25 +105,36 @@ __device__ __forceinline__ void bulk_tensor_load(void* dst, const CUtensorMap* m
 __device__ __forceinline__ int tmap_row(const void* base, const void* p) {
     return (int)(((uintptr_t)p - ((uintptr_t)base & ~(uintptr_t)15)) >> 4);
 }
-// n vectors from view row r0 to dst (128-byte aligned, room for n rounded up to 8 vectors), counted
-// on bar: lane 0 arrives with the byte count (or without, n = 0), then the warp's lanes issue the
-// boxes, one a lane (as the raw copies' pieces). Every lane of the warp calls it.
+// n vectors as boxes: n / 256 of 256 rows, then 16-row boxes, then one or two 8-row boxes (the last may
+// read up to 7 vectors past n); tmap_box issues box p of them from view row r0 to dst (128-byte aligned,
+// room for n rounded up to 8 vectors)
+__device__ __forceinline__ int tmap_nbox(int n) { return (n >> 8) + ((n & 255) >> 4) + (((n & 15) + 7) >> 3); }
+__device__ __forceinline__ uint32_t tmap_bytes(int n) {
+    return (uint32_t)((n >> 8) * 256 + ((n & 255) >> 4) * 16 + (((n & 15) + 7) >> 3) * 8) * 16u;
+}
+__device__ __forceinline__ void tmap_box(uint4* dst, const FlTmaps& tm, int r0, int n, int p, uint64_t* bar) {
+    const int n256 = n >> 8, n16 = (n & 255) >> 4;
+    int off, k;
+    if (p < n256) { off = p * 256; k = 0; }
+    else if (p < n256 + n16) { off = n256 * 256 + (p - n256) * 16; k = 1; }
+    else { off = n256 * 256 + n16 * 16 + (p - n256 - n16) * 8; k = 2; }
+    bulk_tensor_load(dst + off, &tm.m[k], r0 + off, bar);
+}
+// n vectors from view row r0 to dst, counted on bar: lane 0 arrives with the byte count (or without, n =
+// 0), then the warp's lanes issue the boxes, one a lane (as the raw copies' pieces). Every lane calls it.
 __device__ __forceinline__ void tmap_issue(uint4* dst, const FlTmaps& tm, int r0, int n, uint64_t* bar) {
     const int lane = threadIdx.x & 31;
-    const int n256 = n >> 8, r = n & 255, n16 = r >> 4, n8 = ((r & 15) + 7) >> 3;
     if (lane == 0) {
-        if (n > 0) mbar_arrive_tx(bar, (uint32_t)(n256 * 256 + n16 * 16 + n8 * 8) * 16u);
+        if (n > 0) mbar_arrive_tx(bar, tmap_bytes(n));
         else mbar_arrive(bar);
     }
     __syncwarp();
-    for (int p = lane; p < n256 + n16 + n8; p += 32) {
-        int off, k;
-        if (p < n256) { off = p * 256; k = 0; }
-        else if (p < n256 + n16) { off = n256 * 256 + (p - n256) * 16; k = 1; }
-        else { off = n256 * 256 + n16 * 16 + (p - n256 - n16) * 8; k = 2; }
-        bulk_tensor_load(dst + off, &tm.m[k], r0 + off, bar);
-    }
+    for (int p = lane; p < tmap_nbox(n); p += 32) tmap_box(dst, tm, r0, n, p, bar);
 }
+// two inputs' maps (the KL ring: student, teacher)
+typedef struct {
+    FlTmaps s, t;
+} FlTmaps2;
 
 // Per-thread 16-byte asynchronous copies (sm_80+ LDGSTS, L1 bypassed), their completion tracked
 // by the same mbarrier: each thread's arrive fires once its own copies have landed (init count T).

@@ -794,23 +794,34 @@ __device__ __forceinline__ Stat1 dp_group_reduce1(Stat1 v, Stat1* sm, int n) {
 }
 
 // the producer warp: position (row r, sub-chunk j) of this CTA's chunk [lo, lo + n) into slot buffer
-// `dst` (sub student vectors, then sub NT teacher vectors), completing `bar`
-template <typename TS, typename TT>
+// `dst` (sub student vectors, then sub NT teacher vectors), completing `bar`. TM (FUSEDLOSS_DISTILL_PIPE_TMAP=1;
+// session 19, not yet run; cluster.cuh): through tensor maps *tm, one arrive for both inputs' box bytes,
+// the lanes issuing the student's boxes then the teacher's (sub % 8 == 0: 128-byte-aligned halves with
+// room for the last box's over-read).
+template <typename TS, typename TT, bool TM = false>
 __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, bool ign, int lo, int n, int sub, int j,
-                                         uint4* dst, uint64_t* bar) {
+                                         uint4* dst, uint64_t* bar, const FlTmaps2* tm = nullptr) {
     constexpr int VEC = RpT<TS>::VEC;
     constexpr int NT = (int)(VEC * sizeof(TT) / 16);
     const int lane = threadIdx.x & 31;
     const int v0 = j * sub;
     const int cnt = ign ? 0 : (n - v0 < sub ? (n - v0 > 0 ? n - v0 : 0) : sub);
     if (lane == 0) {
-        if (cnt > 0) mbar_arrive_tx(bar, (uint32_t)cnt * 16u * (1u + NT));
+        if (cnt > 0) mbar_arrive_tx(bar, TM ? tmap_bytes(cnt) + tmap_bytes(cnt * NT) : (uint32_t)cnt * 16u * (1u + NT));
         else mbar_arrive(bar);
     }
     __syncwarp();
     if (cnt <= 0) return;
     const uint4* srow = reinterpret_cast<const uint4*>((const TS*)a.s + r * a.lds + h) + lo + v0;
     const uint4* trow = reinterpret_cast<const uint4*>((const TT*)a.t + r * a.ldt + h) + (int64_t)(lo + v0) * NT;
+    if constexpr (TM) {
+        const int rs = tmap_row(a.s, srow), rt = tmap_row(a.t, trow), bs = tmap_nbox(cnt);
+        for (int p = lane; p < bs + tmap_nbox(cnt * NT); p += 32) {
+            if (p < bs) tmap_box(dst, tm->s, rs, cnt, p, bar);
+            else tmap_box(dst + sub, tm->t, rt, cnt * NT, p - bs, bar);
+        }
+        return;
+    }
     const int ps = (cnt + DP_PIECE - 1) / DP_PIECE, pt = (cnt * NT + DP_PIECE - 1) / DP_PIECE;
     for (int p = lane; p < ps + pt; p += 32) {
         if (p < ps) {
@@ -823,9 +834,10 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, b
     }
 }
 
-template <typename TS, typename TT, int MODE, bool PST, bool HD, bool NB = false>
+template <typename TS, typename TT, int MODE, bool PST, bool HD, bool NB = false, bool TM = false>
 __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a, int cs, int per, int nv, int sub,
-                                                                          int R, int Ts) {
+                                                                          int R, int Ts,
+                                                                          const __grid_constant__ FlTmaps2 tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int VEC = RpT<TS>::VEC;
     constexpr int NT = (int)(VEC * sizeof(TT) / 16);
@@ -948,7 +960,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                     if constexpr (NB) nbar_wait_refill(s, (ngw + 1) * 32);   // (cluster.cuh)
                     else mbar_wait_refill(&empty[s], ph ^ 1u);
                 }
-                dp_issue<TS, TT>(a, r, w.h, ign, lo, wn, sub, j, dp_ring + (size_t)s * slot_vecs, &full[s]);
+                dp_issue<TS, TT, TM>(a, r, w.h, ign, lo, wn, sub, j, dp_ring + (size_t)s * slot_vecs, &full[s], &tm);
             }
         }
     } else {
@@ -1187,33 +1199,42 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
 // ticket kernel, s17) take the HD kernel instead of the ticket kernel.
 // _PIPE_NBAR=1 (off; session 18, not yet run): the slots released through hardware barriers (NB above;
 // aligned rows, _PLAIN_ST=1).
-struct DpPlan { int cs, per, nv, sub, R, T, Ts; size_t smem; const void* fn; };
+// _PIPE_TMAP=1 (off; session 19, not yet run): the producer through tensor maps (TM above; aligned rows,
+// _PLAIN_ST=1, not with _NBAR), slots rounded to 8 vectors.
+struct DpPlan {
+    int cs, per, nv, sub, R, T, Ts, tm;
+    size_t smem;
+    const void* fn;
+    FlTmaps2 maps;   // tm: the student's and teacher's maps; else zero. The kernel's last argument.
+};
 
-template <typename TS, typename TT, bool PST, bool HD, bool NB = false>
+template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM = false>
 static const void* pick_pipe3(int mode) {
-    return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL, PST, HD, NB>
-                                   : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_RKL, PST, HD, NB>;
+    return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL, PST, HD, NB, TM>
+                                   : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_RKL, PST, HD, NB, TM>;
 }
 
 // (the unaligned-row kernels with default-cached stores only: _PLAIN_ST=0 on such rows takes the
 // kernels below the ring)
-// (NB: the aligned kernels with default-cached stores only)
+// (NB, TM: the aligned kernels with default-cached stores only)
 template <typename TS, typename TT>
-static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb) {
+static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm) {
+    if (tm) return pst && !hd && !nb ? pick_pipe3<TS, TT, true, false, false, true>(mode) : nullptr;
     if (nb) return pst && !hd ? pick_pipe3<TS, TT, true, false, true>(mode) : nullptr;
     if (hd) return pst ? pick_pipe3<TS, TT, true, true>(mode) : nullptr;
     return pst ? pick_pipe3<TS, TT, true, false>(mode) : pick_pipe3<TS, TT, false, false>(mode);
 }
 
-static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst, bool hd, bool nb) {
+static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst, bool hd, bool nb, bool tm) {
     const bool t32 = tdt == FL_DTYPE_F32;
     switch (sdt) {
-        case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst, hd, nb);
+        case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst, hd, nb, tm);
         case FL_DTYPE_F16:
-            return t32 ? pick_pipe2<__half, float>(mode, pst, hd, nb) : pick_pipe2<__half, __half>(mode, pst, hd, nb);
+            return t32 ? pick_pipe2<__half, float>(mode, pst, hd, nb, tm)
+                       : pick_pipe2<__half, __half>(mode, pst, hd, nb, tm);
         default:
-            return t32 ? pick_pipe2<__nv_bfloat16, float>(mode, pst, hd, nb)
-                       : pick_pipe2<__nv_bfloat16, __nv_bfloat16>(mode, pst, hd, nb);
+            return t32 ? pick_pipe2<__nv_bfloat16, float>(mode, pst, hd, nb, tm)
+                       : pick_pipe2<__nv_bfloat16, __nv_bfloat16>(mode, pst, hd, nb, tm);
     }
 }
 
@@ -1264,10 +1285,22 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     const int debug = (int)rp_env_i64("FUSEDLOSS_DEBUG", 0);
     const bool pst = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_PLAIN_ST", 1) != 0;
     const bool nb = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_NBAR", 0) != 0;
+    bool tm = !nb && !hd && pst && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_TMAP", 0) != 0;
+    memset(&out->maps, 0, sizeof out->maps);
+    if (tm && (fl__tmaps_encode(s, (size_t)((p->N - 1) * p->ld_s + p->V) * fl__dtype_size(p->dtype), &out->maps.s) ||
+               fl__tmaps_encode(t, (size_t)((p->N - 1) * p->ld_t + p->V) * fl__dtype_size(p->teacher_dtype),
+                                &out->maps.t))) {
+        tm = false;   // no driver entry point / too big: raw copies
+        memset(&out->maps, 0, sizeof out->maps);
+        if (rp_env_i64("FUSEDLOSS_DEBUG", 0)) fprintf(stderr, "fusedloss: pipelined distillation kernel: tensor maps unavailable, raw copies\n");
+    } else if (tm && rp_env_i64("FUSEDLOSS_DEBUG", 0)) {
+        fprintf(stderr, "fusedloss: pipelined distillation kernel: producer through tensor maps\n");
+    }
+    out->tm = tm;
     const int64_t vb = 16 * (1 + NT);   // shared bytes per vector of the row
     const int64_t ring = (int64_t)ring_kb * 1024 / vb, subv = (int64_t)sub_kb * 1024 / vb > 0 ? (int64_t)sub_kb * 1024 / vb : 1;
     const int lo = force > 0 && force <= DC_MAX_CLUSTER ? force : 1, hi = force > 0 && force <= DC_MAX_CLUSTER ? force : DC_MAX_CLUSTER;
-    out->fn = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb);
+    out->fn = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm);
     if (!out->fn) return 0;
     out->nv = (int)nv;
     out->T = T;
@@ -1275,8 +1308,12 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     // the smallest cluster whose per-CTA chunk leaves the slack free and that the device can hold
     for (int cc = lo; cc <= hi; cc++) {
         const int64_t per = (nv + cc - 1) / cc;
-        const int64_t ns = (per + subv - 1) / subv;
-        const int64_t sb = (per + ns - 1) / ns;
+        int64_t ns = (per + subv - 1) / subv;
+        int64_t sb = (per + ns - 1) / ns;
+        if (tm) {   // slots of whole 128-byte lines (cluster.cuh); the kernel's sub-chunks from them
+            sb = (sb + 7) / 8 * 8;
+            ns = (per + sb - 1) / sb;
+        }
         int64_t r = ring / sb;
         if (r > DP_MAX_SLOTS) r = DP_MAX_SLOTS;
         if (nb && r > NB_MAX_SLOTS) r = NB_MAX_SLOTS;
@@ -1377,7 +1414,7 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
 
     if (npc) {
         const int64_t G = N < npc ? N : npc;   // clusters: one per row up to what is resident
-        void* args[] = {&a, &pp.cs, &pp.per, &pp.nv, &pp.sub, &pp.R, &pp.Ts};
+        void* args[] = {&a, &pp.cs, &pp.per, &pp.nv, &pp.sub, &pp.R, &pp.Ts, &pp.maps};
         FL_CUDA_TRY(fl__launch_clusters(pp.fn, args, G, pp.cs, pp.T, pp.smem, stream));
     } else if (ncl) {
         const int64_t G = N < ncl ? N : ncl;   // clusters: one per row up to what is resident
