@@ -372,4 +372,18 @@ static inline int fl__tmaps_encode(const void* base, size_t bytes, FlTmaps* out)
     return 0;
 }
 
+// The TM plans' slots: whole 128-byte lines (8 vectors, tmap_issue's alignment and over-read room), and
+// the sub-chunks a chunk of `per` vectors then takes (the kernels count them from the slot size)
+static inline void fl__tmap_round(int64_t per, int64_t* sb, int64_t* ns) {
+    *sb = (*sb + 7) / 8 * 8;
+    *ns = (per + *sb - 1) / *sb;
+}
+// FUSEDLOSS_DEBUG's line on which copies a TM launch of kernel `what` takes; returns `ok`
+static inline int fl__tmap_note(int ok, const char* what, int debug) {
+    if (debug)
+        fprintf(stderr, "fusedloss: %s: %s\n", what,
+                ok ? "producer through tensor maps" : "tensor maps unavailable, raw copies");
+    return ok;
+}
+
 #endif /* FL_CUDA_CLUSTER_CUH */

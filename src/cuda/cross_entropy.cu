@@ -2423,8 +2423,13 @@ static int pipe_plan(int pass, int cc_major, int64_t V, int esize, int flags, Co
         }
         if (cs < 1) return 0;
         per = (int)((nv + cs - 1) / cs);
-        sub = k->pipe_tmap ? (per + 7) / 8 * 8 : per;  // TM: a whole chunk in slots of whole 128-byte lines
+        sub = per;
         R = nb;
+        if (k->pipe_tmap) {  // TM: a whole chunk in slots of whole 128-byte lines
+            int64_t sb = sub, ns = 1;
+            fl__tmap_round(per, &sb, &ns);
+            sub = (int)sb;
+        }
     } else {
         const int64_t ring = (int64_t)k->pipe_ring * 64;  // vectors
         const int lo = k->pipe_cs ? k->pipe_cs : 1;
@@ -2434,10 +2439,7 @@ static int pipe_plan(int pass, int cc_major, int64_t V, int esize, int flags, Co
             const int subkb = k->pipe_sub > 0 ? k->pipe_sub : (plain && cc <= 2) ? 20 : 32;
             int64_t ns = (p + subkb * 64 - 1) / (subkb * 64);
             int64_t sb = (p + ns - 1) / ns;
-            if (k->pipe_tmap) {  // TM: slots of whole 128-byte lines (cluster.cuh); the kernel's nsub from them
-                sb = (sb + 7) / 8 * 8;
-                ns = (p + sb - 1) / sb;
-            }
+            if (k->pipe_tmap) fl__tmap_round(p, &sb, &ns);  // TM (cluster.cuh)
             int64_t r = ring / sb;
             if (r > PIPE_MAX_SLOTS) r = PIPE_MAX_SLOTS;
             if (k->pipe_nbar && r > NB_MAX_SLOTS) r = NB_MAX_SLOTS;
@@ -2480,11 +2482,9 @@ static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t
     *done = 0;
     FlTmaps tm;
     memset(&tm, 0, sizeof tm);
-    if (TM && fl__tmaps_encode(a.logits, (size_t)((a.N - 1) * a.ld + a.V) * sizeof(T), &tm) != 0) {
-        if (knobs()->debug) fprintf(stderr, "fusedloss: pipelined CE kernel: tensor maps unavailable, raw copies\n");
+    if (TM && !fl__tmap_note(fl__tmaps_encode(a.logits, (size_t)((a.N - 1) * a.ld + a.V) * sizeof(T), &tm) == 0,
+                             "pipelined CE kernel", knobs()->debug))
         return launch_pipe_st<T, F, PST, NB, false>(a, c, s, done);  // no driver entry point / too big: raw copies
-    }
-    if (TM && knobs()->debug) fprintf(stderr, "fusedloss: pipelined CE kernel: producer through tensor maps\n");
     const void* fn = (const void*)ce_pipe_kernel<T, F, PST, NB, TM>;
     int T_, Ts;
     pipe_threads_for(F, c, &T_, &Ts);

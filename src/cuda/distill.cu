@@ -1287,14 +1287,13 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     const bool nb = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_NBAR", 0) != 0;
     bool tm = !nb && !hd && pst && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_TMAP", 0) != 0;
     memset(&out->maps, 0, sizeof out->maps);
-    if (tm && (fl__tmaps_encode(s, (size_t)((p->N - 1) * p->ld_s + p->V) * fl__dtype_size(p->dtype), &out->maps.s) ||
-               fl__tmaps_encode(t, (size_t)((p->N - 1) * p->ld_t + p->V) * fl__dtype_size(p->teacher_dtype),
-                                &out->maps.t))) {
-        tm = false;   // no driver entry point / too big: raw copies
-        memset(&out->maps, 0, sizeof out->maps);
-        if (rp_env_i64("FUSEDLOSS_DEBUG", 0)) fprintf(stderr, "fusedloss: pipelined distillation kernel: tensor maps unavailable, raw copies\n");
-    } else if (tm && rp_env_i64("FUSEDLOSS_DEBUG", 0)) {
-        fprintf(stderr, "fusedloss: pipelined distillation kernel: producer through tensor maps\n");
+    if (tm) {   // no driver entry point / too big: raw copies
+        const int ok = fl__tmaps_encode(s, (size_t)((p->N - 1) * p->ld_s + p->V) * fl__dtype_size(p->dtype),
+                                        &out->maps.s) == 0 &&
+                       fl__tmaps_encode(t, (size_t)((p->N - 1) * p->ld_t + p->V) * fl__dtype_size(p->teacher_dtype),
+                                        &out->maps.t) == 0;
+        tm = fl__tmap_note(ok, "pipelined distillation kernel", (int)rp_env_i64("FUSEDLOSS_DEBUG", 0)) != 0;
+        if (!tm) memset(&out->maps, 0, sizeof out->maps);
     }
     out->tm = tm;
     const int64_t vb = 16 * (1 + NT);   // shared bytes per vector of the row
@@ -1310,10 +1309,7 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         const int64_t per = (nv + cc - 1) / cc;
         int64_t ns = (per + subv - 1) / subv;
         int64_t sb = (per + ns - 1) / ns;
-        if (tm) {   // slots of whole 128-byte lines (cluster.cuh); the kernel's sub-chunks from them
-            sb = (sb + 7) / 8 * 8;
-            ns = (per + sb - 1) / sb;
-        }
+        if (tm) fl__tmap_round(per, &sb, &ns);   // TM (cluster.cuh)
         int64_t r = ring / sb;
         if (r > DP_MAX_SLOTS) r = DP_MAX_SLOTS;
         if (nb && r > NB_MAX_SLOTS) r = NB_MAX_SLOTS;

@@ -295,10 +295,7 @@ static inline int rr_plan_shape(const char* prefix, int64_t C, size_t es, RrPlan
     int64_t ns = (nvec + subv - 1) / subv, sb = (nvec + ns - 1) / ns;
     const int nb = rr_knob_read(prefix, "NBAR", 0, true) != 0;
     const int tm = !nb && rr_knob_read(prefix, "TMAP", 0, true) != 0;   /* _TMAP=1 (not with _NBAR) */
-    if (tm) {   /* slots of whole 128-byte lines; the kernel's sub-chunks a row from them */
-        sb = (sb + 7) / 8 * 8;
-        ns = (nvec + sb - 1) / sb;
-    }
+    if (tm) fl__tmap_round(nvec, &sb, &ns);   /* (cluster.cuh) */
     int64_t r = ring / sb;
     if (r > RR_MAX_SLOTS) r = RR_MAX_SLOTS;
     if (nb && r > NB_MAX_SLOTS) r = NB_MAX_SLOTS;   /* hardware barriers 2-15 */
@@ -334,12 +331,9 @@ static inline const void* rr_plan(const char* prefix, int on, const char* what, 
     if (dev_info(&d) != cudaSuccess || d.cc_major < 9) { (void)cudaGetLastError(); return nullptr; }
     if (!rr_plan_shape(prefix, C, fl__dtype_size(dt), p)) return nullptr;
     memset(&p->maps, 0, sizeof p->maps);
-    if (p->tm && fl__tmaps_encode(x, (size_t)((N - 1) * ld + C) * fl__dtype_size(dt), &p->maps) != 0) {
-        p->tm = 0;   /* no driver entry point / too big: raw copies (the plan's slots stay rounded) */
-        if (rp_env_i64("FUSEDLOSS_DEBUG", 0)) fprintf(stderr, "fusedloss: %s: tensor maps unavailable, raw copies\n", what);
-    } else if (p->tm && rp_env_i64("FUSEDLOSS_DEBUG", 0)) {
-        fprintf(stderr, "fusedloss: %s: producer through tensor maps\n", what);
-    }
+    if (p->tm)   /* no driver entry point / too big: raw copies (the plan's slots stay rounded) */
+        p->tm = fl__tmap_note(fl__tmaps_encode(x, (size_t)((N - 1) * ld + C) * fl__dtype_size(dt), &p->maps) == 0,
+                              what, (int)rp_env_i64("FUSEDLOSS_DEBUG", 0));
     const void* fn = dt == FL_DTYPE_F32 ? rr_pick_t<L, float>(p->pst, p->nb, p->tm)
                      : dt == FL_DTYPE_F16 ? rr_pick_t<L, __half>(p->pst, p->nb, p->tm)
                                           : rr_pick_t<L, __nv_bfloat16>(p->pst, p->nb, p->tm);
