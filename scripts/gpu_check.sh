@@ -505,7 +505,7 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                     echo "### $kv $t"
                     env $kv timeout 150 build/$t 2>&1 | grep -E -m20 "FAIL|passed|failed" || rc=1
                 done
-                for kv in "FUSEDLOSS_LOVASZ_PC=1" "FUSEDLOSS_LOVASZ_PC=1 FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5" "FUSEDLOSS_LOVASZ_KEYS4=1"; do   # small-d probabilities through the class-major buffer; the 4-pixel key kernel
+                for kv in "FUSEDLOSS_LOVASZ_PC=1" "FUSEDLOSS_LOVASZ_PC=1 FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5" "FUSEDLOSS_LOVASZ_KEYS4=1" "FUSEDLOSS_LOVASZ_SORT=3 FUSEDLOSS_LOVASZ_KEYS4=1 FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5"; do   # small-d probabilities through the class-major buffer; the 4-pixel key kernel; the packed-key sort (s20) under the v2 pass
                     echo "### $kv $t --no-big"
                     env $kv timeout 150 build/$t --no-big 2>&1 | grep -E -m20 "FAIL|passed|failed" || rc=1
                 done
@@ -516,6 +516,8 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                         echo "### $tool FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5 $t --small"
                         FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5 timeout 90 "$SANITIZER" --tool $tool --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
                     done
+                    echo "### memcheck FUSEDLOSS_LOVASZ_SORT=3 FUSEDLOSS_LOVASZ_KEYS4=1 $t --small"
+                    FUSEDLOSS_LOVASZ_SORT=3 FUSEDLOSS_LOVASZ_KEYS4=1 timeout 90 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
                 fi
             fi
             if [ "$t" = test_elementwise_loss_cuda ]; then   # the exact 16-bit forms (the fast ones are the default)

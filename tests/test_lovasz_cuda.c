@@ -49,7 +49,8 @@
  * FUSEDLOSS_LOVASZ_SORT 1 <-> 2, bitwise the same; a fourth on the other Jaccard pass,
  * FUSEDLOSS_LOVASZ_JAC 1 <-> 2: the gradient bitwise, the loss within an ulp; one on the other route of a
  * small-d probabilities gradient, FUSEDLOSS_LOVASZ_PC 0 <-> 1, and one on the other key kernel,
- * FUSEDLOSS_LOVASZ_KEYS4 0 <-> 1: bitwise) and CUDA graph capture on a non-blocking
+ * FUSEDLOSS_LOVASZ_KEYS4 0 <-> 1: bitwise; three on the packed-key sort, FUSEDLOSS_LOVASZ_SORT 2 <-> 3 with
+ * 9-, 8- and 10-bit digits: bitwise) and CUDA graph capture on a non-blocking
  * stream + replay bitwise equal to eager (also after grad_loss changes on the device); the big case
  * N = 4, C = 19, d = 512 x 512 (f32 probabilities and grid logits, fused: loss and gradient); bad
  * arguments (status, the function named, nothing written); the size query's 2^31 - 1 limit; N = 0.
@@ -795,17 +796,27 @@ static void test_determinism_graph(const cfg_t* c, uint64_t seed) {
      *   FUSEDLOSS_LOVASZ_PC 0 <-> 1     small-d probabilities' gradient through the class-major buffer
      *   FUSEDLOSS_LOVASZ_JAC 1 <-> 2    the v2 Jaccard pass (32-bit sort path): the same ranks and
      *                                   operations, the loss summed per tile (so within an fp32 ulp)
+     *   FUSEDLOSS_LOVASZ_SORT 2 <-> 3   the packed 64-bit keys sorted alone (with 9-, 8- and 10-bit
+     *                                   digits: FUSEDLOSS_LOVASZ_RADIX set for the row): the same order
      * all bitwise the same gradient, and the same loss but for JAC's summation order */
     {
         static const struct {
             const char *knob, *dflt, *other;
             int loss_ulp;
-        } ab[] = {{"FUSEDLOSS_LOVASZ_SORT", "2", "1", 0},
-                  {"FUSEDLOSS_LOVASZ_KEYS4", "0", "1", 0},
-                  {"FUSEDLOSS_LOVASZ_PC", "0", "1", 0},
-                  {"FUSEDLOSS_LOVASZ_JAC", "1", "2", 1}};
+            const char *knob2, *val2;   /* a second knob set for the row, or NULL */
+        } ab[] = {{"FUSEDLOSS_LOVASZ_SORT", "2", "1", 0, NULL, NULL},
+                  {"FUSEDLOSS_LOVASZ_KEYS4", "0", "1", 0, NULL, NULL},
+                  {"FUSEDLOSS_LOVASZ_PC", "0", "1", 0, NULL, NULL},
+                  {"FUSEDLOSS_LOVASZ_JAC", "1", "2", 1, NULL, NULL},
+                  {"FUSEDLOSS_LOVASZ_SORT", "2", "3", 0, "FUSEDLOSS_LOVASZ_RADIX", "9"},
+                  {"FUSEDLOSS_LOVASZ_SORT", "2", "3", 0, "FUSEDLOSS_LOVASZ_RADIX", "8"},
+                  {"FUSEDLOSS_LOVASZ_SORT", "2", "3", 0, "FUSEDLOSS_LOVASZ_RADIX", "10"}};
         for (size_t q = 0; q < sizeof ab / sizeof ab[0]; q++) {
-            zt_env_saved sv;
+            zt_env_saved sv, sv2;
+            if (ab[q].knob2) {
+                zt_env_other(&sv2, ab[q].knob2, "", "");   /* saves it; then the row's value */
+                setenv(ab[q].knob2, ab[q].val2, 1);
+            }
             const char* to = zt_env_other(&sv, ab[q].knob, ab[q].dflt, ab[q].other);
             dcase_prepare(&h, &D, 0);
             st = LV_CALL();
@@ -815,11 +826,13 @@ static void test_determinism_graph(const cfg_t* c, uint64_t seed) {
                 const int same_loss = ab[q].loss_ulp ? (lb[0] == la[0] || fabsf(lb[0] - la[0]) <= 1.2e-7f *
                                                                                     fmaxf(fabsf(la[0]), fabsf(lb[0])))
                                                      : memcmp(la, lb, 8) == 0;
-                LCHECK(same_loss && memcmp(da, db, xb) == 0, "%s=%s: %s differs from the other path (loss %.9g / %.9g)",
-                       ab[q].knob, to, memcmp(da, db, xb) ? "the gradient" : "the loss", (double)lb[0],
-                       (double)la[0]);
+                LCHECK(same_loss && memcmp(da, db, xb) == 0,
+                       "%s=%s%s%s%s: %s differs from the other path (loss %.9g / %.9g)", ab[q].knob, to,
+                       ab[q].knob2 ? " " : "", ab[q].knob2 ? ab[q].knob2 : "", ab[q].knob2 ? "=" : "",
+                       memcmp(da, db, xb) ? "the gradient" : "the loss", (double)lb[0], (double)la[0]);
             }
             zt_env_restore(&sv);
+            if (ab[q].knob2) zt_env_restore(&sv2);
         }
     }
     {   /* capture on the non-blocking stream, instantiate, replay three times */

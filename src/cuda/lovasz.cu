@@ -102,7 +102,33 @@ static __device__ __forceinline__ int64_t lv_label(const void* lab, int lab64, i
     return lab64 ? ((const long long*)lab)[i] : (int64_t)((const int*)lab)[i];
 }
 
-template <typename T, bool K32>
+/* FUSEDLOSS_LOVASZ_SORT=3 (s20, off until timed): the 32-bit path's error key kq and value vq
+ * ((s << (jb + 1)) | (j << 1) | fg) packed into one 64-bit key [s | k31 | j | fg], sorted alone over
+ * bits [jb + 1, jb + 32 + sbits) (see lv_sort_packed). k31 keeps kq's order in 31 bits: kq takes
+ * 0 (NaN), [0x007FFFFF, 0x7FFFFFFF] (e from +inf down to 0) or 0xFFFFFFFF (ignored), so
+ * k31 = 0, kq - 0x007FFFFE in [1, 0x7F800001], or 0x7F800002. lv_unpack gives kq and vq back. */
+static __device__ __forceinline__ u64 lv_pack(u32 kq, u32 vq, int jb) {
+    const u32 k31 = kq == 0u ? 0u : kq == 0xFFFFFFFFu ? 0x7F800002u : kq - 0x007FFFFEu;
+    const u64 low = (u64)vq & ((2ull << jb) - 1ull);
+    return ((u64)(vq >> (jb + 1)) << (jb + 32)) | ((u64)k31 << (jb + 1)) | low;
+}
+static __device__ __forceinline__ void lv_unpack(u64 w, int jb, u32& kq, u32& vq) {
+    const u32 k31 = (u32)(w >> (jb + 1)) & 0x7FFFFFFFu;
+    kq = k31 == 0u ? 0u : k31 == 0x7F800002u ? 0xFFFFFFFFu : k31 + 0x007FFFFEu;
+    vq = ((u32)(w >> (jb + 32)) << (jb + 1)) | (u32)(w & ((2ull << jb) - 1ull));
+}
+/* the 32-bit path's key and value at sorted-input position pos: two arrays, or one packed word (PK) */
+template <bool PK>
+static __device__ __forceinline__ void lv_put(const LvArgs& a, int64_t pos, u32 kq, u32 vq, int jb) {
+    if constexpr (PK) {
+        a.keys[pos] = lv_pack(kq, vq, jb);
+    } else {
+        ((u32*)a.keys)[pos] = kq;
+        a.vals[pos] = vq;
+    }
+}
+
+template <typename T, bool K32, bool PK = false>
 static __global__ void __launch_bounds__(LV_THREADS) lv_keys(LvArgs a, int jb) {
     const T* x = (const T*)a.x;
     T* dx = (T*)a.dx;
@@ -147,16 +173,14 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_keys(LvArgs a, int jb) {
                     const int64_t pos = (set * a.C + c) * a.L + j;
                     const u32 sj = ((u32)(set * a.C + c) << (jb + 1)) | ((u32)j << 1);
                     if (skip) {
-                        ((u32*)a.keys)[pos] = 0xFFFFFFFFu;
-                        a.vals[pos] = sj;
+                        lv_put<PK>(a, pos, 0xFFFFFFFFu, sj, jb);
                         if (a.fused && !a.from_logits) dx[e0 + (int64_t)c * a.d] = from_float<T>(bad ? NAN : 0.0f);
                         continue;
                     }
                     const float p = a.from_logits ? expf(xv[c] - lse) : xv[c];
                     const int fg = y == c;
                     const float e = fabsf((fg ? 1.0f : 0.0f) - p);
-                    ((u32*)a.keys)[pos] = e != e ? 0u : 0x7FFFFFFFu - __float_as_uint(e);
-                    a.vals[pos] = sj | (u32)fg;
+                    lv_put<PK>(a, pos, e != e ? 0u : 0x7FFFFFFFu - __float_as_uint(e), sj | (u32)fg, jb);
                 }
                 continue;
             }
@@ -176,8 +200,7 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_keys(LvArgs a, int jb) {
             const u32 sj = K32 ? ((u32)(set * a.C + c) << (jb + 1)) | ((u32)j << 1) : 0u;   /* packed (s, j) */
             if (skip) {
                 if constexpr (K32) {
-                    ((u32*)a.keys)[pos] = 0xFFFFFFFFu;
-                    a.vals[pos] = sj;
+                    lv_put<PK>(a, pos, 0xFFFFFFFFu, sj, jb);
                 } else {
                     a.keys[pos] = hi | 0xFFFFFFFFull;
                     a.vals[pos] = (u32)j << 1;
@@ -191,8 +214,7 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_keys(LvArgs a, int jb) {
             const float e = fabsf((fg ? 1.0f : 0.0f) - p);
             const u32 low = e != e ? 0u : 0x7FFFFFFFu - __float_as_uint(e);
             if constexpr (K32) {
-                ((u32*)a.keys)[pos] = low;
-                a.vals[pos] = sj | (u32)fg;
+                lv_put<PK>(a, pos, low, sj | (u32)fg, jb);
             } else {
                 a.keys[pos] = hi | (u64)low;
                 a.vals[pos] = ((u32)j << 1) | (u32)fg;
@@ -223,7 +245,7 @@ static __device__ __forceinline__ void lv_load4(const T* p, float* v) {
  * order; then the keys), so the same keys, values and lse bit for bit; the logits' three sweeps over
  * the classes reload the pixels' values (from L1 / L2) instead of holding 4 C of them. Needs d, ld
  * and x 4-element aligned (lv_run_t checks), so the 4 pixels share an image and L % 4 == 0. */
-template <typename T>
+template <typename T, bool PK = false>
 static __global__ void __launch_bounds__(LV_THREADS) lv_keys4(LvArgs a, int jb) {
     const T* x = (const T*)a.x;
     T* dx = (T*)a.dx;
@@ -288,8 +310,14 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_keys4(LvArgs a, int jb) 
                 kq[u] = e != e ? 0u : 0x7FFFFFFFu - __float_as_uint(e);
                 vq[u] = sj | (u32)fg;
             }
-            *(uint4*)((u32*)a.keys + pos) = make_uint4(kq[0], kq[1], kq[2], kq[3]);
-            *(uint4*)(a.vals + pos) = make_uint4(vq[0], vq[1], vq[2], vq[3]);
+            if constexpr (PK) {   /* pos % 4 == 0: two 16-byte stores of the 4 packed words */
+                ulonglong2* w = (ulonglong2*)(a.keys + pos);
+                w[0] = make_ulonglong2(lv_pack(kq[0], vq[0], jb), lv_pack(kq[1], vq[1], jb));
+                w[1] = make_ulonglong2(lv_pack(kq[2], vq[2], jb), lv_pack(kq[3], vq[3], jb));
+            } else {
+                *(uint4*)((u32*)a.keys + pos) = make_uint4(kq[0], kq[1], kq[2], kq[3]);
+                *(uint4*)(a.vals + pos) = make_uint4(vq[0], vq[1], vq[2], vq[3]);
+            }
         }
     }
 }
@@ -323,6 +351,10 @@ struct LvFg {
     __host__ __device__ int operator()(u32 v) const { return (int)(v & 1u); }
 };
 typedef thrust::transform_iterator<LvFg, const u32*> LvFgIt;
+struct LvFgPk {   /* SORT=3: fg is the packed word's bit 0 */
+    __host__ __device__ int operator()(u64 w) const { return (int)(w & 1ull); }
+};
+typedef thrust::transform_iterator<LvFgPk, const u64*> LvFgPkIt;
 
 /* one set's segment weights from its classes' fg counts G (lv_segments, lv_prep): V valid pixels
  * (= sum G), K classes averaged, loss weight 1 / K [/ N] and gradient weight g / K [/ N] for the
@@ -400,7 +432,7 @@ static __device__ __forceinline__ void lv_store_grad(const LvArgs& a, float* gp,
     }
 }
 
-template <typename T, bool K32>
+template <typename T, bool K32, bool PK = false>
 static __global__ void __launch_bounds__(LV_THREADS, K32 ? 8 : 0) lv_jaccard(LvArgs a, const u64* keys, const u32* vals,
                                                                  const int* scan, const int* G, const int* base,
                                                                  const int* Vs, const double* lw, const double* gw,
@@ -414,8 +446,16 @@ static __global__ void __launch_bounds__(LV_THREADS, K32 ? 8 : 0) lv_jaccard(LvA
         /* K32: keys holds the 32-bit error keys (sorted), vals the packed (s, j, fg); their reads
          * (and the scan's) evict-first, so that the streamed 12 bytes a position do not push the
          * segment's scattered gradient lines out of L2 before all their elements are written */
-        const u64 key = K32 ? (u64)__ldcs((const u32*)keys + pos) : keys[pos];
-        const u32 v0 = K32 ? __ldcs(vals + pos) : vals[pos];
+        u64 key;
+        u32 v0;
+        if constexpr (PK) {   /* the packed word (SORT=3): kq and the value back */
+            u32 kq;
+            lv_unpack(__ldcs(keys + pos), jb, kq, v0);
+            key = kq;
+        } else {
+            key = K32 ? (u64)__ldcs((const u32*)keys + pos) : keys[pos];
+            v0 = K32 ? __ldcs(vals + pos) : vals[pos];
+        }
         const u32 v = K32 ? (((v0 >> 1) & ((1u << jb) - 1u)) << 1) | (v0 & 1u) : v0;
         const int fg = (int)(v & 1u);
         const double A = (double)((K32 ? __ldcs(scan + pos) : scan[pos]) - base[s]);   /* fg up to and including k */
@@ -480,7 +520,7 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_prep(LvTileState ts, int
         lv_set_weights(set, C, all, per_image, N, g, G, Vs, lw, gw);
 }
 
-template <typename T, bool BKT>
+template <typename T, bool BKT, bool PK = false>
 static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard2(LvArgs a, const u32* keys, const u32* vals,
                                                                  LvTileState ts, const int* G, const int* base,
                                                                  const int* Vs, const double* lw, const double* gw,
@@ -506,7 +546,27 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard2(LvArgs a, const
 
     /* this thread's LV_ITEMS consecutive positions (evict-first: read once) */
     u32 kk[LV_ITEMS], vv[LV_ITEMS];
-    if (t0 + LV_TILE <= E) {
+    if constexpr (PK) {   /* SORT=3: keys holds the packed words (vals unused) */
+        const u64* w = (const u64*)keys;
+        if (t0 + LV_TILE <= E) {
+#pragma unroll
+            for (int q = 0; q < LV_ITEMS / 2; q++) {
+                const ulonglong2 w2 = __ldcs((const ulonglong2*)(w + p0) + q);
+                lv_unpack(w2.x, jb, kk[2 * q], vv[2 * q]);
+                lv_unpack(w2.y, jb, kk[2 * q + 1], vv[2 * q + 1]);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < LV_ITEMS; i++) {
+                if (p0 + i < E) {
+                    lv_unpack(__ldcs(w + p0 + i), jb, kk[i], vv[i]);
+                } else {
+                    kk[i] = 0xFFFFFFFFu;
+                    vv[i] = 0u;
+                }
+            }
+        }
+    } else if (t0 + LV_TILE <= E) {
 #pragma unroll
         for (int q = 0; q < LV_ITEMS / 4; q++) {
             const uint4 k4 = __ldcs((const uint4*)(keys + p0) + q), v4 = __ldcs((const uint4*)(vals + p0) + q);
@@ -687,6 +747,76 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_softmax_bwd(LvArgs a, co
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* SORT=3's sort: CUB's onesweep radix sort of the packed 64-bit keys alone, with R-bit digits    */
+/*                                                                                            */
+/* CUB's own tuning takes 8-bit digits; 4 x 19 x 512 x 512 sorts 31 + 5 = 36 bits, 5 passes of 8 */
+/* or 4 of 9. Every pass moves 8 bytes an element either way (the 32-bit path's pass A and B:   */
+/* 4 + 1 passes of 4 + 4 bytes, and a histogram pass for each sort), so one pass fewer is ~1/5  */
+/* of the sort's memory traffic if a 9-bit pass costs what an 8-bit one does (unmeasured: the   */
+/* ranking's per-warp counters and the look-back double with each bit).                         */
+/* LvHub<R>: the sm_90 keys-only 64-bit onesweep shape of CUB's tuning (384 threads x 30 keys)   */
+/* for R <= 9 (ptxas, sm_90: R = 9 takes 71 registers and 47 KB of shared memory), 256 x 24 for  */
+/* R = 10 (the 384 x 30 tile needs 59 KB of static shared memory at 10 bits). The other members */
+/* only make the policy complete: DispatchRadixSort runs onesweep when ONESWEEP is set.          */
+template <int R>
+struct LvHub {
+    struct Policy : cub::ChainedPolicy<800, Policy, Policy> {
+        static constexpr bool ONESWEEP = true;
+        static constexpr int ONESWEEP_RADIX_BITS = R;
+        using HistogramPolicy = cub::AgentRadixSortHistogramPolicy<128, 16, 1, u64, R>;
+        using ExclusiveSumPolicy = cub::AgentRadixSortExclusiveSumPolicy<256, R>;
+        using OnesweepPolicy = cub::AgentRadixSortOnesweepPolicy<(R >= 10 ? 256 : 384), (R >= 10 ? 24 : 30), u64, 1,
+                                                                 cub::RADIX_RANK_MATCH_EARLY_COUNTS_ANY,
+                                                                 cub::BLOCK_SCAN_RAKING_MEMOIZE,
+                                                                 cub::RADIX_SORT_STORE_DIRECT, R>;
+        using ScanPolicy = cub::AgentScanPolicy<512, 23, int, cub::BLOCK_LOAD_WARP_TRANSPOSE, cub::LOAD_DEFAULT,
+                                                cub::BLOCK_STORE_WARP_TRANSPOSE, cub::BLOCK_SCAN_RAKING_MEMOIZE>;
+        using DownsweepPolicy = cub::AgentRadixSortDownsweepPolicy<512, 23, u64, cub::BLOCK_LOAD_TRANSPOSE,
+                                                                   cub::LOAD_DEFAULT, cub::RADIX_RANK_MATCH,
+                                                                   cub::BLOCK_SCAN_WARP_SCANS, 7>;
+        using AltDownsweepPolicy = cub::AgentRadixSortDownsweepPolicy<256, 47, u64, cub::BLOCK_LOAD_TRANSPOSE,
+                                                                      cub::LOAD_DEFAULT, cub::RADIX_RANK_MEMOIZE,
+                                                                      cub::BLOCK_SCAN_WARP_SCANS, 6>;
+        using UpsweepPolicy = cub::AgentRadixSortUpsweepPolicy<256, 23, u64, cub::LOAD_DEFAULT, 7>;
+        using AltUpsweepPolicy = cub::AgentRadixSortUpsweepPolicy<256, 47, u64, cub::LOAD_DEFAULT, 6>;
+        using SingleTilePolicy = cub::AgentRadixSortDownsweepPolicy<256, 19, u64, cub::BLOCK_LOAD_DIRECT, cub::LOAD_LDG,
+                                                                    cub::RADIX_RANK_MEMOIZE,
+                                                                    cub::BLOCK_SCAN_WARP_SCANS, 6>;
+        using SegmentedPolicy = cub::AgentRadixSortDownsweepPolicy<192, 39, u64, cub::BLOCK_LOAD_TRANSPOSE,
+                                                                   cub::LOAD_DEFAULT, cub::RADIX_RANK_MEMOIZE,
+                                                                   cub::BLOCK_SCAN_WARP_SCANS, 6>;
+        using AltSegmentedPolicy = cub::AgentRadixSortDownsweepPolicy<384, 11, u64, cub::BLOCK_LOAD_TRANSPOSE,
+                                                                      cub::LOAD_DEFAULT, cub::RADIX_RANK_MEMOIZE,
+                                                                      cub::BLOCK_SCAN_WARP_SCANS, 5>;
+    };
+    using MaxPolicy = Policy;
+};
+
+#define LV_RADIX_MIN 8
+#define LV_RADIX_MAX 10
+
+/* the packed keys sorted by bits [b0, b1) with R-bit digits (R in [LV_RADIX_MIN, LV_RADIX_MAX]);
+ * temp == nullptr: the scratch size into tb. Stable, as every LSD radix sort. */
+static cudaError_t lv_sort_packed(int R, void* temp, size_t& tb, cub::DoubleBuffer<u64>& k, int n, int b0, int b1,
+                                  cudaStream_t s) {
+    cub::DoubleBuffer<cub::NullType> v;
+    switch (R) {
+        case 8:
+            return cub::DispatchRadixSort<cub::SortOrder::Ascending, u64, cub::NullType, int,
+                                          cub::detail::identity_decomposer_t, LvHub<8>>::Dispatch(temp, tb, k, v, n, b0,
+                                                                                                  b1, true, s);
+        case 9:
+            return cub::DispatchRadixSort<cub::SortOrder::Ascending, u64, cub::NullType, int,
+                                          cub::detail::identity_decomposer_t, LvHub<9>>::Dispatch(temp, tb, k, v, n, b0,
+                                                                                                  b1, true, s);
+        default:
+            return cub::DispatchRadixSort<cub::SortOrder::Ascending, u64, cub::NullType, int,
+                                          cub::detail::identity_decomposer_t, LvHub<10>>::Dispatch(temp, tb, k, v, n,
+                                                                                                   b0, b1, true, s);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* workspace plan                                                                             */
 
 typedef struct {
@@ -771,6 +901,19 @@ static cudaError_t lv_plan(int64_t N, int64_t C, int64_t d, int per_image, int f
         e = cub::DeviceScan::InclusiveSum(nullptr, t_scan, LvFgIt((const u32*)nullptr, LvFg()), (int*)nullptr,
                                           (int)pl->E);
         if (e != cudaSuccess) return e;
+        if (1 + pl->jbits + pl->sbits <= 32) {   /* SORT=3: the packed keys' sort (every digit width) and scan */
+            for (int R = LV_RADIX_MIN; R <= LV_RADIX_MAX; R++) {
+                e = lv_sort_packed(R, nullptr, t32, k, (int)pl->E, pl->jbits + 1, pl->jbits + 32 + pl->sbits,
+                                   (cudaStream_t)0);
+                if (e != cudaSuccess) return e;
+                if (t32 > t_sort) t_sort = t32;
+            }
+            size_t t2 = 0;
+            e = cub::DeviceScan::InclusiveSum(nullptr, t2, LvFgPkIt((const u64*)nullptr, LvFgPk()), (int*)nullptr,
+                                              (int)pl->E);
+            if (e != cudaSuccess) return e;
+            if (t2 > t_scan) t_scan = t2;
+        }
     }
     pl->temp_bytes = al256(t_sort > t_scan ? t_sort : t_scan);
     pl->total = o + pl->temp_bytes;
@@ -861,7 +1004,14 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
      * error keys riding along. Both sorts are stable and the input is in (s, j) order, so the result
      * is the default path's order exactly: segment, then decreasing error, then increasing pixel.
      * Needs 1 + jbits + sbits <= 32 (4 x 19 x 512 x 512: 1 + 20 + 5); else the 64-bit keys. */
-    const int k32 = lv_env_int("FUSEDLOSS_LOVASZ_SORT", 2) == 2 && 1 + pl.jbits + pl.sbits <= 32;
+    const int sort_knob = lv_env_int("FUSEDLOSS_LOVASZ_SORT", 2);
+    const int k32 = (sort_knob == 2 || sort_knob == 3) && 1 + pl.jbits + pl.sbits <= 32;
+    /* FUSEDLOSS_LOVASZ_SORT=3 (s20, off until timed): the 32-bit path's key and value as one packed
+     * 64-bit key, sorted alone with FUSEDLOSS_LOVASZ_RADIX-bit digits (8-10, default 9; see
+     * lv_sort_packed): the same order, so the same results bit for bit */
+    const int pk = k32 && sort_knob == 3;
+    int radix = lv_env_int("FUSEDLOSS_LOVASZ_RADIX", 9);
+    radix = radix < LV_RADIX_MIN ? LV_RADIX_MIN : radix > LV_RADIX_MAX ? LV_RADIX_MAX : radix;
     /* FUSEDLOSS_LOVASZ_JAC=2 (32-bit path only; built 2026-12-05 s19 without a GPU, off until timed):
      * G counted by lv_keys, the fg scan inside the Jaccard pass, the gradient through buckets (see
      * lv_jaccard2) */
@@ -880,8 +1030,12 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
     /* FUSEDLOSS_LOVASZ_KEYS4=1: four pixels a thread where d, ld and x allow 4-element vectors */
     const int keys4 = k32 && p->d % 4 == 0 && p->ld % 4 == 0 && (uintptr_t)x % (4 * sizeof(T)) == 0 &&
                       lv_env_int("FUSEDLOSS_LOVASZ_KEYS4", 0) != 0;
-    if (keys4) {
+    if (keys4 && pk) {
+        lv_keys4<T, true><<<lv_grid(pl.P / 4, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
+    } else if (keys4) {
         lv_keys4<T><<<lv_grid(pl.P / 4, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
+    } else if (pk) {
+        lv_keys<T, true, true><<<lv_grid(pl.P, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
     } else if (k32) {
         lv_keys<T, true><<<lv_grid(pl.P, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
     } else {
@@ -897,7 +1051,15 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
     int* scan;
     float* gp;
     float* bucket_gv = nullptr;   /* jac2: the upper half of the sorted keys' 8E-byte buffer */
-    if (k32) {
+    if (pk) {
+        FL_CUDA_TRY(lv_sort_packed(radix, (void*)(ws + pl.off_temp), tb, kb, (int)pl.E, pl.jbits + 1,
+                                   pl.jbits + 32 + pl.sbits, stream));
+        keys = kb.Current();                          /* the packed words: the Jaccard passes unpack them */
+        vals = nullptr;
+        scan = (int*)(ws + pl.off_vals0);             /* the value buffers are free on this path */
+        gp = (float*)kb.Alternate();                  /* C x P floats (4E bytes of the 8E) */
+        bucket_gv = (float*)(ws + pl.off_vals1);
+    } else if (k32) {
         cub::DoubleBuffer<u32> eb((u32*)(ws + pl.off_keys0), (u32*)(ws + pl.off_keys1));
         FL_CUDA_TRY(cub::DeviceRadixSort::SortPairs((void*)(ws + pl.off_temp), tb, eb, vb, (int)pl.E, 0, 32, stream));
         if (pl.sbits > 0) {
@@ -956,7 +1118,13 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
             ts, (int)pl.ntiles, bk.cur, ncur, G, pl.nsets, p->C, a.all, p->per_image, p->N, grad_loss, grad_scale,
             base, Vs, lw, gw);
         FL_CUDA_TRY(cudaGetLastError());
-        if (bkt)
+        if (pk && bkt)
+            lv_jaccard2<T, true, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
+                ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
+        else if (pk)
+            lv_jaccard2<T, false, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
+                ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
+        else if (bkt)
             lv_jaccard2<T, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         else
@@ -970,8 +1138,12 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
         nparts = pl.ntiles;
     } else {
         tb = pl.temp_bytes;
-        FL_CUDA_TRY(cub::DeviceScan::InclusiveSum((void*)(ws + pl.off_temp), tb, LvFgIt(vals, LvFg()), scan,
-                                                  (int)pl.E, stream));
+        if (pk)
+            FL_CUDA_TRY(cub::DeviceScan::InclusiveSum((void*)(ws + pl.off_temp), tb, LvFgPkIt(keys, LvFgPk()), scan,
+                                                      (int)pl.E, stream));
+        else
+            FL_CUDA_TRY(cub::DeviceScan::InclusiveSum((void*)(ws + pl.off_temp), tb, LvFgIt(vals, LvFg()), scan,
+                                                      (int)pl.E, stream));
         lv_segments<<<(unsigned)((pl.nsets + 127) / 128), 128, 0, stream>>>(scan, pl.nsets, p->C, pl.L, a.all,
                                                                              p->per_image, p->N, grad_loss,
                                                                              grad_scale, G, base, Vs, lw, gw);
@@ -979,18 +1151,23 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
         /* exactly the resident blocks: the positions in flight form one window moving through the
          * sorted array, so each segment's scattered gradient writes land in L2 together (run 4: 2048
          * blocks = two waves, each writing half of every segment: 0.73 ms for 20M positions) */
-        static int occ[3][2];
-        int* o = &occ[p->dtype == FL_DTYPE_F32 ? 0 : p->dtype == FL_DTYPE_F16 ? 1 : 2][k32];
+        static int occ[3][3];
+        int* o = &occ[p->dtype == FL_DTYPE_F32 ? 0 : p->dtype == FL_DTYPE_F16 ? 1 : 2][k32 + pk];
         if (*o == 0) {
             int v = 0;
             FL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &v, k32 ? (const void*)lv_jaccard<T, true> : (const void*)lv_jaccard<T, false>, LV_THREADS, 0));
+                &v, pk ? (const void*)lv_jaccard<T, true, true>
+                       : k32 ? (const void*)lv_jaccard<T, true> : (const void*)lv_jaccard<T, false>,
+                LV_THREADS, 0));
             *o = v > 0 ? v : 1;
         }
         int64_t nb = (pl.E + LV_THREADS - 1) / LV_THREADS;
         if (nb > (int64_t)sms * *o) nb = (int64_t)sms * *o;
         if (nb > LV_MAX_BLOCKS) nb = LV_MAX_BLOCKS;
-        if (k32)
+        if (pk)
+            lv_jaccard<T, true, true><<<(unsigned)nb, LV_THREADS, 0, stream>>>(ag, keys, vals, scan, G, base, Vs, lw,
+                                                                                gw, gp, part, pl.jbits);
+        else if (k32)
             lv_jaccard<T, true><<<(unsigned)nb, LV_THREADS, 0, stream>>>(ag, keys, vals, scan, G, base, Vs, lw, gw,
                                                                           gp, part, pl.jbits);
         else
