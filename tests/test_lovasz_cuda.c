@@ -50,7 +50,7 @@
  * FUSEDLOSS_LOVASZ_JAC 1 <-> 2: the gradient bitwise, the loss within an ulp; one on the other route of a
  * small-d probabilities gradient, FUSEDLOSS_LOVASZ_PC 0 <-> 1, and one on the other key kernel,
  * FUSEDLOSS_LOVASZ_KEYS4 0 <-> 1: bitwise; three on the packed-key sort, FUSEDLOSS_LOVASZ_SORT 2 <-> 3 with
- * 9-, 8- and 10-bit digits: bitwise) and CUDA graph capture on a non-blocking
+ * digits of the automatic width, 8 and 10 bits: bitwise) and CUDA graph capture on a non-blocking
  * stream + replay bitwise equal to eager (also after grad_loss changes on the device); the big case
  * N = 4, C = 19, d = 512 x 512 (f32 probabilities and grid logits, fused: loss and gradient); bad
  * arguments (status, the function named, nothing written); the size query's 2^31 - 1 limit; N = 0.
@@ -796,8 +796,9 @@ static void test_determinism_graph(const cfg_t* c, uint64_t seed) {
      *   FUSEDLOSS_LOVASZ_PC 0 <-> 1     small-d probabilities' gradient through the class-major buffer
      *   FUSEDLOSS_LOVASZ_JAC 1 <-> 2    the v2 Jaccard pass (32-bit sort path): the same ranks and
      *                                   operations, the loss summed per tile (so within an fp32 ulp)
-     *   FUSEDLOSS_LOVASZ_SORT 2 <-> 3   the packed 64-bit keys sorted alone (with 9-, 8- and 10-bit
-     *                                   digits: FUSEDLOSS_LOVASZ_RADIX set for the row): the same order
+     *   FUSEDLOSS_LOVASZ_SORT 2 <-> 3   the packed 64-bit keys sorted alone (digits of the automatic
+     *                                   width, then of 8 and 10 bits: FUSEDLOSS_LOVASZ_RADIX set for
+     *                                   the row): the same order
      * all bitwise the same gradient, and the same loss but for JAC's summation order */
     {
         static const struct {
@@ -808,7 +809,7 @@ static void test_determinism_graph(const cfg_t* c, uint64_t seed) {
                   {"FUSEDLOSS_LOVASZ_KEYS4", "0", "1", 0, NULL, NULL},
                   {"FUSEDLOSS_LOVASZ_PC", "0", "1", 0, NULL, NULL},
                   {"FUSEDLOSS_LOVASZ_JAC", "1", "2", 1, NULL, NULL},
-                  {"FUSEDLOSS_LOVASZ_SORT", "2", "3", 0, "FUSEDLOSS_LOVASZ_RADIX", "9"},
+                  {"FUSEDLOSS_LOVASZ_SORT", "2", "3", 0, "FUSEDLOSS_LOVASZ_RADIX", "0"},
                   {"FUSEDLOSS_LOVASZ_SORT", "2", "3", 0, "FUSEDLOSS_LOVASZ_RADIX", "8"},
                   {"FUSEDLOSS_LOVASZ_SORT", "2", "3", 0, "FUSEDLOSS_LOVASZ_RADIX", "10"}};
         for (size_t q = 0; q < sizeof ab / sizeof ab[0]; q++) {

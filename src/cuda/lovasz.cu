@@ -1007,10 +1007,17 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
     const int sort_knob = lv_env_int("FUSEDLOSS_LOVASZ_SORT", 2);
     const int k32 = (sort_knob == 2 || sort_knob == 3) && 1 + pl.jbits + pl.sbits <= 32;
     /* FUSEDLOSS_LOVASZ_SORT=3 (s20, off until timed): the 32-bit path's key and value as one packed
-     * 64-bit key, sorted alone with FUSEDLOSS_LOVASZ_RADIX-bit digits (8-10, default 9; see
-     * lv_sort_packed): the same order, so the same results bit for bit */
+     * 64-bit key, sorted alone with R-bit digits (see lv_sort_packed): the same order, so the same
+     * results bit for bit */
     const int pk = k32 && sort_knob == 3;
-    int radix = lv_env_int("FUSEDLOSS_LOVASZ_RADIX", 9);
+    /* digits: FUSEDLOSS_LOVASZ_RADIX (8-10), or (unset / 0) the fewest passes that 10-bit digits allow, at
+     * the narrowest digit that keeps them: 31 + sbits = 36 bits (19 classes) -> 4 x 9, 38 (per image,
+     * 4 x 19 segments) -> 4 x 10, <= 32 -> 4 x 8 */
+    int radix = lv_env_int("FUSEDLOSS_LOVASZ_RADIX", 0);
+    if (radix <= 0) {
+        const int nbits = 31 + pl.sbits, passes = (nbits + LV_RADIX_MAX - 1) / LV_RADIX_MAX;
+        radix = (nbits + passes - 1) / passes;
+    }
     radix = radix < LV_RADIX_MIN ? LV_RADIX_MIN : radix > LV_RADIX_MAX ? LV_RADIX_MAX : radix;
     /* FUSEDLOSS_LOVASZ_JAC=2 (32-bit path only; built 2026-12-05 s19 without a GPU, off until timed):
      * G counted by lv_keys, the fg scan inside the Jaccard pass, the gradient through buckets (see
