@@ -2049,6 +2049,10 @@ int main(int argc, char** argv) {
         test_scale_rows(sdt, 67, 1001, 1003, 1, 0);
         test_scale_rows(sdt, 33, 50257, 50257, 0, 0);
         test_scale_rows(sdt, 33, 777, 781, 0, 1);
+        /* a few long rows: cut into (row, chunk) items (the zoo's kept [N, C d] gradients) */
+        test_scale_rows(sdt, 3, 300007, 300011, 0, 0);
+        test_scale_rows(sdt, 5, 70001, 70001, 1, 0);
+        test_scale_rows(sdt, 1, 1000003, 1000003, 0, 0);
     }
     if (!g_small && !g_nobig) test_determinism(8192, 32000, FL_DTYPE_BF16, FL_REDUCTION_MEAN, 0.1f, 0.0f);
     /* (d) N*V >= 2^31 */

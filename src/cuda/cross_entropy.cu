@@ -2854,11 +2854,17 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
     return FL_OK;
 }
 
-// x[i, :V] *= g[per_row ? i : 0], rows with factor 1 untouched (see fl_scale_rows_cuda).
+// x[i, :V] *= g[per_row ? i : 0], rows with factor 1 untouched (see fl_scale_rows_cuda). The work
+// items are (row, chunk) pairs, nch chunks a row (the row's vectors cut into nch near-equal runs; the
+// head / tail elements go with chunk 0): a few long rows (the zoo's kept [N, C d] gradients, e.g.
+// Lovasz 4 x (19 x 512 x 512) or focal 8 x (19 x 512 x 1024)) still spread over the whole grid.
 template <typename T>
 __global__ void __launch_bounds__(256) scale_rows_kernel(T* x, int64_t N, int V, int64_t ld, const float* g,
-                                                         int per_row) {
-    for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
+                                                         int per_row, int nch) {
+    const int64_t items = N * (int64_t)nch;
+    for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+        const int64_t i = it / nch;
+        const int c = (int)(it - i * nch);
         const float f = g[per_row ? i : 0];
         if (f == 1.0f) {
             if (!per_row) return;  // the same factor for every row: nothing to do anywhere
@@ -2866,16 +2872,21 @@ __global__ void __launch_bounds__(256) scale_rows_kernel(T* x, int64_t N, int V,
         }
         T* row = x + i * ld;
         const RowGrid<T> gr(row, V);
-        for (int q = (int)threadIdx.x; q < gr.nfull; q += (int)blockDim.x) {
+        const int per = (int)(((int64_t)gr.nfull + nch - 1) / nch);
+        const int q0 = (int)((int64_t)c * per < gr.nfull ? c * per : gr.nfull);
+        const int q1 = (int)((int64_t)q0 + per < gr.nfull ? q0 + per : gr.nfull);
+        for (int q = q0 + (int)threadIdx.x; q < q1; q += (int)blockDim.x) {
             Pack<T> p;
             load_vec(p, row, gr.vec_elem(q), true);
 #pragma unroll
             for (int v = 0; v < Pack<T>::VEC; v++) p.v[v] = from_float<T>(to_float(p.v[v]) * f);
             store_vec(p, row, gr.vec_elem(q));
         }
-        for (int k = (int)threadIdx.x; k < gr.nextra; k += (int)blockDim.x) {
-            const int e = gr.extra_elem(k);
-            row[e] = from_float<T>(to_float(row[e]) * f);
+        if (c == 0) {
+            for (int k = (int)threadIdx.x; k < gr.nextra; k += (int)blockDim.x) {
+                const int e = gr.extra_elem(k);
+                row[e] = from_float<T>(to_float(row[e]) * f);
+            }
         }
     }
 }
@@ -2896,13 +2907,27 @@ fl_status fl_scale_rows_cuda(void* x, int64_t N, int64_t V, int64_t ld, fl_dtype
     DevInfo d;
     FL_CUDA_TRY(dev_info(&d));
     const int64_t cap = (int64_t)d.sms * 8;
-    const unsigned grid = (unsigned)(N < cap ? N : cap);
+    // rows cut into chunks of >= 16384 elements while there are fewer (row, chunk) items than cap:
+    // 8 x (19 x 512 x 1024) fp32 took 8 CTAs for 320 MB when rows were the only unit
+    int64_t nch = 1;
+    if (N < cap) {
+        const int64_t by_len = (V + 16383) / 16384, by_grid = (cap + N - 1) / N;
+        nch = by_len < by_grid ? by_len : by_grid;
+        if (nch < 1) nch = 1;
+    }
+    const int64_t items = N * nch;
+    const unsigned grid = (unsigned)(items < cap ? items : cap);
+    const int ch = (int)nch;
     cudaStream_t s = (cudaStream_t)stream;
     switch (dtype) {
-        case FL_DTYPE_F32: scale_rows_kernel<float><<<grid, 256, 0, s>>>((float*)x, N, (int)V, ld, g, per_row); break;
-        case FL_DTYPE_F16: scale_rows_kernel<__half><<<grid, 256, 0, s>>>((__half*)x, N, (int)V, ld, g, per_row); break;
+        case FL_DTYPE_F32:
+            scale_rows_kernel<float><<<grid, 256, 0, s>>>((float*)x, N, (int)V, ld, g, per_row, ch);
+            break;
+        case FL_DTYPE_F16:
+            scale_rows_kernel<__half><<<grid, 256, 0, s>>>((__half*)x, N, (int)V, ld, g, per_row, ch);
+            break;
         default:
-            scale_rows_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>((__nv_bfloat16*)x, N, (int)V, ld, g, per_row);
+            scale_rows_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>((__nv_bfloat16*)x, N, (int)V, ld, g, per_row, ch);
             break;
     }
     FL_CUDA_TRY(cudaGetLastError());
