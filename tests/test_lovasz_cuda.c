@@ -47,9 +47,9 @@
  * the bad pixels' dinput NaN for every class, the others as the CPU with them ignored, then a valid
  * call leaves the flag 0); determinism (two runs bitwise; a third on the other sort path,
  * FUSEDLOSS_LOVASZ_SORT 1 <-> 2, bitwise the same; a fourth on the other Jaccard pass,
- * FUSEDLOSS_LOVASZ_JAC 1 <-> 2: the gradient bitwise, the loss within an ulp; one on the other route of a
+ * FUSEDLOSS_LOVASZ_JAC 2 <-> 1: the gradient bitwise, the loss within an ulp; one on the other route of a
  * small-d probabilities gradient, FUSEDLOSS_LOVASZ_PC 0 <-> 1, and one on the other key kernel,
- * FUSEDLOSS_LOVASZ_KEYS4 0 <-> 1: bitwise; three on the packed-key sort, FUSEDLOSS_LOVASZ_SORT 2 <-> 3 with
+ * FUSEDLOSS_LOVASZ_KEYS4 1 <-> 0: bitwise; three on the packed-key sort, FUSEDLOSS_LOVASZ_SORT 2 <-> 3 with
  * digits of the automatic width, 8 and 10 bits: bitwise) and CUDA graph capture on a non-blocking
  * stream + replay bitwise equal to eager (also after grad_loss changes on the device); the big case
  * N = 4, C = 19, d = 512 x 512 (f32 probabilities and grid logits, fused: loss and gradient); bad
@@ -792,9 +792,9 @@ static void test_determinism_graph(const cfg_t* c, uint64_t seed) {
     /* A/B of the kernel-choice knobs (read on every call; zt_env_other flips each to the value it does
      * not hold now, unset counting as the default) against the eager outputs la / da:
      *   FUSEDLOSS_LOVASZ_SORT 2 <-> 1   the 8-byte-pair / 12-byte-pair sort: the same order and operations
-     *   FUSEDLOSS_LOVASZ_KEYS4 0 <-> 1  the 4-pixel key kernel (where d, ld and the input allow it)
+     *   FUSEDLOSS_LOVASZ_KEYS4 1 <-> 0  the 4-pixel key kernel (where d, ld and the input allow it)
      *   FUSEDLOSS_LOVASZ_PC 0 <-> 1     small-d probabilities' gradient through the class-major buffer
-     *   FUSEDLOSS_LOVASZ_JAC 1 <-> 2    the v2 Jaccard pass (32-bit sort path): the same ranks and
+     *   FUSEDLOSS_LOVASZ_JAC 2 <-> 1    the v2 Jaccard pass (32-bit sort path): the same ranks and
      *                                   operations, the loss summed per tile (so within an fp32 ulp)
      *   FUSEDLOSS_LOVASZ_SORT 2 <-> 3   the packed 64-bit keys sorted alone (digits of the automatic
      *                                   width, then of 8 and 10 bits: FUSEDLOSS_LOVASZ_RADIX set for
@@ -806,9 +806,9 @@ static void test_determinism_graph(const cfg_t* c, uint64_t seed) {
             int loss_ulp;
             const char *knob2, *val2;   /* a second knob set for the row, or NULL */
         } ab[] = {{"FUSEDLOSS_LOVASZ_SORT", "2", "1", 0, NULL, NULL},
-                  {"FUSEDLOSS_LOVASZ_KEYS4", "0", "1", 0, NULL, NULL},
+                  {"FUSEDLOSS_LOVASZ_KEYS4", "1", "0", 0, NULL, NULL},
                   {"FUSEDLOSS_LOVASZ_PC", "0", "1", 0, NULL, NULL},
-                  {"FUSEDLOSS_LOVASZ_JAC", "1", "2", 1, NULL, NULL},
+                  {"FUSEDLOSS_LOVASZ_JAC", "2", "1", 1, NULL, NULL},
                   {"FUSEDLOSS_LOVASZ_SORT", "2", "3", 0, "FUSEDLOSS_LOVASZ_RADIX", "0"},
                   {"FUSEDLOSS_LOVASZ_SORT", "2", "3", 0, "FUSEDLOSS_LOVASZ_RADIX", "8"},
                   {"FUSEDLOSS_LOVASZ_SORT", "2", "3", 0, "FUSEDLOSS_LOVASZ_RADIX", "10"}};

@@ -33,7 +33,7 @@
  *   6. lv_final    one block: the block partials in a fixed order (deterministic), NaN if a label
  *                  was out of range; lv_softmax_bwd (logits + fused): per pixel dx_c = p_c (gp_c -
  *                  sum_k p_k gp_k), every x read before dx is written (in place works).
- *   FUSEDLOSS_LOVASZ_JAC=2 (32-bit sort path; off by default until timed) replaces 3-5 with lv_count
+ *   FUSEDLOSS_LOVASZ_JAC=2 (32-bit sort path; the default since s20, =1 takes 3-5) replaces 3-5 with lv_count
  *                  (G from the labels, before the sort), lv_prep (segment table, look-back states,
  *                  bucket cursors), lv_jaccard2 (tiles in order, the fg scan by decoupled look-back,
  *                  the gradient appended by bucket) and lv_flush (each bucket's window out in pixel
@@ -102,7 +102,7 @@ static __device__ __forceinline__ int64_t lv_label(const void* lab, int lab64, i
     return lab64 ? ((const long long*)lab)[i] : (int64_t)((const int*)lab)[i];
 }
 
-/* FUSEDLOSS_LOVASZ_SORT=3 (s20, off until timed): the 32-bit path's error key kq and value vq
+/* FUSEDLOSS_LOVASZ_SORT=3 (s20; off: slower, see lv_sort_packed): the 32-bit path's error key kq and value vq
  * ((s << (jb + 1)) | (j << 1) | fg) packed into one 64-bit key [s | k31 | j | fg], sorted alone over
  * bits [jb + 1, jb + 32 + sbits) (see lv_sort_packed). k31 keeps kq's order in 31 bits: kq takes
  * 0 (NaN), [0x007FFFFF, 0x7FFFFFFF] (e from +inf down to 0) or 0xFFFFFFFF (ignored), so
@@ -237,7 +237,7 @@ static __device__ __forceinline__ void lv_load4(const T* p, float* v) {
     }
 }
 
-/* lv_keys<T, true> four pixels a thread (FUSEDLOSS_LOVASZ_KEYS4=1; s19, off until timed): per class one
+/* lv_keys<T, true> four pixels a thread (FUSEDLOSS_LOVASZ_KEYS4, default 1 since s20: 155 -> 140 us on H100): per class one
  * 16-byte (fp32; 8-byte 16-bit) load of the 4 pixels and one 16-byte store each of their keys and
  * values, instead of 4-byte accesses, so each of the 19 + 38 streams a warp touches moves 512 bytes
  * at a time instead of 128 (the default ran at ~2 TB/s: 88 MB read, 160 MB written in 124 us, s16).
@@ -752,8 +752,9 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_softmax_bwd(LvArgs a, co
 /* CUB's own tuning takes 8-bit digits; 4 x 19 x 512 x 512 sorts 31 + 5 = 36 bits, 5 passes of 8 */
 /* or 4 of 9. Every pass moves 8 bytes an element either way (the 32-bit path's pass A and B:   */
 /* 4 + 1 passes of 4 + 4 bytes, and a histogram pass for each sort), so one pass fewer is ~1/5  */
-/* of the sort's memory traffic if a 9-bit pass costs what an 8-bit one does (unmeasured: the   */
-/* ranking's per-warp counters and the look-back double with each bit).                         */
+/* of the sort's memory traffic if a 9-bit pass costs what an 8-bit one does. Measured (H100 s20  */
+/* run 1, 4x19x512x512): it does not: 8-bit 5 x 154 us (as the 32-bit pairs' 5 x 152), 9-bit    */
+/* 4 x 201 us, 10-bit (256 x 24) 4 x 335 us. So SORT=3 stays off.                                */
 /* LvHub<R>: the sm_90 keys-only 64-bit onesweep shape of CUB's tuning (384 threads x 30 keys)   */
 /* for R <= 9 (ptxas, sm_90: R = 9 takes 71 registers and 47 KB of shared memory), 256 x 24 for  */
 /* R = 10 (the 384 x 30 tile needs 59 KB of static shared memory at 10 bits). The other members */
@@ -1006,7 +1007,7 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
      * Needs 1 + jbits + sbits <= 32 (4 x 19 x 512 x 512: 1 + 20 + 5); else the 64-bit keys. */
     const int sort_knob = lv_env_int("FUSEDLOSS_LOVASZ_SORT", 2);
     const int k32 = (sort_knob == 2 || sort_knob == 3) && 1 + pl.jbits + pl.sbits <= 32;
-    /* FUSEDLOSS_LOVASZ_SORT=3 (s20, off until timed): the 32-bit path's key and value as one packed
+    /* FUSEDLOSS_LOVASZ_SORT=3 (s20, off: slower on H100, see lv_sort_packed): the 32-bit path's key and value as one packed
      * 64-bit key, sorted alone with R-bit digits (see lv_sort_packed): the same order, so the same
      * results bit for bit */
     const int pk = k32 && sort_knob == 3;
@@ -1019,10 +1020,11 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
         radix = (nbits + passes - 1) / passes;
     }
     radix = radix < LV_RADIX_MIN ? LV_RADIX_MIN : radix > LV_RADIX_MAX ? LV_RADIX_MAX : radix;
-    /* FUSEDLOSS_LOVASZ_JAC=2 (32-bit path only; built 2026-12-05 s19 without a GPU, off until timed):
+    /* FUSEDLOSS_LOVASZ_JAC=2 (32-bit path only; built in s19, the default since s20: H100 s20 run 1,
+     * 4x19x512x512 fp32 probabilities, the scan + Jaccard 535 us -> Jaccard + flush 349 us; =1 the old pass):
      * G counted by lv_keys, the fg scan inside the Jaccard pass, the gradient through buckets (see
      * lv_jaccard2) */
-    const int jac2 = k32 && pl.E > 0 && lv_env_int("FUSEDLOSS_LOVASZ_JAC", 1) == 2;
+    const int jac2 = k32 && pl.E > 0 && lv_env_int("FUSEDLOSS_LOVASZ_JAC", 2) == 2;
     int* G = (int*)(ws + pl.off_G);
     int* base = (int*)(ws + pl.off_base);
     int* Vs = (int*)(ws + pl.off_V);
@@ -1034,9 +1036,10 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
         lv_count<<<lv_grid(pl.P, (int64_t)sms * 4), LV_THREADS, 0, stream>>>(a, G);
         FL_CUDA_TRY(cudaGetLastError());
     }
-    /* FUSEDLOSS_LOVASZ_KEYS4=1: four pixels a thread where d, ld and x allow 4-element vectors */
+    /* FUSEDLOSS_LOVASZ_KEYS4 (default 1; 0: one pixel a thread): four pixels a thread where d, ld and x
+     * allow 4-element vectors */
     const int keys4 = k32 && p->d % 4 == 0 && p->ld % 4 == 0 && (uintptr_t)x % (4 * sizeof(T)) == 0 &&
-                      lv_env_int("FUSEDLOSS_LOVASZ_KEYS4", 0) != 0;
+                      lv_env_int("FUSEDLOSS_LOVASZ_KEYS4", 1) != 0;
     if (keys4 && pk) {
         lv_keys4<T, true><<<lv_grid(pl.P / 4, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
     } else if (keys4) {
