@@ -62,6 +62,13 @@ def main():
         floor = 2 * leaf.numel() * leaf.element_size() / (gbps * 1e9) * 1e3
         print(f"{name}: step {t1:.3f} ms (factor 1), {th:.3f} ms (factor 0.5): the scale {th - t1:.3f} ms, "
               f"floor {floor:.3f} ms")
+        if "--profile" in sys.argv:   # the factor-0.5 step's kernels (where the difference goes)
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    step_half()
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=70))
     return 0
 
 
