@@ -80,44 +80,47 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 // a happens-before edge, so every ring slot refill is reported (s16-s17: the CE ring's 1.8M hazards,
 // the KL and Taylor rings' too). flash-attention met the same with its raw bulk copies and found the
 // descriptor form (cp.async.bulk.tensor) reported clean, the write then belonging to no thread
-// (flash_attn/cute, "RACECHECK_TMA_HAZARD", 2025). The view: the whole input buffer as rows of 16
-// bytes (uint8 [rows][16], row pitch 16) from its 16-byte-aligned base; three maps whose boxes are
-// FL_TMAP_BOX[k] rows (4 KB, 256 B, 128 B), so that every destination is 128-byte aligned (the
-// tensor copies' shared-memory alignment) given a 128-byte-aligned slot: n vectors go as n / 256
-// big boxes, then 16-row boxes, then one or two 8-row boxes that may read up to 7 vectors past n
+// (flash_attn/cute, "RACECHECK_TMA_HAZARD", 2025). The view: the whole input buffer as a 1-D array of
+// 8-byte elements (uint64 [2 rows]) from its 16-byte-aligned base, addressed by 16-byte row r (element
+// 2 r); three maps whose boxes are FL_TMAP_BOX[k] rows (2 KB, 256 B, 128 B), so that every destination
+// is 128-byte aligned (the tensor copies' shared-memory alignment) given a 128-byte-aligned slot: n
+// vectors go as n / 128 big boxes, then 16-row boxes, then one or two 8-row boxes that may read up to
+// 7 vectors past n. (Session 19 viewed it as uint8 [rows][16] with 4 KB boxes of 256 16-byte rows: racecheck
+// clean on the Taylor and KL rings, but the CE ring 1.07 -> 1.30x its floor, H100 s20 run 1: a box's
+// 16-byte inner rows are the unit the copy engine walks; here the inner extent is the whole box)
 // (into the slot's own rounding: the slot's capacity must be a multiple of 8 vectors; past the
 // buffer's last whole 16-byte row the map zero-fills, reading nothing). expect_tx counts the boxes'
 // bytes, over-read included.
 #define FL_TMAP_NBOX 3
-static const int FL_TMAP_BOX[FL_TMAP_NBOX] = {256, 16, 8};
+static const int FL_TMAP_BOX[FL_TMAP_NBOX] = {128, 16, 8};
 typedef struct {
     CUtensorMap m[FL_TMAP_NBOX];
 } FlTmaps;
 
 __device__ __forceinline__ void bulk_tensor_load(void* dst, const CUtensorMap* map, int row, uint64_t* bar) {
     asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-        "[%4];" ::"r"(smem_addr(dst)),
-        "l"((uint64_t)(uintptr_t)map), "r"(0), "r"(row), "r"(smem_addr(bar))
+        "cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2}], "
+        "[%3];" ::"r"(smem_addr(dst)),
+        "l"((uint64_t)(uintptr_t)map), "r"(2 * row), "r"(smem_addr(bar))
         : "memory");
 }
 // The 16-byte row of the maps' view where p (16-byte aligned, inside the buffer at base) starts.
 __device__ __forceinline__ int tmap_row(const void* base, const void* p) {
     return (int)(((uintptr_t)p - ((uintptr_t)base & ~(uintptr_t)15)) >> 4);
 }
-// n vectors as boxes: n / 256 of 256 rows, then 16-row boxes, then one or two 8-row boxes (the last may
+// n vectors as boxes: n / 128 of 128 rows, then 16-row boxes, then one or two 8-row boxes (the last may
 // read up to 7 vectors past n); tmap_box issues box p of them from view row r0 to dst (128-byte aligned,
 // room for n rounded up to 8 vectors)
-__device__ __forceinline__ int tmap_nbox(int n) { return (n >> 8) + ((n & 255) >> 4) + (((n & 15) + 7) >> 3); }
+__device__ __forceinline__ int tmap_nbox(int n) { return (n >> 7) + ((n & 127) >> 4) + (((n & 15) + 7) >> 3); }
 __device__ __forceinline__ uint32_t tmap_bytes(int n) {
-    return (uint32_t)((n >> 8) * 256 + ((n & 255) >> 4) * 16 + (((n & 15) + 7) >> 3) * 8) * 16u;
+    return (uint32_t)((n >> 7) * 128 + ((n & 127) >> 4) * 16 + (((n & 15) + 7) >> 3) * 8) * 16u;
 }
 __device__ __forceinline__ void tmap_box(uint4* dst, const FlTmaps& tm, int r0, int n, int p, uint64_t* bar) {
-    const int n256 = n >> 8, n16 = (n & 255) >> 4;
+    const int n128 = n >> 7, n16 = (n & 127) >> 4;
     int off, k;
-    if (p < n256) { off = p * 256; k = 0; }
-    else if (p < n256 + n16) { off = n256 * 256 + (p - n256) * 16; k = 1; }
-    else { off = n256 * 256 + n16 * 16 + (p - n256 - n16) * 8; k = 2; }
+    if (p < n128) { off = p * 128; k = 0; }
+    else if (p < n128 + n16) { off = n128 * 128 + (p - n128) * 16; k = 1; }
+    else { off = n128 * 128 + n16 * 16 + (p - n128 - n16) * 8; k = 2; }
     bulk_tensor_load(dst + off, &tm.m[k], r0 + off, bar);
 }
 // n vectors from view row r0 to dst, counted on bar: lane 0 arrives with the byte count (or without, n =
@@ -327,7 +330,7 @@ static inline cudaError_t fl__cluster_occupancy(const void* fn, int cs, int T, s
     return e;
 }
 
-// FlTmaps over [base, base + bytes) (bulk_tensor_load's view: uint8 [rows][16] from base rounded down to 16
+// FlTmaps over [base, base + bytes) (bulk_tensor_load's view: uint64 [2 rows] from base rounded down to 16
 // bytes, rows = the whole 16-byte rows up to base + bytes). cuTensorMapEncodeTiled comes from the
 // driver through the runtime's entry-point query (no link against libcuda), looked up once. Host-only
 // work: no device call, nothing allocated, capturable. 0 on success; nonzero (no driver entry point,
@@ -359,12 +362,12 @@ static inline int fl__tmaps_encode(const void* base, size_t bytes, FlTmaps* out)
     const uintptr_t b16 = (uintptr_t)base & ~(uintptr_t)15;
     const uint64_t rows = ((uint64_t)((uintptr_t)base - b16) + bytes) >> 4;
     if (rows == 0 || rows >= ((uint64_t)1 << 31)) return 1;
-    const cuuint64_t gdim[2] = {16, rows};
-    const cuuint64_t gstride[1] = {16};
-    const cuuint32_t estride[2] = {1, 1};
+    const cuuint64_t gdim[1] = {2 * rows};
+    const cuuint64_t gstride[1] = {0};   /* rank 1: no stride is read */
+    const cuuint32_t estride[1] = {1};
     for (int k = 0; k < FL_TMAP_NBOX; k++) {
-        const cuuint32_t box[2] = {16, (cuuint32_t)FL_TMAP_BOX[k]};
-        if (enc(&out->m[k], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void*)b16, gdim, gstride, box, estride,
+        const cuuint32_t box[1] = {(cuuint32_t)(2 * FL_TMAP_BOX[k])};
+        if (enc(&out->m[k], CU_TENSOR_MAP_DATA_TYPE_UINT64, 1, (void*)b16, gdim, gstride, box, estride,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
             return 1;
