@@ -505,12 +505,12 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                     echo "### $kv $t"
                     env $kv timeout 150 build/$t 2>&1 | grep -E -m20 "FAIL|passed|failed" || rc=1
                 done
-                for kv in "FUSEDLOSS_LOVASZ_PC=1" "FUSEDLOSS_LOVASZ_PC=1 FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5" "FUSEDLOSS_LOVASZ_KEYS4=1" "FUSEDLOSS_LOVASZ_SORT=3 FUSEDLOSS_LOVASZ_KEYS4=1 FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5"; do   # small-d probabilities through the class-major buffer; the 4-pixel key kernel; the packed-key sort (s20) under the v2 pass
+                for kv in "FUSEDLOSS_LOVASZ_PC=1" "FUSEDLOSS_LOVASZ_PC=1 FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5" "FUSEDLOSS_LOVASZ_JAC=1 FUSEDLOSS_LOVASZ_KEYS4=0" "FUSEDLOSS_LOVASZ_SORT=3 FUSEDLOSS_LOVASZ_KEYS4=1 FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5"; do   # small-d probabilities through the class-major buffer; the old key kernel and Jaccard pass (the defaults before s20); the packed-key sort (s20) under the v2 pass
                     echo "### $kv $t --no-big"
                     env $kv timeout 150 build/$t --no-big 2>&1 | grep -E -m20 "FAIL|passed|failed" || rc=1
                 done
-                echo "### FUSEDLOSS_LOVASZ_JAC=2 $t (the big case: buckets of 8192 pixels)"
-                FUSEDLOSS_LOVASZ_JAC=2 timeout 150 build/$t 2>&1 | grep -E -m20 "FAIL|passed|failed" || rc=1
+                echo "### FUSEDLOSS_LOVASZ_JAC=1 FUSEDLOSS_LOVASZ_KEYS4=0 $t (the old paths on the big case; the default run above takes buckets of 8192 pixels)"
+                FUSEDLOSS_LOVASZ_JAC=1 FUSEDLOSS_LOVASZ_KEYS4=0 timeout 150 build/$t 2>&1 | grep -E -m20 "FAIL|passed|failed" || rc=1
                 if [ -n "$SANITIZER" ]; then
                     for tool in memcheck racecheck synccheck; do
                         echo "### $tool FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5 $t --small"
