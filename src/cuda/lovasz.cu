@@ -796,24 +796,22 @@ struct LvHub {
 #define LV_RADIX_MIN 8
 #define LV_RADIX_MAX 10
 
+template <int R>
+static cudaError_t lv_sort_packed_r(void* temp, size_t& tb, cub::DoubleBuffer<u64>& k, int n, int b0, int b1,
+                                    cudaStream_t s) {
+    cub::DoubleBuffer<cub::NullType> v;
+    return cub::DispatchRadixSort<cub::SortOrder::Ascending, u64, cub::NullType, int,
+                                  cub::detail::identity_decomposer_t, LvHub<R>>::Dispatch(temp, tb, k, v, n, b0, b1,
+                                                                                          true, s);
+}
 /* the packed keys sorted by bits [b0, b1) with R-bit digits (R in [LV_RADIX_MIN, LV_RADIX_MAX]);
  * temp == nullptr: the scratch size into tb. Stable, as every LSD radix sort. */
 static cudaError_t lv_sort_packed(int R, void* temp, size_t& tb, cub::DoubleBuffer<u64>& k, int n, int b0, int b1,
                                   cudaStream_t s) {
-    cub::DoubleBuffer<cub::NullType> v;
     switch (R) {
-        case 8:
-            return cub::DispatchRadixSort<cub::SortOrder::Ascending, u64, cub::NullType, int,
-                                          cub::detail::identity_decomposer_t, LvHub<8>>::Dispatch(temp, tb, k, v, n, b0,
-                                                                                                  b1, true, s);
-        case 9:
-            return cub::DispatchRadixSort<cub::SortOrder::Ascending, u64, cub::NullType, int,
-                                          cub::detail::identity_decomposer_t, LvHub<9>>::Dispatch(temp, tb, k, v, n, b0,
-                                                                                                  b1, true, s);
-        default:
-            return cub::DispatchRadixSort<cub::SortOrder::Ascending, u64, cub::NullType, int,
-                                          cub::detail::identity_decomposer_t, LvHub<10>>::Dispatch(temp, tb, k, v, n,
-                                                                                                   b0, b1, true, s);
+        case 8: return lv_sort_packed_r<8>(temp, tb, k, n, b0, b1, s);
+        case 9: return lv_sort_packed_r<9>(temp, tb, k, n, b0, b1, s);
+        default: return lv_sort_packed_r<10>(temp, tb, k, n, b0, b1, s);
     }
 }
 
