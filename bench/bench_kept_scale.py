@@ -44,7 +44,6 @@ def main():
     p = torch.softmax(torch.randn(4, 19, 512, 512, device="cuda") * 2, 1).requires_grad_()
     yl = torch.randint(0, 19, (4, 512, 512), device="cuda")
     cases.append(("lovasz 4x19x512x512 fp32 probas", p, lambda: fusedloss.lovasz_softmax(p, yl)))
-    gbps = None
     a = torch.empty(64 << 20, device="cuda")
     b = torch.empty_like(a)
     t = timed(lambda: b.copy_(a))
