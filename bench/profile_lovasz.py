@@ -19,6 +19,8 @@ def main():
     ap.add_argument("--logits", action="store_true")
     ap.add_argument("--pc", action="store_true", help="the P x C layout: [P, C] input, [P] labels (N = P, d = 1)")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--gaps", action="store_true",
+                    help="also print the last profiled step's kernels in order, each with the idle GPU time before it")
     args = ap.parse_args()
     import torch
     import fusedloss
@@ -61,6 +63,24 @@ def main():
           "kernels per step")
     for k, (n, us) in sorted(tot.items(), key=lambda kv: -kv[1][1]):
         print(f"  {us / args.reps:9.1f} us  x{n / args.reps:5.1f}  {k}")
+    if args.gaps:   # where the GPU idles inside a step: kernel boundaries (a few us each) or the host (one long gap)
+        evs = sorted((ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda ev: ev.time_range.start)
+        per = len(evs) // args.reps
+        last = evs[-per:]
+        idle = 0.0
+        for k, ev in enumerate(last):
+            gap = ev.time_range.start - last[k - 1].time_range.end if k else 0.0
+            idle += max(gap, 0.0)
+            print(f"  gap {gap:7.1f} us  run {ev.time_range.end - ev.time_range.start:7.1f} us  {ev.name[:70]}")
+        print(f"gaps: {per} GPU operations a step, {idle:.1f} us idle between the first and the last")
+    import time
+    t0 = time.perf_counter()
+    for _ in range(20):
+        step()
+    host = (time.perf_counter() - t0) / 20 * 1e3
+    torch.cuda.synchronize()
+    print(f"host: {host:.3f} ms a step to issue (no synchronisation; above the kernels' time = host-bound back to back)")
     # the step's time with the host in it (what bench_lovasz measures: events around one synchronised
     # step) and back to back (the host's launches overlapping the previous step's kernels)
     from torch_timing import timed   # bench/, this script's folder
