@@ -74,6 +74,28 @@ def main():
             idle += max(gap, 0.0)
             print(f"  gap {gap:7.1f} us  run {ev.time_range.end - ev.time_range.start:7.1f} us  {ev.name[:70]}")
         print(f"gaps: {per} GPU operations a step, {idle:.1f} us idle between the first and the last")
+        # the host's latency inside one synchronised step: from the step's start (host) to its first runtime
+        # call and to its first GPU operation, and where the GPU work ends (the profiler puts CPU and GPU
+        # timestamps on one clock)
+        from torch.profiler import record_function
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof2:
+            for _ in range(3):
+                with record_function("fl_step"):
+                    step()
+                torch.cuda.synchronize()
+        evs = list(prof2.events())
+        marks = sorted((ev for ev in evs if ev.name == "fl_step"), key=lambda ev: ev.time_range.start)
+        for m in marks[1:]:
+            t0, t1 = m.time_range.start, m.time_range.end
+            api = sorted(ev.time_range.start for ev in evs if ev.device_type == torch.autograd.DeviceType.CPU
+                         and ev.name.startswith("cuda") and "Synchronize" not in ev.name and t0 <= ev.time_range.start <= t1)
+            gpu = [ev for ev in evs if ev.device_type == torch.autograd.DeviceType.CUDA and ev.time_range.start >= t0
+                   and ev.time_range.start <= t1 + 5000]
+            g0 = min((ev.time_range.start for ev in gpu), default=float("nan"))
+            g1 = max((ev.time_range.end for ev in gpu), default=float("nan"))
+            print(f"host timeline: step issued in {t1 - t0:.1f} us (profiled); first runtime call at "
+                  f"{(api[0] - t0) if api else float('nan'):.1f} us, {len(api)} calls; GPU from {g0 - t0:.1f} to "
+                  f"{g1 - t0:.1f} us after the step's start")
     import time
     t0 = time.perf_counter()
     for _ in range(20):

@@ -218,10 +218,13 @@ if want test-knobs && have build/test_cross_entropy_cuda test-knobs; then
         FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=0 FUSEDLOSS_CE_PIPE_KB=5 FUSEDLOSS_CE_PIPE_NBUF=4 FUSEDLOSS_CE_PIPE_THREADS=256 FUSEDLOSS_CE_PIPE_STATS=64 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PIPE_NBAR=1 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 (the hardware-barrier slot release, slots refilled)"
         FUSEDLOSS_CE_PIPE_NBAR=1 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
-        echo "### FUSEDLOSS_CE_PIPE_TMAP=1 (the producer through tensor maps), default plans, then slots refilled, then whole chunks"
-        FUSEDLOSS_CE_PIPE_TMAP=1 build/test_cross_entropy_cuda --no-big || rc=1
-        FUSEDLOSS_CE_PIPE_TMAP=1 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
-        FUSEDLOSS_CE_PIPE_TMAP=1 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=0 FUSEDLOSS_CE_PIPE_KB=5 FUSEDLOSS_CE_PIPE_NBUF=4 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_PIPE_TMAP=0 (the producer by raw bulk copies, the default before s21), default plans, then slots refilled, then whole chunks"
+        FUSEDLOSS_CE_PIPE_TMAP=0 build/test_cross_entropy_cuda --no-big || rc=1
+        FUSEDLOSS_CE_PIPE_TMAP=0 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
+        FUSEDLOSS_CE_PIPE_TMAP=0 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=0 FUSEDLOSS_CE_PIPE_KB=5 FUSEDLOSS_CE_PIPE_NBUF=4 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### the default (tensor-map) producer with slots refilled, then whole chunks"
+        FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
+        FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=0 FUSEDLOSS_CE_PIPE_KB=5 FUSEDLOSS_CE_PIPE_NBUF=4 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PIPE_THREADS=800 (the option-free ring kernel at its launch bound)"
         FUSEDLOSS_CE_PIPE_THREADS=800 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PDL=0 (graph capture without programmatic dependent launch)"
@@ -246,7 +249,7 @@ if want sanitize && have build/test_cross_entropy_cuda sanitize; then
     if [ -z "$SANITIZER" ]; then
         ORDER+=(sanitize); STATUS[sanitize]="SKIP"; TIME[sanitize]=0; KEY[sanitize]="compute-sanitizer not found"
     else
-        run_step sanitize 150 '
+        run_step sanitize 250 '
             rc=0
             echo "### memcheck"
             timeout 100 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 \
@@ -267,18 +270,25 @@ if want sanitize && have build/test_cross_entropy_cuda sanitize; then
             FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 timeout 45 "$SANITIZER" --tool racecheck --print-limit 20 \
                 --error-exitcode 99 build/test_cross_entropy_cuda --small --stride 7 || rc4=$?
             echo "### racecheck-staged exit $rc4"
-            [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ] && [ $rc4 -eq 0 ]
+            rc5=0
+            echo "### racecheck, the ring with its slots refilled (FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 FUSEDLOSS_CE_TMA_GRID=1; the tensor-map producer, default since s21)"
+            FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 FUSEDLOSS_CE_TMA_GRID=1 timeout 90 "$SANITIZER" --tool racecheck --print-limit 20 \
+                --error-exitcode 99 build/test_cross_entropy_cuda --small --stride 24 || rc5=$?
+            echo "### racecheck-refills exit $rc5"
+            [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ] && [ $rc4 -eq 0 ] && [ $rc5 -eq 0 ]
         '
         mc=$(grep -m1 'ERROR SUMMARY' "$OUT/sanitize.log" | sed 's/.*ERROR SUMMARY: //')
         rcs=$(grep -m1 'RACECHECK SUMMARY' "$OUT/sanitize.log" | sed 's/.*RACECHECK SUMMARY: //')
         mc3=$(grep 'ERROR SUMMARY' "$OUT/sanitize.log" | sed -n 2p | sed 's/.*ERROR SUMMARY: //')
         rc4s=$(grep 'RACECHECK SUMMARY' "$OUT/sanitize.log" | sed -n 2p | sed 's/.*RACECHECK SUMMARY: //')
-        KEY[sanitize]="memcheck: ${mc:-no summary}; racecheck: ${rcs:-no summary}; memcheck staged: ${mc3:-no summary}; racecheck staged: ${rc4s:-no summary}"
+        rc5s=$(grep 'RACECHECK SUMMARY' "$OUT/sanitize.log" | sed -n 3p | sed 's/.*RACECHECK SUMMARY: //')
+        KEY[sanitize]="memcheck: ${mc:-no summary}; racecheck: ${rcs:-no summary}; memcheck staged: ${mc3:-no summary}; racecheck staged: ${rc4s:-no summary}; racecheck refills: ${rc5s:-no summary}"
         if grep -qE 'Device not supported|not supported on this (device|platform)' "$OUT/sanitize.log"; then
             STATUS[sanitize]="N/A"; KEY[sanitize]="compute-sanitizer cannot run on this machine (see sanitize.log)"
         fi
         grep -q '^### memcheck exit 124' "$OUT/sanitize.log" && KEY[sanitize]+=" (memcheck timed out)"
         grep -q '^### racecheck exit 124' "$OUT/sanitize.log" && KEY[sanitize]+=" (racecheck timed out)"
+        grep -q '^### racecheck-refills exit 124' "$OUT/sanitize.log" && KEY[sanitize]+=" (racecheck with refills timed out)"
     fi
 fi
 
@@ -482,9 +492,9 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
             if [ "$t" = test_taylor_ce_cuda ]; then   # the CTA kernels (the ring is the default for fused rows of > 1024 classes)
                 echo "### FUSEDLOSS_TC_PIPE=0 $t --small"
                 FUSEDLOSS_TC_PIPE=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "^FAIL|passed|failed" || rc=1
-                echo "### FUSEDLOSS_TC_PIPE_TMAP=1 $t, then with FUSEDLOSS_TC_PIPE_GRID=1 --small"   # the producer through tensor maps (s19)
-                FUSEDLOSS_TC_PIPE_TMAP=1 timeout 120 build/$t 2>&1 | grep -E -m20 "^FAIL|passed|failed" || rc=1
-                FUSEDLOSS_TC_PIPE_TMAP=1 FUSEDLOSS_TC_PIPE_GRID=1 timeout 90 build/$t --small 2>&1 | grep -E -m20 "^FAIL|passed|failed" || rc=1
+                echo "### FUSEDLOSS_TC_PIPE_TMAP=0 $t, then with FUSEDLOSS_TC_PIPE_GRID=1 --small"   # the producer by raw bulk copies (the default before s21)
+                FUSEDLOSS_TC_PIPE_TMAP=0 timeout 120 build/$t 2>&1 | grep -E -m20 "^FAIL|passed|failed" || rc=1
+                FUSEDLOSS_TC_PIPE_TMAP=0 FUSEDLOSS_TC_PIPE_GRID=1 timeout 90 build/$t --small 2>&1 | grep -E -m20 "^FAIL|passed|failed" || rc=1
                 echo "### FUSEDLOSS_TC_PIPE_NBAR=1 FUSEDLOSS_TC_PIPE_GRID=1 $t --small"   # the hardware-barrier slot release of s18
                 FUSEDLOSS_TC_PIPE_NBAR=1 FUSEDLOSS_TC_PIPE_GRID=1 timeout 90 build/$t --small 2>&1 | grep -E -m20 "^FAIL|passed|failed" || rc=1
             fi
@@ -530,11 +540,15 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                     # distillation: 2 clusters at most, so the staged kernel walks rows (exchanges, prefetch)
                     FUSEDLOSS_DISTILL_PIPE=0 FUSEDLOSS_TGT_STAGED_GRID=2 FUSEDLOSS_DISTILL_STAGED=2 FUSEDLOSS_DISTILL_STAGED_GRID=2 timeout 90 "$SANITIZER" --tool $tool --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
                 done
-                # the ring kernels (KL, Taylor) refilling their slots: memcheck (racecheck reports every
-                # ring's slot refill, the CE's too: NOTES "Session 16")
+                # the ring kernels (KL, Taylor) refilling their slots: memcheck, and racecheck through tensor
+                # maps (the Taylor ring's default since s21, the KL ring's opt-in; with raw bulk copies racecheck
+                # reports every refill: NOTES "Session 16", "Session 21")
                 if [ "$t" = test_distill_cuda ] || [ "$t" = test_taylor_ce_cuda ]; then
                     echo "### memcheck $t --small, the ring on 1 cluster"
                     FUSEDLOSS_DISTILL_PIPE_GRID=1 FUSEDLOSS_TC_PIPE_GRID=1 timeout 90 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
+                    echo "### racecheck $t --small (--kl), the ring on 1 cluster, through tensor maps"
+                    kl=""; [ "$t" = test_distill_cuda ] && kl="--kl"
+                    FUSEDLOSS_DISTILL_PIPE_TMAP=1 FUSEDLOSS_DISTILL_PIPE_GRID=1 FUSEDLOSS_TC_PIPE_GRID=1 timeout 90 "$SANITIZER" --tool racecheck --print-limit 20 --error-exitcode 99 build/$t --small $kl | tail -3 || rc=1
                 fi
             fi
         done

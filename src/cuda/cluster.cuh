@@ -74,7 +74,7 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
         : "memory");
 }
 
-// ---- the same copies through tensor maps (FUSEDLOSS_CE_PIPE_TMAP=1; session 19, not yet run) ----------
+// ---- the same copies through tensor maps (the rings' default since s21; the KL ring's opt-in) ----------
 // Why: compute-sanitizer's racecheck attributes a raw cp.async.bulk's shared-memory write to the thread
 // that issued it and does not take the mbarrier protocol that orders it against other warps' reads as
 // a happens-before edge, so every ring slot refill is reported (s16-s17: the CE ring's 1.8M hazards,

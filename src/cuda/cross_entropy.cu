@@ -1555,9 +1555,11 @@ __global__ void __launch_bounds__(256, 3) ce_tma_kernel(CeArgs a, int cs, int pe
 __device__ __forceinline__ void group_bar(int id, int n) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
-// TM (FUSEDLOSS_CE_PIPE_TMAP=1; session 19, not yet run): the producer's copies through tensor maps
-// (cluster.cuh: FlTmaps, tmap_issue), slots of whole 128-byte lines, so that racecheck sees no thread
-// writing the slots (its reports of every refill under the raw bulk copies: s16-s17).
+// TM (default since s21; FUSEDLOSS_CE_PIPE_TMAP=0: raw bulk copies): the producer's copies through tensor
+// maps (cluster.cuh: FlTmaps, tmap_issue), slots of whole 128-byte lines, so that racecheck sees no thread
+// writing the slots (its reports of every refill under the raw bulk copies: s16-s17). H100 s21 run 1,
+// fused x floor, raw / TM: 8192x128256 bf16 1.07 / 1.07, 4096x50257 f32 1.11 / 1.11, 2048x32000 f16
+// 1.25 / 1.24; the test 208/0 with 334 launches through maps.
 // NB (FUSEDLOSS_CE_PIPE_NBAR=1; not yet run): slot s released through hardware barrier NB_BASE + s
 // (cluster.cuh: nbar_release / nbar_wait_refill) instead of the mbarrier empty[s]; R <= NB_MAX_SLOTS.
 
@@ -2045,7 +2047,9 @@ static const Knobs* knobs(void) {
         if (n.two_stage_rows < 1) n.two_stage_rows = CE_TWO_STAGE_ROWS;
         n.pdl_chain = env_int("FUSEDLOSS_CE_PDL_CHAIN", 0) != 0;
         n.pipe_nbar = env_int("FUSEDLOSS_CE_PIPE_NBAR", 0) != 0;  // ce_pipe_kernel's NB
-        n.pipe_tmap = env_int("FUSEDLOSS_CE_PIPE_TMAP", 0) != 0;  // ce_pipe_kernel's TM
+        // ce_pipe_kernel's TM, by default since s21 (H100 run 1: racecheck-clean refills, the same speed);
+        // _NBAR=1 takes the raw copies (NB and TM are not combined)
+        n.pipe_tmap = !n.pipe_nbar && env_int("FUSEDLOSS_CE_PIPE_TMAP", 1) != 0;
         if (n.pipe_sub < -1 || n.pipe_sub > 64) n.pipe_sub = -1;
         if (n.pipe_slack < -1 || n.pipe_slack > 200) n.pipe_slack = -1;
         if (n.pipe_maxcs < 0 || n.pipe_maxcs > TMA_MAX_CLUSTER) n.pipe_maxcs = 0;
@@ -2245,9 +2249,9 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  free ring space beside a row's chunk (KB; default per
 //                                                  variant), the cluster size (0 = the smallest that
 //                                                  fits), ring bytes (KB, 220)
-//   FUSEDLOSS_CE_PIPE_TMAP=1                       its producer's copies as tensor-map (descriptor) TMA
-//                                                  loads instead of raw bulk copies (session 19, off
-//                                                  until run: for racecheck; cluster.cuh, FlTmaps)
+//   FUSEDLOSS_CE_PIPE_TMAP=0|1                     its producer's copies as raw bulk copies / tensor-map
+//                                                  (descriptor) TMA loads (default 1 since s21: racecheck
+//                                                  sees no thread write a slot; cluster.cuh, FlTmaps)
 //   FUSEDLOSS_CE_PIPE_MAXCS                        widest cluster the default plan gives the ring
 //                                                  (default: 4 for 16-bit logits without options, else 2)
 //   FUSEDLOSS_CE_PIPE_KB, _NBUF                    whole-chunk mode: chunk cap (KB), chunks per CTA (2..4)
@@ -2858,6 +2862,7 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
 // items are (row, chunk) pairs, nch chunks a row (the row's vectors cut into nch near-equal runs; the
 // head / tail elements go with chunk 0): a few long rows (the zoo's kept [N, C d] gradients, e.g.
 // Lovasz 4 x (19 x 512 x 512) or focal 8 x (19 x 512 x 1024)) still spread over the whole grid.
+#define SR_UNROLL 4
 template <typename T>
 __global__ void __launch_bounds__(256) scale_rows_kernel(T* x, int64_t N, int V, int64_t ld, const float* g,
                                                          int per_row, int nch) {
@@ -2875,7 +2880,23 @@ __global__ void __launch_bounds__(256) scale_rows_kernel(T* x, int64_t N, int V,
         const int per = (int)(((int64_t)gr.nfull + nch - 1) / nch);
         const int q0 = (int)((int64_t)c * per < gr.nfull ? c * per : gr.nfull);
         const int q1 = (int)((int64_t)q0 + per < gr.nfull ? q0 + per : gr.nfull);
-        for (int q = q0 + (int)threadIdx.x; q < q1; q += (int)blockDim.x) {
+        // SR_UNROLL vectors a thread in flight: the loads go first (a store to the row could alias a later
+        // load, so the compiler keeps one load in flight otherwise: 8 x 19 x 512 x 1024 fp32 ran 290 us for
+        // a 223 us copy floor, H100 s21 run 1)
+        const int bd = (int)blockDim.x;
+        int q = q0 + (int)threadIdx.x;
+        for (; q + (SR_UNROLL - 1) * bd < q1; q += SR_UNROLL * bd) {
+            Pack<T> p[SR_UNROLL];
+#pragma unroll
+            for (int u = 0; u < SR_UNROLL; u++) load_vec(p[u], row, gr.vec_elem(q + u * bd), true);
+#pragma unroll
+            for (int u = 0; u < SR_UNROLL; u++) {
+#pragma unroll
+                for (int v = 0; v < Pack<T>::VEC; v++) p[u].v[v] = from_float<T>(to_float(p[u].v[v]) * f);
+                store_vec(p[u], row, gr.vec_elem(q + u * bd));
+            }
+        }
+        for (; q < q1; q += bd) {
             Pack<T> p;
             load_vec(p, row, gr.vec_elem(q), true);
 #pragma unroll
