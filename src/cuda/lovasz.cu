@@ -246,7 +246,7 @@ static __device__ __forceinline__ void lv_load4(const T* p, float* v) {
  * the classes reload the pixels' values (from L1 / L2) instead of holding 4 C of them. Needs d, ld
  * and x 4-element aligned (lv_run_t checks), so the 4 pixels share an image and L % 4 == 0. */
 template <typename T, bool PK = false>
-static __global__ void __launch_bounds__(LV_THREADS, 3) lv_keys4(LvArgs a, int jb) {
+static __global__ void __launch_bounds__(LV_THREADS) lv_keys4(LvArgs a, int jb) {
     const T* x = (const T*)a.x;
     T* dx = (T*)a.dx;
     const int64_t P4 = a.P >> 2;
@@ -288,19 +288,12 @@ static __global__ void __launch_bounds__(LV_THREADS, 3) lv_keys4(LvArgs a, int j
                 if (yc[u] >= 0) a.lse[i0 + u] = lse[u];
             }
         }
-        /* 4 classes' loads in flight before their stores: a store to keys / vals / dx may alias a later load,
-         * so the compiler kept one load in flight a thread (H100 s21: 139 us for ~87 us of traffic) */
-        for (int64_t c0 = 0; c0 < a.C; c0 += 4) {
-          float vg[4][4];
-#pragma unroll
-          for (int g = 0; g < 4; g++)
-              if (c0 + g < a.C) lv_load4<T>(x + e0 + (c0 + g) * a.d, vg[g]);
-#pragma unroll
-          for (int g = 0; g < 4; g++) {
-            const int64_t c = c0 + g;
-            if (c >= a.C) break;
+#pragma unroll 4   /* loads of 4 classes in flight */
+        for (int64_t c = 0; c < a.C; c++) {
             const int64_t sc = set * a.C + c;
             const int64_t pos = sc * a.L + j0;
+            float v[4];
+            lv_load4<T>(x + e0 + c * a.d, v);
             u32 kq[4], vq[4];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
@@ -311,7 +304,7 @@ static __global__ void __launch_bounds__(LV_THREADS, 3) lv_keys4(LvArgs a, int j
                     if (a.fused && !a.from_logits) dx[e0 + c * a.d + u] = from_float<T>(yc[u] == -2 ? NAN : 0.0f);
                     continue;
                 }
-                const float p = a.from_logits ? expf(vg[g][u] - lse[u]) : vg[g][u];
+                const float p = a.from_logits ? expf(v[u] - lse[u]) : v[u];
                 const int fg = yc[u] == (int)c;
                 const float e = fabsf((fg ? 1.0f : 0.0f) - p);
                 kq[u] = e != e ? 0u : 0x7FFFFFFFu - __float_as_uint(e);
@@ -325,7 +318,6 @@ static __global__ void __launch_bounds__(LV_THREADS, 3) lv_keys4(LvArgs a, int j
                 *(uint4*)((u32*)a.keys + pos) = make_uint4(kq[0], kq[1], kq[2], kq[3]);
                 *(uint4*)(a.vals + pos) = make_uint4(vq[0], vq[1], vq[2], vq[3]);
             }
-          }
         }
     }
 }
