@@ -19,6 +19,7 @@ def main():
     ap.add_argument("--logits", action="store_true")
     ap.add_argument("--pc", action="store_true", help="the P x C layout: [P, C] input, [P] labels (N = P, d = 1)")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--host", action="store_true", help="with --gaps: the host's operations before the first runtime call")
     ap.add_argument("--gaps", action="store_true",
                     help="also print the last profiled step's kernels in order, each with the idle GPU time before it")
     args = ap.parse_args()
@@ -93,6 +94,11 @@ def main():
                    and ev.time_range.start <= t1 + 5000]
             g0 = min((ev.time_range.start for ev in gpu), default=float("nan"))
             g1 = max((ev.time_range.end for ev in gpu), default=float("nan"))
+            if args.host and api:   # the host's operations before the step's first runtime call
+                pre = sorted((ev for ev in evs if ev.device_type == torch.autograd.DeviceType.CPU and ev.name != "fl_step"
+                              and t0 <= ev.time_range.start < api[0]), key=lambda ev: ev.time_range.start)
+                for ev in pre[:40]:
+                    print(f"    +{ev.time_range.start - t0:7.1f} us  {ev.time_range.end - ev.time_range.start:7.1f} us  {ev.name[:60]}")
             print(f"host timeline: step issued in {t1 - t0:.1f} us (profiled); first runtime call at "
                   f"{(api[0] - t0) if api else float('nan'):.1f} us, {len(api)} calls; GPU from {g0 - t0:.1f} to "
                   f"{g1 - t0:.1f} us after the step's start")
