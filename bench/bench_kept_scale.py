@@ -61,12 +61,18 @@ def main():
         floor = 2 * leaf.numel() * leaf.element_size() / (gbps * 1e9) * 1e3
         print(f"{name}: step {t1:.3f} ms (factor 1), {th:.3f} ms (factor 0.5): the scale {th - t1:.3f} ms, "
               f"floor {floor:.3f} ms")
+        # the scale kernel's own GPU time (the steps above are synchronised, so the host's time is in their
+        # difference: s21 run 2 measured the focal step host-bound); the table with --profile
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step_half()
+            torch.cuda.synchronize()
+        ks = [ev.device_time for ev in prof.events()
+              if ev.device_type == torch.autograd.DeviceType.CUDA and "scale_rows_kernel" in ev.name]
+        if ks:
+            print(f"{name}: scale_rows_kernel {sum(ks) / len(ks) / 1e3:.3f} ms a call ({len(ks)} calls), floor {floor:.3f} ms")
         if "--profile" in sys.argv:   # the factor-0.5 step's kernels (where the difference goes)
-            from torch.profiler import ProfilerActivity, profile
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    step_half()
-                torch.cuda.synchronize()
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=70))
     return 0
 
