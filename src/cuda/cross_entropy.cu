@@ -2862,7 +2862,8 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
 // items are (row, chunk) pairs, nch chunks a row (the row's vectors cut into nch near-equal runs; the
 // head / tail elements go with chunk 0): a few long rows (the zoo's kept [N, C d] gradients, e.g.
 // Lovasz 4 x (19 x 512 x 512) or focal 8 x (19 x 512 x 1024)) still spread over the whole grid.
-#define SR_UNROLL 4
+// (H100 s21: focal's 318 MB scale takes 0.290 ms, 1.3x the copy floor; 4 vectors a thread loaded before any
+// store measured 0.294 ms, so one load in flight is not what holds it; Lovasz's 80 MB 0.058 ms, at its floor.)
 template <typename T>
 __global__ void __launch_bounds__(256) scale_rows_kernel(T* x, int64_t N, int V, int64_t ld, const float* g,
                                                          int per_row, int nch) {
@@ -2880,23 +2881,7 @@ __global__ void __launch_bounds__(256) scale_rows_kernel(T* x, int64_t N, int V,
         const int per = (int)(((int64_t)gr.nfull + nch - 1) / nch);
         const int q0 = (int)((int64_t)c * per < gr.nfull ? c * per : gr.nfull);
         const int q1 = (int)((int64_t)q0 + per < gr.nfull ? q0 + per : gr.nfull);
-        // SR_UNROLL vectors a thread in flight: the loads go first (a store to the row could alias a later
-        // load, so the compiler keeps one load in flight otherwise: 8 x 19 x 512 x 1024 fp32 ran 290 us for
-        // a 223 us copy floor, H100 s21 run 1)
-        const int bd = (int)blockDim.x;
-        int q = q0 + (int)threadIdx.x;
-        for (; q + (SR_UNROLL - 1) * bd < q1; q += SR_UNROLL * bd) {
-            Pack<T> p[SR_UNROLL];
-#pragma unroll
-            for (int u = 0; u < SR_UNROLL; u++) load_vec(p[u], row, gr.vec_elem(q + u * bd), true);
-#pragma unroll
-            for (int u = 0; u < SR_UNROLL; u++) {
-#pragma unroll
-                for (int v = 0; v < Pack<T>::VEC; v++) p[u].v[v] = from_float<T>(to_float(p[u].v[v]) * f);
-                store_vec(p[u], row, gr.vec_elem(q + u * bd));
-            }
-        }
-        for (; q < q1; q += bd) {
+        for (int q = q0 + (int)threadIdx.x; q < q1; q += (int)blockDim.x) {
             Pack<T> p;
             load_vec(p, row, gr.vec_elem(q), true);
 #pragma unroll
