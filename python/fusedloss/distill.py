@@ -71,6 +71,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _lib
+from . import ops as _ops
 from ._lib import DISTILL_REDUCTIONS, _check
 from .autograd import register_kept_grad_autograd
 
@@ -235,7 +236,7 @@ def _run(kind, student, teacher, labels, grad, temperature, beta, ignore_index, 
             loss.fill_(0.0 if reduction == _lib.FL_REDUCTION_SUM else float("nan"))
         return (loss, ds)[kind] if kind != 2 else (loss, ds)
     cuda = dev.type == "cuda"
-    if cuda and dev.index is not None and torch.cuda.current_device() != dev.index:
+    if cuda and dev.index is not None and _ops._current_device() != dev.index:
         with torch.cuda.device(dev.index):
             return _run(kind, student, teacher, labels, grad, temperature, beta, ignore_index, reduction,
                         t2_scale)
@@ -245,7 +246,7 @@ def _run(kind, student, teacher, labels, grad, temperature, beta, ignore_index, 
     ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev)
     lab = labels.data_ptr() if labels is not None else None
     it = it if it is not None else _lib.FL_INDEX_I64
-    tail = (torch.cuda.current_stream(dev).cuda_stream,) if cuda else ()
+    tail = (_ops._raw_stream(dev.index if dev.index is not None else _ops._current_device()),) if cuda else ()
     sfx = "cuda" if cuda else "cpu"
     if kind == 0:
         name = f"fl_distill_forward_{sfx}"

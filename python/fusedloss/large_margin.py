@@ -148,10 +148,10 @@ def _run(kind, logits, target, grad, lam, ignore_index, reduction):
     if N == 0:
         return _empty_result(kind, loss, dl, reduction)
     cuda = dev.type == "cuda"
-    if cuda and dev.index is not None and torch.cuda.current_device() != dev.index:
+    if cuda and dev.index is not None and _ops._current_device() != dev.index:
         with torch.cuda.device(dev.index):
             return _run(kind, logits, target, grad, lam, ignore_index, reduction)
-    flag = _ops.flag_ptr(dev.index if dev.index is not None else torch.cuda.current_device()) if cuda else 0
+    flag = _ops.flag_ptr(dev.index if dev.index is not None else _ops._current_device()) if cuda else 0
     opts = _options((float(lam), int(ignore_index), int(reduction), flag))
     nbytes = _ws_bytes((N, C, dt, int(reduction)), opts[1])
     return _call_rows(kind, "fl_large_margin_ce", _sym, logits, target, grad, loss, dl, N, C, ld, dt, it, opts[1],

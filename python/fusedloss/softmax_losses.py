@@ -355,16 +355,16 @@ def _run_margin(kind, logits, target, grad, s, m1, m2, m3, easy_margin, grad_mod
     if N == 0:
         return _empty_result(kind, loss, dl, reduction)
     cuda = dev.type == "cuda"
-    if cuda and dev.index is not None and torch.cuda.current_device() != dev.index:
+    if cuda and dev.index is not None and _ops._current_device() != dev.index:
         with torch.cuda.device(dev.index):
             return _run_margin(kind, logits, target, grad, s, m1, m2, m3, easy_margin, grad_mode, ignore_index,
                                reduction)
-    flag = _ops.flag_ptr(dev.index if dev.index is not None else torch.cuda.current_device()) if cuda else 0
+    flag = _ops.flag_ptr(dev.index if dev.index is not None else _ops._current_device()) if cuda else 0
     opts = _options(("m", float(s), float(m1), float(m2), float(m3), bool(easy_margin), int(grad_mode),
                      int(ignore_index), int(reduction), flag))
     nbytes = _ws_bytes(("m", N, C, dt), opts[1])
     ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev)
-    tail = (torch.cuda.current_stream(dev).cuda_stream,) if cuda else ()
+    tail = (_ops._raw_stream(dev.index if dev.index is not None else _ops._current_device()),) if cuda else ()
     sfx = "cuda" if cuda else "cpu"
     if kind == 0:
         name = f"fl_margin_ce_forward_{sfx}"
@@ -397,15 +397,15 @@ def _run_focal(kind, logits, target, alpha, grad, gamma, ignore_index, reduction
     if N * d == 0:
         return _empty_result(kind, loss, dl, reduction)
     cuda = dev.type == "cuda"
-    if cuda and dev.index is not None and torch.cuda.current_device() != dev.index:
+    if cuda and dev.index is not None and _ops._current_device() != dev.index:
         with torch.cuda.device(dev.index):
             return _run_focal(kind, logits, target, alpha, grad, gamma, ignore_index, reduction)
-    flag = _ops.flag_ptr(dev.index if dev.index is not None else torch.cuda.current_device()) if cuda else 0
+    flag = _ops.flag_ptr(dev.index if dev.index is not None else _ops._current_device()) if cuda else 0
     opts = _options(("f", float(gamma), alpha.data_ptr() if alpha is not None else 0, int(ignore_index),
                      int(reduction), flag))
     nbytes = _ws_bytes(("f", N, C, d, dt), opts[1])
     ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev)
-    tail = (torch.cuda.current_stream(dev).cuda_stream,) if cuda else ()
+    tail = (_ops._raw_stream(dev.index if dev.index is not None else _ops._current_device()),) if cuda else ()
     sfx = "cuda" if cuda else "cpu"
     if kind == 0:
         name = f"fl_softmax_focal_forward_{sfx}"

@@ -127,10 +127,10 @@ def _run(kind, logits, target, grad, order, ignore_index, reduction):
     if N == 0:
         return _empty_result(kind, loss, dl, reduction)
     cuda = dev.type == "cuda"
-    if cuda and dev.index is not None and torch.cuda.current_device() != dev.index:
+    if cuda and dev.index is not None and _ops._current_device() != dev.index:
         with torch.cuda.device(dev.index):
             return _run(kind, logits, target, grad, order, ignore_index, reduction)
-    flag = _ops.flag_ptr(dev.index if dev.index is not None else torch.cuda.current_device()) if cuda else 0
+    flag = _ops.flag_ptr(dev.index if dev.index is not None else _ops._current_device()) if cuda else 0
     opts = _options((int(order), int(ignore_index), int(reduction), flag))
     nbytes = _ws_bytes((N, C, dt, int(reduction)), opts[1])
     return _call_rows(kind, "fl_taylor_ce", _sym, logits, target, grad, loss, dl, N, C, ld, dt, it, opts[1], nbytes)
@@ -145,7 +145,7 @@ def _call_rows(kind, stem, sym, logits, target, grad, loss, dl, N, C, ld, dt, it
     cuda = dev.type == "cuda"
     wst = torch.empty(nbytes, dtype=torch.uint8, device=dev) if nbytes else None
     ws = wst.data_ptr() if wst is not None else None
-    tail = (torch.cuda.current_stream(dev).cuda_stream,) if cuda else ()
+    tail = (_ops._raw_stream(dev.index if dev.index is not None else _ops._current_device()),) if cuda else ()
     sfx = "cuda" if cuda else "cpu"
     if kind == 0:
         name = f"{stem}_forward_{sfx}"
