@@ -246,7 +246,7 @@ def _run(kind, student, teacher, labels, grad, temperature, beta, ignore_index, 
     ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev)
     lab = labels.data_ptr() if labels is not None else None
     it = it if it is not None else _lib.FL_INDEX_I64
-    tail = (_ops._raw_stream(dev.index if dev.index is not None else _ops._current_device()),) if cuda else ()
+    tail = (_ops.raw_stream_of(dev),) if cuda else ()
     sfx = "cuda" if cuda else "cpu"
     if kind == 0:
         name = f"fl_distill_forward_{sfx}"

@@ -168,6 +168,11 @@ except AttributeError:  # pragma: no cover - older or CPU-only builds
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or (lambda: False)
 
+
+def raw_stream_of(dev):
+    """The current stream's handle (an int) of CUDA device `dev` (its index, or the current device's)."""
+    return _raw_stream(dev.index if dev.index is not None else _current_device())
+
 _F32 = torch.float32
 _U8 = torch.uint8
 _CONTIGUOUS = torch.contiguous_format

@@ -364,7 +364,7 @@ def _run_margin(kind, logits, target, grad, s, m1, m2, m3, easy_margin, grad_mod
                      int(ignore_index), int(reduction), flag))
     nbytes = _ws_bytes(("m", N, C, dt), opts[1])
     ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev)
-    tail = (_ops._raw_stream(dev.index if dev.index is not None else _ops._current_device()),) if cuda else ()
+    tail = (_ops.raw_stream_of(dev),) if cuda else ()
     sfx = "cuda" if cuda else "cpu"
     if kind == 0:
         name = f"fl_margin_ce_forward_{sfx}"
@@ -405,7 +405,7 @@ def _run_focal(kind, logits, target, alpha, grad, gamma, ignore_index, reduction
                      int(reduction), flag))
     nbytes = _ws_bytes(("f", N, C, d, dt), opts[1])
     ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev)
-    tail = (_ops._raw_stream(dev.index if dev.index is not None else _ops._current_device()),) if cuda else ()
+    tail = (_ops.raw_stream_of(dev),) if cuda else ()
     sfx = "cuda" if cuda else "cpu"
     if kind == 0:
         name = f"fl_softmax_focal_forward_{sfx}"

@@ -145,7 +145,7 @@ def _call_rows(kind, stem, sym, logits, target, grad, loss, dl, N, C, ld, dt, it
     cuda = dev.type == "cuda"
     wst = torch.empty(nbytes, dtype=torch.uint8, device=dev) if nbytes else None
     ws = wst.data_ptr() if wst is not None else None
-    tail = (_ops._raw_stream(dev.index if dev.index is not None else _ops._current_device()),) if cuda else ()
+    tail = (_ops.raw_stream_of(dev),) if cuda else ()
     sfx = "cuda" if cuda else "cpu"
     if kind == 0:
         name = f"{stem}_forward_{sfx}"
