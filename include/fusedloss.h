@@ -1337,7 +1337,9 @@ FL_API fl_status fl_lovasz_softmax_fused_cuda(float* loss, void* dinput, const v
  *  (n = 4) or ~1e19 (n = 2) overflows S to inf there (loss inf or NaN, as the PyTorch module in
  *  fp32), while the CPU backend, the reference, computes in double and stays finite.
  *  CUDA: one warp per row up to C = 1024 (the row in registers: one read), one
- *  CTA per row beyond (the gradient pass reads the row again); deterministic (fixed reduction
+ *  CTA per row beyond (the gradient pass reads the row again); on sm_90 the fused call's rows of
+ *  more than 1024 classes take the ring kernel (one read, one write; its own summation order, so
+ *  its loss may differ from the forward's in the last bits); deterministic (fixed reduction
  *  order), asynchronous, no allocation, capturable in a CUDA graph.
  *  Out-of-range targets: CPU FL_ERR_TARGET_OUT_OF_RANGE before anything is written; CUDA: that
  *  row's loss and gradient NaN and *error_flag = 1 when error_flag is non-NULL (as section 5).
@@ -1403,7 +1405,9 @@ FL_API fl_status fl_taylor_ce_fused_cuda(float* loss, void* dlogits, const void*
  *  NaN (as the CPU backend).
  *  CUDA: one warp per row up to C = 1024 (the row in registers: one read, one write), one CTA per
  *  row beyond (the gradient pass reads the row again, from L2); 16-byte vectors when the rows are
- *  aligned (same results either way); deterministic (fixed reduction order), asynchronous, no
+ *  aligned (same results either way); on sm_90 the fused call's rows of more than 1024 classes
+ *  take the ring kernel (one read, one write; its own summation order, so its loss may differ from
+ *  the forward's in the last bits); deterministic (fixed reduction order), asynchronous, no
  *  allocation, capturable in a CUDA graph.
  *  Out-of-range targets: CPU FL_ERR_TARGET_OUT_OF_RANGE before anything is written; CUDA: that
  *  row's loss and gradient NaN and *error_flag = 1 when error_flag is non-NULL (as section 14).

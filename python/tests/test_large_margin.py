@@ -825,7 +825,8 @@ def _torch_run(x, t, up, **kw):
 @pytest.mark.parametrize("lam", [0.3, 1.7])
 def test_cuda_matches_cpu(dtype, C, lam):
     """CUDA C op (fp32 inside) vs the CPU C op (double inside), loss and gradient; the forward's loss
-    is the fused call's, bitwise."""
+    is the fused call's: bitwise up to C = 1024 (one warp kernel), within fp32 summation beyond (sm_90's
+    fused call takes the ring kernel, the forward the CTA kernel: two summation orders)."""
     x, t = make((9, C), dtype, "cpu", seed=34 + C, ignored=(3,))
     for red in REDS:
         lc, gc, up = run(x, t, lam=lam, reduction=red)
@@ -837,7 +838,11 @@ def test_cuda_matches_cpu(dtype, C, lam):
         close(xg.grad, gc.float(), TOL[dtype]["grad"], "cuda vs cpu dlogits")
         args = (lam, -100, RED_CODE[red])
         l2, _ = lm.large_margin_ce_loss_and_grad(x.cuda(), t.cuda(), *args)
-        assert torch.equal(l2, lm.large_margin_ce_forward(x.cuda(), t.cuda(), *args))
+        lf = lm.large_margin_ce_forward(x.cuda(), t.cuda(), *args)
+        if C <= 1024:
+            assert torch.equal(l2, lf)
+        else:
+            close(lf, l2, (1e-6, 2e-6), "cuda forward vs fused loss")
 
 
 @needs_cuda_c
@@ -889,7 +894,11 @@ def test_cuda_in_place_c_call(dtype, C):
     L._check(st, "fl_large_margin_ce_fused_cuda")
     torch.cuda.synchronize()
     assert torch.equal(buf, want)
-    assert torch.equal(loss, lm.large_margin_ce_forward(x, t, 0.3, -100, 1))
+    lf = lm.large_margin_ce_forward(x, t, 0.3, -100, 1)
+    if C <= 1024:
+        assert torch.equal(loss, lf)
+    else:  # the fused ring's summation order (see test_cuda_matches_cpu)
+        close(lf, loss, (1e-6, 2e-6), "cuda forward vs fused loss")
 
 
 @needs_cuda_c

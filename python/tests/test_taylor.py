@@ -594,7 +594,11 @@ def test_cuda_matches_cpu(dtype, C, order):
             continue
         close(lg, lc, (1e-6, 1e-5), "cuda vs cpu loss")
         close(dg, dc.float(), TOL[dtype]["grad"], "cuda vs cpu dlogits")
-        assert torch.equal(lg.cpu(), tl.taylor_ce_forward(x.cuda(), t.cuda(), *args).cpu())
+        lf = tl.taylor_ce_forward(x.cuda(), t.cuda(), *args)
+        if C <= 1024:  # one warp kernel for both passes: the same sums, bitwise
+            assert torch.equal(lg, lf)
+        else:  # sm_90's fused call takes the ring kernel (its own summation order), forward the CTA kernel
+            close(lf, lg, (1e-6, 2e-6), "cuda forward vs fused loss")
 
 
 @needs_cuda
