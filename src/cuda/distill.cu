@@ -764,7 +764,7 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
 // first 16-byte boundary (RrRow, rowpass.cuh: h head columns before it, (V - h) / VEC vectors, the tail
 // after them); `nv` is then V / VEC, the most any row has, and the chunk of each CTA is cut from that;
 // the head and tail columns are rank 0's extras (the aligned kernel's tail columns, generalised).
-// Written in session 18 without a GPU (FUSEDLOSS_DISTILL_PIPE_HEAD=1).
+// Written in session 18 without a GPU; first run and made the default in s22 (FUSEDLOSS_DISTILL_PIPE_HEAD=0: off).
 #define DP_MAX_SLOTS 16
 #define DP_XSLOTS 8
 #define DP_MAX_THREADS 768   // plans above 672 threads (FUSEDLOSS_DISTILL_PIPE_THREADS); 24 warps keep the 80-register cap (800 would cap at 72)
@@ -1194,9 +1194,11 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
 // as the staged kernel). The plan takes the smallest cluster whose per-CTA chunk leaves the slack
 // free and that the device holds. KL T=2 4096x128256 bf16: cs 4, 4 slots of
 // 1002 vectors (31 KB), R = 6 (188 KB), 33 clusters.
-// _PIPE_HEAD=1 (off until measured; session 18, no GPU): rows that are not 16-byte aligned but of one
-// phase in student, teacher and dstudent (GPT-2's 50257 columns in bf16: today 2.35x the floor on the
-// ticket kernel, s17) take the HD kernel instead of the ticket kernel.
+// _PIPE_HEAD (default 1 since s22; 0: the ticket kernel): rows that are not 16-byte aligned but of one
+// phase in student, teacher and dstudent (GPT-2's 50257 columns in bf16) take the HD kernel instead of
+// the ticket kernel. H100 s22 run 2, KL T=2 kernel x floor, ticket / HD: 8192x50257 bf16 1.93 / 1.21x,
+// bf16 student / fp32 teacher 1.80 / 1.19x; tests 3098/0 (--kl --min-v 8192: 20 unaligned ring plans),
+// memcheck 0.
 // _PIPE_NBAR=1 (off; session 18, not yet run): the slots released through hardware barriers (NB above;
 // aligned rows, _PLAIN_ST=1).
 // _PIPE_TMAP=1 (off; session 19, not yet run): the producer through tensor maps (TM above; aligned rows,
@@ -1265,9 +1267,9 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     if (rp_env_flag("FUSEDLOSS_DISTILL_PIPE", 1) != 1) return 0;
     DevInfo d;
     int64_t nv, NT;
-    bool hd = false;   // rows not 16-byte aligned, of one phase (FUSEDLOSS_DISTILL_PIPE_HEAD=1; untested: off)
+    bool hd = false;   // rows not 16-byte aligned, of one phase (FUSEDLOSS_DISTILL_PIPE_HEAD=0: the ticket kernel)
     if (!dc_aligned_rows(p, s, t, ds, &d, &nv, &NT)) {
-        if (rp_env_flag("FUSEDLOSS_DISTILL_PIPE_HEAD", 0) != 1 || !dp_head_rows(p, s, t, ds, &d, &nv, &NT)) return 0;
+        if (rp_env_flag("FUSEDLOSS_DISTILL_PIPE_HEAD", 1) != 1 || !dp_head_rows(p, s, t, ds, &d, &nv, &NT)) return 0;
         hd = true;
     }
     if (nv < 1024) return 0;
