@@ -44,7 +44,7 @@ from torch import Tensor
 from . import _lib
 from . import ops as _ops
 from ._lib import LOVASZ_CLASSES, TargetOutOfRangeError, _check
-from .autograd import eager_ok, register_kept_grad_autograd, scale_kept_grad
+from .autograd import KeptGradEager, eager_ok, register_kept_grad_autograd
 
 __all__ = ["lovasz_softmax", "LovaszSoftmaxLoss", "lovasz_softmax_forward", "lovasz_softmax_fused",
            "lovasz_softmax_loss_and_grad"]
@@ -211,30 +211,6 @@ register_kept_grad_autograd(lovasz_softmax_forward, lovasz_softmax_fused, lovasz
                             "lovasz_softmax_fused", "lovasz_softmax", 2, _ARGS)
 
 
-class _LossAndGradEager(torch.autograd.Function):
-    """The eager fast path of fusedloss::lovasz_softmax_loss_and_grad: the same C call (_run kind 2)
-    and the same backward (scale_kept_grad: the kept gradient scaled in place, once), without the
-    custom op's Python dispatch in the forward and the backward (host time: a synchronised 4x19x512x512
-    step spent ~0.29 ms outside its 1.36 ms of kernels, s16 run 3). Plain tensors only (eager_ok); the
-    custom ops stay for torch.compile, fake tensors and functorch transforms."""
-
-    @staticmethod
-    def forward(ctx, x, labels, classes, per_image, from_logits, ignore_index):
-        loss, dx = _run(2, x, labels, None, classes, per_image, from_logits, ignore_index)
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(dx)
-        ctx.per_pos = False
-        ctx.used = False
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad):
-        if grad is None or not ctx.needs_input_grad[0]:
-            return (None,) * (2 + _ARGS)
-        (dx,) = ctx.saved_tensors
-        return (scale_kept_grad(ctx, grad, dx, "lovasz_softmax"),) + (None,) * (1 + _ARGS)
-
-
 # ---- the PyTorch formulation (float64 / other devices; the bench's PyTorch baseline) -------------------
 def _flat(p, y, C, all_classes):
     """Loss of one set: p [C, V] (rows contiguous), y [V] valid labels in pixel-index order."""
@@ -343,7 +319,8 @@ def lovasz_softmax(probas_or_logits: Tensor, labels: Tensor, classes: str = "pre
     args = (cls, per_image, from_logits, ignore_index)
     if x.requires_grad and torch.is_grad_enabled():
         if eager_ok(x3) and eager_ok(y):
-            loss = _LossAndGradEager.apply(x3, y, *args)
+            # the custom op's C call without its Python dispatch (autograd.KeptGradEager)
+            loss = KeptGradEager.apply(x3, lambda: _run(2, x3, y, None, *args), "lovasz_softmax", "mean / sum")
         else:
             loss, _ = torch.ops.fusedloss.lovasz_softmax_loss_and_grad(x3, y, *args)
     else:
