@@ -269,7 +269,8 @@ def large_margin_cross_entropy(logits: Tensor, target: Tensor, lam: float = 0.3,
                      " (q is a softmax over the C - 1 non-target classes)", _DTYPES, _C_DEVICES,
                      _large_margin_torch,
                      (torch.ops.fusedloss.large_margin_ce_forward,
-                      torch.ops.fusedloss.large_margin_ce_loss_and_grad),
+                      torch.ops.fusedloss.large_margin_ce_loss_and_grad,
+                      lambda x, t, *a: _run(2, x, t, None, *a)),
                      lambda x, t: large_margin_cross_entropy(x, t, lam, ignore_index, reduction))
 
 

@@ -63,7 +63,7 @@ from torch import Tensor
 from . import _lib
 from . import ops as _ops
 from ._lib import REDUCTIONS, TargetOutOfRangeError, _check
-from .autograd import register_kept_grad_autograd
+from .autograd import KeptGradEager, eager_ok, register_kept_grad_autograd
 # generic row-layout helpers shared with the other softmax-family zoo ops
 from .softmax_losses import (_after_cuda_call, _as_index, _check_grad, _check_reduction, _empty_result,
                              _fake_grad, _index_target, _new_grad, _rows_ld)
@@ -252,8 +252,9 @@ def _row_loss(fn, logits, target, opt, ignore_index, reduction, min_c, why, c_dt
     """The public functions' shared body (taylor_cross_entropy, large_margin_cross_entropy), after
     their option checks: [C] / [N, C] / [N, C, d1, ...] logits to rows [M, C] (the class dimension
     last), the PyTorch formulation reference(x, t, opt, ignore_index, reduction) for dtypes and
-    devices the C op does not serve (c_dtypes, c_devices), else the C op: ops = (forward, loss_and_grad), the
-    latter when a gradient is needed for a scalar loss. again(logits, target): the public function
+    devices the C op does not serve (c_dtypes, c_devices), else the C op: ops = (forward, loss_and_grad, run), the
+    latter two when a gradient is needed for a scalar loss: run(x, t, *args) -> (loss, dlogits), the C call of
+    loss_and_grad, in eager mode on plain tensors (autograd.KeptGradEager: no custom-op dispatch). again(logits, target): the public function
     itself, for the unbatched [C] case. min_c / why: the class-count rule and its reason."""
     _index_target(fn, target, logits.device)
     if logits.dim() == 0:
@@ -287,7 +288,10 @@ def _row_loss(fn, logits, target, opt, ignore_index, reduction, min_c, why, c_dt
     red = REDUCTIONS[reduction]
     args = (opt, ignore_index, red)
     if red != _NONE and logits.requires_grad and torch.is_grad_enabled():
-        loss, _ = ops[1](x, t, *args)
+        if eager_ok(x) and eager_ok(t):
+            loss = KeptGradEager.apply(x, lambda: ops[2](x, t, *args), fn.rsplit(".", 1)[-1], "mean / sum")
+        else:
+            loss, _ = ops[1](x, t, *args)
     else:
         loss = ops[0](x, t, *args)
         if red == _NONE:
@@ -319,7 +323,8 @@ def taylor_cross_entropy(logits: Tensor, target: Tensor, order: int = 2, ignore_
     _check_opts(fn, order, reduction)
     return _row_loss(fn, logits, target, int(order), ignore_index, reduction, 1, "", _DTYPES, ("cpu", "cuda"),
                      lambda x, t, *a: _taylor_reference(x, t.long(), *a),
-                     (torch.ops.fusedloss.taylor_ce_forward, torch.ops.fusedloss.taylor_ce_loss_and_grad),
+                     (torch.ops.fusedloss.taylor_ce_forward, torch.ops.fusedloss.taylor_ce_loss_and_grad,
+                      lambda x, t, *a: _run(2, x, t, None, *a)),
                      lambda x, t: taylor_cross_entropy(x, t, order, ignore_index, reduction))
 
 
