@@ -520,8 +520,14 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_prep(LvTileState ts, int
         lv_set_weights(set, C, all, per_image, N, g, G, Vs, lw, gw);
 }
 
-template <typename T, bool BKT, bool PK = false>
-static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard2(LvArgs a, const u32* keys, const u32* vals,
+/* SG (FUSEDLOSS_LOVASZ_JAC2_SG=1, s22, not yet run; buckets only): each item's gradient and pixel-in-bucket go to
+ * st_gv / st_jl at [i][thread] (the staging arrays, before the runs' offsets are known) instead of 16 + 16
+ * registers a thread; after the offsets each thread reads its own items back and, past the barrier that
+ * already separates the offsets from the staging, writes them to their runs. Why: the default keeps kk, vv,
+ * gvr and lbr (64 registers) live together, 80 registers a thread = 3 blocks an SM, and ncu found the pass
+ * latency-bound at 28% of DRAM (s21 run 3: 226 us for a ~93 us floor); SG aims at <= 64 (4 blocks). */
+template <typename T, bool BKT, bool PK = false, bool SG = false>
+static __global__ void __launch_bounds__(LV_THREADS, SG ? 4 : 0) lv_jaccard2(LvArgs a, const u32* keys, const u32* vals,
                                                                  LvTileState ts, const int* G, const int* base,
                                                                  const int* Vs, const double* lw, const double* gw,
                                                                  float* gp, double* part, int jb, LvBkt bk) {
@@ -596,7 +602,7 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard2(LvArgs a, const
     if (BKT && a.fused) __syncthreads();   /* b_cnt zeroed before the counting below */
 
     double acc = 0.0;
-    float gvr[BKT ? LV_ITEMS : 1];
+    float gvr[BKT && !SG ? LV_ITEMS : 1];
     u32 lbr[BKT ? LV_ITEMS : 1];   /* (local bucket << 16) | rank in it, 0xFFFFFFFF: no entry */
     u32 s = p0 / L, r = p0 - s * L;
 #pragma unroll
@@ -614,7 +620,12 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard2(LvArgs a, const
                 const u32 j = (vv[i] >> 1) & ((1u << jb) - 1u);
                 if (BKT) {
                     const u32 lb = (s - s_lo) * bk.nb + (j >> bk.bits);
-                    gvr[i] = gv;
+                    if constexpr (SG) {   /* [i][thread]: conflict-free; read back by this thread only */
+                        st_gv[i * LV_THREADS + threadIdx.x] = gv;
+                        st_jl[i * LV_THREADS + threadIdx.x] = (u16)(j & ((1u << bk.bits) - 1u));
+                    } else {
+                        gvr[i] = gv;
+                    }
                     lbr[i] = (lb << 16) | (u32)atomicAdd(&b_cnt[lb], 1);
                 } else {
                     lv_store_grad<T>(a, gp, s, j, gv);
@@ -645,6 +656,18 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard2(LvArgs a, const
                 b_dst[q] = (int)(sq * L + (bq << bk.bits)) + got - o;   /* + staging index = destination */
             }
         }
+        /* SG: this thread's own items back from [i][thread] (its own writes: no barrier needed); the barrier
+         * below orders every such read before any write to the runs */
+        float gq[SG ? LV_ITEMS : 1];
+        u16 jq[SG ? LV_ITEMS : 1];
+        if constexpr (SG) {
+#pragma unroll
+            for (int i = 0; i < LV_ITEMS; i++) {
+                if (lbr[i] == 0xFFFFFFFFu) continue;
+                gq[i] = st_gv[i * LV_THREADS + threadIdx.x];
+                jq[i] = st_jl[i * LV_THREADS + threadIdx.x];
+            }
+        }
         __syncthreads();
         const u32 jm = (1u << jb) - 1u, wm = (1u << bk.bits) - 1u;
 #pragma unroll
@@ -652,8 +675,13 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_jaccard2(LvArgs a, const
             if (lbr[i] == 0xFFFFFFFFu) continue;
             const u32 lb = lbr[i] >> 16;
             const int at = b_off[lb] + (int)(lbr[i] & 0xFFFFu);
-            st_gv[at] = gvr[i];
-            st_jl[at] = (u16)(((vv[i] >> 1) & jm) & wm);
+            if constexpr (SG) {
+                st_gv[at] = gq[i];
+                st_jl[at] = jq[i];
+            } else {
+                st_gv[at] = gvr[i];
+                st_jl[at] = (u16)(((vv[i] >> 1) & jm) & wm);
+            }
             st_lb[at] = (u16)lb;
         }
         __syncthreads();
@@ -1131,6 +1159,9 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         else if (pk)
             lv_jaccard2<T, false, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
+                ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
+        else if (bkt && lv_env_int("FUSEDLOSS_LOVASZ_JAC2_SG", 0) != 0)   /* s22, not yet run (SG above) */
+            lv_jaccard2<T, true, false, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         else if (bkt)
             lv_jaccard2<T, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
