@@ -1279,6 +1279,13 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     if (Ts < 32 || Ts > T - 64) Ts = (T - 32) / 64 * 32;
     int ring_kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_RING", 200);
     if (ring_kb < 16 || ring_kb > 220) ring_kb = 200;
+    /* the ring size that picks the cluster (the slack rule below), ring_kb then sizing the slots of that cluster.
+     * Why (s22, not yet run as a pair): RING=220 alone was 1-6% faster at 4096x128256 bf16 (cluster 4, 7 slots
+     * instead of 6) but 12% slower at 2048x256000, where it moved the cluster from 8 CTAs to 7 (15 clusters of 7
+     * resident: 105 of 132 SMs). FUSEDLOSS_DISTILL_PIPE_RING=220 FUSEDLOSS_DISTILL_PIPE_RING_PICK=200 keeps
+     * the 200 KB ring's cluster and adds the slot. */
+    int pick_kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_RING_PICK", ring_kb);
+    if (pick_kb < 16 || pick_kb > ring_kb) pick_kb = ring_kb;
     int sub_kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_SUB", 32);
     if (sub_kb < 1 || sub_kb > 64) sub_kb = 32;
     const int64_t slack = rp_env_i64("FUSEDLOSS_DISTILL_PIPE_SLACK", 48) * 1024;
@@ -1299,7 +1306,7 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     }
     out->tm = tm;
     const int64_t vb = 16 * (1 + NT);   // shared bytes per vector of the row
-    const int64_t ring = (int64_t)ring_kb * 1024 / vb, subv = (int64_t)sub_kb * 1024 / vb > 0 ? (int64_t)sub_kb * 1024 / vb : 1;
+    const int64_t ring = (int64_t)ring_kb * 1024 / vb, ring_pick = (int64_t)pick_kb * 1024 / vb, subv = (int64_t)sub_kb * 1024 / vb > 0 ? (int64_t)sub_kb * 1024 / vb : 1;
     const int lo = force > 0 && force <= DC_MAX_CLUSTER ? force : 1, hi = force > 0 && force <= DC_MAX_CLUSTER ? force : DC_MAX_CLUSTER;
     out->fn = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm);
     if (!out->fn) return 0;
@@ -1312,10 +1319,14 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         int64_t ns = (per + subv - 1) / subv;
         int64_t sb = (per + ns - 1) / ns;
         if (tm) fl__tmap_round(per, &sb, &ns);   // TM (cluster.cuh)
-        int64_t r = ring / sb;
-        if (r > DP_MAX_SLOTS) r = DP_MAX_SLOTS;
-        if (nb && r > NB_MAX_SLOTS) r = NB_MAX_SLOTS;
-        if (r > (DP_XSLOTS / 2 + 1) * ns - 1) r = (DP_XSLOTS / 2 + 1) * ns - 1;   // the xslot reuse rule
+        int64_t r = 0;
+        for (int k = 0; k < 2; k++) {   // k 0: the picking ring's slots (the slack rule), 1: ring_kb's
+            r = (k ? ring : ring_pick) / sb;
+            if (r > DP_MAX_SLOTS) r = DP_MAX_SLOTS;
+            if (nb && r > NB_MAX_SLOTS) r = NB_MAX_SLOTS;
+            if (r > (DP_XSLOTS / 2 + 1) * ns - 1) r = (DP_XSLOTS / 2 + 1) * ns - 1;   // the xslot reuse rule
+            if (k == 0 && (r - ns < 1 || (r - ns) * sb * vb < slack)) break;
+        }
         if (r - ns < 1 || (r - ns) * sb * vb < slack) continue;
         out->cs = cc;
         out->per = (int)per;
