@@ -51,7 +51,7 @@ from ._lib import FL_REDUCTION_NONE
 
 __all__ = ["CrossEntropyFunction", "EagerInplaceFunction", "CrossEntropyInplaceFunction",
            "GeluFunction", "LinearCrossEntropyFunction", "VocabParallelCrossEntropyFunction",
-           "eager_ok", "KeptGradEager"]
+           "eager_ok", "KeptGradEager", "kept_grad_loss"]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -155,6 +155,15 @@ class KeptGradEager(torch.autograd.Function):
             return None, None, None, None
         (dx,) = ctx.saved_tensors
         return scale_kept_grad(ctx, grad, dx, ctx.family, ctx.reductions), None, None, None
+
+
+def kept_grad_loss(tensors, run, op, family, reductions="mean / sum"):
+    """The loss of a zoo loss's scalar-reduction step with a gradient: KeptGradEager.apply(tensors[0], run, ...)
+    when every tensor (None skipped; the first the differentiable prediction) is plain (eager_ok), else the
+    custom op, op() -> (loss, dx), for torch.compile, fake tensors and functorch transforms."""
+    if all(t is None or eager_ok(t) for t in tensors):
+        return KeptGradEager.apply(tensors[0], run, family, reductions)
+    return op()[0]
 
 
 def register_kept_grad_autograd(forward, fused, loss_and_grad, fused_name, family, n_tensors, n_args,

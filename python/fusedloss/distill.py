@@ -49,8 +49,8 @@ Autograd (what distillation_loss does, on CPU and CUDA, eager and torch.compile 
   * scalar reductions (mean / sum / batchmean) with a student that requires grad: ONE C call in
     the forward (distill_loss_and_grad: loss and dstudent for an upstream gradient of 1; reads s
     and t once or twice, writes dstudent once; eager, plain tensors: the same C call through
-    autograd.KeptGradEager, without the custom op's Python dispatch); backward only scales the kept dstudent by the real
-    upstream gradient: eager in place with fl_scale_rows (on the device, no host sync, nothing
+    autograd.KeptGradEager, without the custom op's Python dispatch); backward only scales the kept
+    dstudent by the real upstream gradient: eager in place with fl_scale_rows (on the device, no host sync, nothing
     moved when the gradient is 1, the usual loss.backward()), traced (torch.compile) as
     dstudent * grad. Extra memory: the [N, V] gradient, formed in the forward. Eager backward may
     run only once (retain_graph=True and a second backward raise) and create_graph=True is
@@ -74,7 +74,7 @@ from torch import Tensor
 from . import _lib
 from . import ops as _ops
 from ._lib import DISTILL_REDUCTIONS, _check
-from .autograd import KeptGradEager, eager_ok, register_kept_grad_autograd
+from .autograd import kept_grad_loss, register_kept_grad_autograd
 
 __all__ = ["distillation_loss", "kl_div_logits", "jsd_logits", "DistillationLoss",
            "distill_forward", "distill_fused", "distill_loss_and_grad"]
@@ -425,13 +425,11 @@ def distillation_loss(student_logits: Tensor, teacher_logits: Tensor, labels: Op
     red = DISTILL_REDUCTIONS[reduction]
     args = (temperature, beta, int(ignore_index), red, bool(t2_scale))
     if red != _NONE and s.requires_grad and torch.is_grad_enabled():
-        if eager_ok(s2) and eager_ok(t2) and (lab is None or eager_ok(lab)):
-            # the custom op's C call without its Python dispatch (autograd.KeptGradEager; s22: the KL step's
-            # host time before its kernel was the gap between 1.17x back to back and 1.34-1.43x synchronised)
-            loss = KeptGradEager.apply(s2, lambda: _run(2, s2, t2, lab, None, *args), "distillation_loss",
-                                       "mean / sum / batchmean")
-        else:
-            loss, _ = torch.ops.fusedloss.distill_loss_and_grad(s2, t2, lab, *args)
+        # eager: the custom op's C call without its Python dispatch (s22: the KL step's host time before its
+        # kernel was the gap between 1.17x back to back and 1.34-1.43x synchronised)
+        loss = kept_grad_loss((s2, t2, lab), lambda: _run(2, s2, t2, lab, None, *args),
+                              lambda: torch.ops.fusedloss.distill_loss_and_grad(s2, t2, lab, *args),
+                              "distillation_loss", "mean / sum / batchmean")
     else:
         loss = torch.ops.fusedloss.distill_forward(s2, t2, lab, *args)
         if red == _NONE:

@@ -44,7 +44,7 @@ from torch import Tensor
 from . import _lib
 from . import ops as _ops
 from ._lib import LOVASZ_CLASSES, TargetOutOfRangeError, _check
-from .autograd import KeptGradEager, eager_ok, register_kept_grad_autograd
+from .autograd import kept_grad_loss, register_kept_grad_autograd
 
 __all__ = ["lovasz_softmax", "LovaszSoftmaxLoss", "lovasz_softmax_forward", "lovasz_softmax_fused",
            "lovasz_softmax_loss_and_grad"]
@@ -318,11 +318,8 @@ def lovasz_softmax(probas_or_logits: Tensor, labels: Tensor, classes: str = "pre
     y = y.contiguous()
     args = (cls, per_image, from_logits, ignore_index)
     if x.requires_grad and torch.is_grad_enabled():
-        if eager_ok(x3) and eager_ok(y):
-            # the custom op's C call without its Python dispatch (autograd.KeptGradEager)
-            loss = KeptGradEager.apply(x3, lambda: _run(2, x3, y, None, *args), "lovasz_softmax", "mean / sum")
-        else:
-            loss, _ = torch.ops.fusedloss.lovasz_softmax_loss_and_grad(x3, y, *args)
+        loss = kept_grad_loss((x3, y), lambda: _run(2, x3, y, None, *args),
+                              lambda: torch.ops.fusedloss.lovasz_softmax_loss_and_grad(x3, y, *args), "lovasz_softmax")
     else:
         loss = torch.ops.fusedloss.lovasz_softmax_forward(x3, y, *args)
     return loss if loss.dtype == x.dtype else loss.to(x.dtype)

@@ -91,7 +91,7 @@ from torch import Tensor
 from . import _lib
 from . import ops as _ops
 from ._lib import MARGIN_GRAD, REDUCTIONS, _check
-from .autograd import KeptGradEager, eager_ok, register_kept_grad_autograd
+from .autograd import kept_grad_loss, register_kept_grad_autograd
 
 __all__ = ["margin_cross_entropy", "ArcFaceLoss", "CosFaceLoss", "CombinedMarginLoss",
            "softmax_focal_loss", "SoftmaxFocalLoss",
@@ -677,11 +677,8 @@ def margin_cross_entropy(cosine: Tensor, target: Tensor, *, s: float = 64.0, m1:
     red = REDUCTIONS[reduction]
     args = (s, m1, m2, m3, easy_margin, MARGIN_GRAD[grad_mode], int(ignore_index), red)
     if red != _NONE and cosine.requires_grad and torch.is_grad_enabled():
-        if eager_ok(x) and eager_ok(t):  # the C call without the custom op's dispatch (autograd.KeptGradEager)
-            loss = KeptGradEager.apply(x, lambda: _run_margin(2, x, t, None, *args), "margin_cross_entropy",
-                                       "mean / sum")
-        else:
-            loss, _ = torch.ops.fusedloss.margin_ce_loss_and_grad(x, t, *args)
+        loss = kept_grad_loss((x, t), lambda: _run_margin(2, x, t, None, *args),
+                              lambda: torch.ops.fusedloss.margin_ce_loss_and_grad(x, t, *args), "margin_cross_entropy")
     else:
         loss = torch.ops.fusedloss.margin_ce_forward(x, t, *args)
         if red == _NONE:
@@ -757,11 +754,9 @@ def softmax_focal_loss(logits: Tensor, target: Tensor, *, alpha: Union[Tensor, f
     red = REDUCTIONS[reduction]
     args = (gamma, int(ignore_index), red)
     if red != _NONE and logits.requires_grad and torch.is_grad_enabled():
-        if eager_ok(x) and eager_ok(t) and (a is None or eager_ok(a)):
-            loss = KeptGradEager.apply(x, lambda: _run_focal(2, x, t, a, None, *args), "softmax_focal_loss",
-                                       "mean / sum")
-        else:
-            loss, _ = torch.ops.fusedloss.softmax_focal_loss_and_grad(x, t, a, *args)
+        loss = kept_grad_loss((x, t, a), lambda: _run_focal(2, x, t, a, None, *args),
+                              lambda: torch.ops.fusedloss.softmax_focal_loss_and_grad(x, t, a, *args),
+                              "softmax_focal_loss")
     else:
         loss = torch.ops.fusedloss.softmax_focal_forward(x, t, a, *args)
         if red == _NONE:

@@ -63,7 +63,7 @@ from torch import Tensor
 from . import _lib
 from . import ops as _ops
 from ._lib import REDUCTIONS, TargetOutOfRangeError, _check
-from .autograd import KeptGradEager, eager_ok, register_kept_grad_autograd
+from .autograd import kept_grad_loss, register_kept_grad_autograd
 # generic row-layout helpers shared with the other softmax-family zoo ops
 from .softmax_losses import (_after_cuda_call, _as_index, _check_grad, _check_reduction, _empty_result,
                              _fake_grad, _index_target, _new_grad, _rows_ld)
@@ -252,10 +252,11 @@ def _row_loss(fn, logits, target, opt, ignore_index, reduction, min_c, why, c_dt
     """The public functions' shared body (taylor_cross_entropy, large_margin_cross_entropy), after
     their option checks: [C] / [N, C] / [N, C, d1, ...] logits to rows [M, C] (the class dimension
     last), the PyTorch formulation reference(x, t, opt, ignore_index, reduction) for dtypes and
-    devices the C op does not serve (c_dtypes, c_devices), else the C op: ops = (forward, loss_and_grad, run), the
-    latter two when a gradient is needed for a scalar loss: run(x, t, *args) -> (loss, dlogits), the C call of
-    loss_and_grad, in eager mode on plain tensors (autograd.KeptGradEager: no custom-op dispatch). again(logits, target): the public function
-    itself, for the unbatched [C] case. min_c / why: the class-count rule and its reason."""
+    devices the C op does not serve (c_dtypes, c_devices), else the C op: ops = (forward, loss_and_grad, run),
+    the latter two when a gradient is needed for a scalar loss: run(x, t, *args) -> (loss, dlogits), the C
+    call of loss_and_grad, in eager mode on plain tensors (autograd.kept_grad_loss: no custom-op dispatch).
+    again(logits, target): the public function itself, for the unbatched [C] case. min_c / why: the
+    class-count rule and its reason."""
     _index_target(fn, target, logits.device)
     if logits.dim() == 0:
         raise ValueError(f"{fn}: logits must be [N, C] or [N, C, d1, ...], got a 0-d tensor")
@@ -288,10 +289,7 @@ def _row_loss(fn, logits, target, opt, ignore_index, reduction, min_c, why, c_dt
     red = REDUCTIONS[reduction]
     args = (opt, ignore_index, red)
     if red != _NONE and logits.requires_grad and torch.is_grad_enabled():
-        if eager_ok(x) and eager_ok(t):
-            loss = KeptGradEager.apply(x, lambda: ops[2](x, t, *args), fn.rsplit(".", 1)[-1], "mean / sum")
-        else:
-            loss, _ = ops[1](x, t, *args)
+        loss = kept_grad_loss((x, t), lambda: ops[2](x, t, *args), lambda: ops[1](x, t, *args), fn.rsplit(".", 1)[-1])
     else:
         loss = ops[0](x, t, *args)
         if red == _NONE:

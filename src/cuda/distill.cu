@@ -1262,6 +1262,16 @@ static int dp_head_rows(const fl__distill_params* p, const void* s, const void* 
     return 1;
 }
 
+// the ring's slots of sb vectors for a chunk of ns of them: what `ring` vectors hold, within DP_MAX_SLOTS
+// (NB_MAX_SLOTS with nb) and the xslot reuse rule
+static int64_t dp_slots(int64_t ring, int64_t sb, int64_t ns, bool nb) {
+    int64_t r = ring / sb;
+    if (r > DP_MAX_SLOTS) r = DP_MAX_SLOTS;
+    if (nb && r > NB_MAX_SLOTS) r = NB_MAX_SLOTS;
+    if (r > (DP_XSLOTS / 2 + 1) * ns - 1) r = (DP_XSLOTS / 2 + 1) * ns - 1;   // the xslot reuse rule
+    return r;
+}
+
 static int dp_plan(const fl__distill_params* p, const void* s, const void* t, const void* ds, bool fused, DpPlan* out) {
     if (!fused || p->mode == FL__DISTILL_JSD || p->N <= 0) return 0;
     if (rp_env_flag("FUSEDLOSS_DISTILL_PIPE", 1) != 1) return 0;
@@ -1319,15 +1329,9 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         int64_t ns = (per + subv - 1) / subv;
         int64_t sb = (per + ns - 1) / ns;
         if (tm) fl__tmap_round(per, &sb, &ns);   // TM (cluster.cuh)
-        int64_t r = 0;
-        for (int k = 0; k < 2; k++) {   // k 0: the picking ring's slots (the slack rule), 1: ring_kb's
-            r = (k ? ring : ring_pick) / sb;
-            if (r > DP_MAX_SLOTS) r = DP_MAX_SLOTS;
-            if (nb && r > NB_MAX_SLOTS) r = NB_MAX_SLOTS;
-            if (r > (DP_XSLOTS / 2 + 1) * ns - 1) r = (DP_XSLOTS / 2 + 1) * ns - 1;   // the xslot reuse rule
-            if (k == 0 && (r - ns < 1 || (r - ns) * sb * vb < slack)) break;
-        }
-        if (r - ns < 1 || (r - ns) * sb * vb < slack) continue;
+        const int64_t rp = dp_slots(ring_pick, sb, ns, nb);   // the picking ring's slots: the slack rule
+        if (rp - ns < 1 || (rp - ns) * sb * vb < slack) continue;
+        const int64_t r = dp_slots(ring, sb, ns, nb);   // >= rp (ring >= ring_pick)
         out->cs = cc;
         out->per = (int)per;
         out->sub = (int)sb;
