@@ -1187,7 +1187,7 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
 // 1.147-1.150 ms (1.52x; 672 threads with 384 statistics threads 1.49x, 3-CTA clusters 1.59-1.79x,
 // 192 / 320 statistics threads 1.69 / 1.55x). Other shapes not timed yet. Knobs, read on every call: _PIPE_THREADS (CTA size, default 544, at most 672),
 // _PIPE_STATS (statistics threads, default half of the non-producer warps), _PIPE_RING (KB of ring,
-// default 200), _PIPE_SUB (KB a slot at most, default 32), _PIPE_SLACK (KB of the ring beyond one
+// default 220 since s23; the cluster picked as for 200: _PIPE_RING_PICK), _PIPE_SUB (KB a slot at most, default 32), _PIPE_SLACK (KB of the ring beyond one
 // row's chunk, i.e. of the next row in flight, default 48), _PIPE_CS (force a cluster size),
 // _PIPE_GRID (cap the clusters: tests of the row loop at small N), _PIPE_PLAIN_ST (default 1: the
 // gradient stored default-cached, as the CE ring mode measured best in s12 run 4; 0: evict-first,
@@ -1287,14 +1287,17 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     if (T < 128 || T > DP_MAX_THREADS) T = 544;
     int Ts = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_STATS", (T - 32) / 64 * 32) / 32 * 32;
     if (Ts < 32 || Ts > T - 64) Ts = (T - 32) / 64 * 32;
-    int ring_kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_RING", 200);
-    if (ring_kb < 16 || ring_kb > 220) ring_kb = 200;
+    int ring_kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_RING", 220);
+    if (ring_kb < 16 || ring_kb > 220) ring_kb = 220;
     /* the ring size that picks the cluster (the slack rule below), ring_kb then sizing the slots of that cluster.
      * Why (s22, not yet run as a pair): RING=220 alone was 1-6% faster at 4096x128256 bf16 (cluster 4, 7 slots
      * instead of 6) but 12% slower at 2048x256000, where it moved the cluster from 8 CTAs to 7 (15 clusters of 7
      * resident: 105 of 132 SMs). FUSEDLOSS_DISTILL_PIPE_RING=220 FUSEDLOSS_DISTILL_PIPE_RING_PICK=200 keeps
-     * the 200 KB ring's cluster and adds the slot. */
-    int pick_kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_RING_PICK", ring_kb);
+     * the 200 KB ring's cluster and adds the slot. The default since s23 (H100 run 1, bench_distill step x floor,
+     * 220/200 against the old 200/200, two alternations: 4096x128256 1.30, 1.29 / 1.32, 1.34; 2048x256000 1.25, 1.21
+     * / 1.33, 1.32; 8192x32000 1.31, 1.46 / 1.39, 1.26 (noise; min 0.655, 0.646 / 0.665, 0.662 ms); 8192x50257
+     * 1.48, 1.46 / 1.48, 1.43); tests 4668/0. RING_PICK defaults to the smaller of 200 and RING. */
+    int pick_kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_RING_PICK", ring_kb < 200 ? ring_kb : 200);
     if (pick_kb < 16 || pick_kb > ring_kb) pick_kb = ring_kb;
     int sub_kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_SUB", 32);
     if (sub_kb < 1 || sub_kb > 64) sub_kb = 32;

@@ -520,12 +520,14 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_prep(LvTileState ts, int
         lv_set_weights(set, C, all, per_image, N, g, G, Vs, lw, gw);
 }
 
-/* SG (FUSEDLOSS_LOVASZ_JAC2_SG=1, s22, not yet run; buckets only): each item's gradient and pixel-in-bucket go to
+/* SG (the default for buckets since s23; FUSEDLOSS_LOVASZ_JAC2_SG=0: registers; buckets only): each item's gradient and pixel-in-bucket go to
  * st_gv / st_jl at [i][thread] (the staging arrays, before the runs' offsets are known) instead of 16 + 16
  * registers a thread; after the offsets each thread reads its own items back and, past the barrier that
  * already separates the offsets from the staging, writes them to their runs. Why: the default keeps kk, vv,
  * gvr and lbr (64 registers) live together, 80 registers a thread = 3 blocks an SM, and ncu found the pass
- * latency-bound at 28% of DRAM (s21 run 3: 226 us for a ~93 us floor); SG aims at <= 64 (4 blocks). */
+ * latency-bound at 28% of DRAM (s21 run 3: 226 us for a ~93 us floor); SG aims at <= 64 (4 blocks).
+ * Measured (H100 s23 run 1): 64 registers, the kernel 227.5 / 227.8 -> 214.4 / 216.0 us alternated, bench_lovasz
+ * probas 8.7 -> 8.9x rows, logits 7.9 -> 8.1x; tests 7118/0 with buckets everywhere, memcheck and racecheck 0. */
 template <typename T, bool BKT, bool PK = false, bool SG = false>
 static __global__ void __launch_bounds__(LV_THREADS, SG ? 4 : 0) lv_jaccard2(LvArgs a, const u32* keys, const u32* vals,
                                                                  LvTileState ts, const int* G, const int* base,
@@ -1160,7 +1162,7 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
         else if (pk)
             lv_jaccard2<T, false, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
-        else if (bkt && lv_env_int("FUSEDLOSS_LOVASZ_JAC2_SG", 0) != 0)   /* s22, not yet run (SG above) */
+        else if (bkt && lv_env_int("FUSEDLOSS_LOVASZ_JAC2_SG", 1) != 0)   /* SG above: H100 s23 run 1 227.5 -> 215 us */
             lv_jaccard2<T, true, false, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         else if (bkt)
