@@ -113,6 +113,9 @@ def main():
     ap.add_argument("--slow-reps", type=int, default=3, help="repetitions of the dim0 provider")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--graph", default="fusedloss,compile",
+                    help="comma list of providers also timed replayed from CUDA graphs (the GPU time of the step, "
+                         "the host out of the way; '' for none)")
     args = ap.parse_args()
 
     import torch
@@ -121,7 +124,8 @@ def main():
         return 0
     import fusedloss
     from fusedloss.lovasz import _lovasz_reference
-    from torch_timing import copy_bw, rotating_step, step_extra_bytes, summary_parts, timed, write_results
+    from torch_timing import (copy_bw, graph_step_ms, rotating_step, step_extra_bytes, summary_parts, timed,
+                              write_results)
 
     dt = getattr(torch, args.dtype)
     shape = tuple(int(v) for v in args.shape.lower().split("x"))
@@ -174,6 +178,11 @@ def main():
                          err_grad=err_grad, rel_l1_grad=rel_l1, ref_loss=ref_loss.item())
                 print(f"{case:>7} {name:>10}: {med:9.3f} ms (min {mn:.3f}) {med / floor_ms:7.2f}x floor extra "
                       f"{extra / 2**20:8.1f} MiB |dloss| {err_loss:.2e} |dgrad| {err_grad:.2e} rel L1 {rel_l1:.1e}")
+                if name in args.graph.split(","):   # the GPU time of the same step, the host out of the way
+                    g, why = graph_step_ms(f, xu, tu, args.reps)
+                    r.update(graph_ms=g, graph_ratio=g / floor_ms, graph_why=why)
+                    print(f"{'':>7} {name:>10}: graph {g:8.3f} ms {g / floor_ms:6.2f}x floor"
+                          + (f" ({why})" if why else ""))
                 del sk, lk, gd
             except Exception as e:  # noqa: BLE001  (report, continue)
                 r.update(error=f"{type(e).__name__}: {e}")

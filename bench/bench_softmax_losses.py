@@ -157,6 +157,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--check-rows", type=int, default=8, help="rows (image rows for NCHW) of the accuracy check")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--graph", default="fusedloss,compile",
+                    help="comma list of providers also timed replayed from CUDA graphs (the GPU time of the step, "
+                         "the host out of the way; '' for none)")
     ap.add_argument("--ab", default=os.environ.get("SOFTMAX_AB", ""),
                     help="';'-separated variants of the library's knobs ('K=V,K2=V2'), each timed for the "
                          "fusedloss provider after the case's table (e.g. FUSEDLOSS_TGT_STAGED=1)")
@@ -167,7 +170,8 @@ def main():
         print("SKIP: bench_softmax_losses.py needs a CUDA device")
         return 0
     import fusedloss
-    from torch_timing import copy_bw, knob_variant, rotating_step, step_extra_bytes, summary_parts, timed, write_results
+    from torch_timing import (copy_bw, graph_step_ms, knob_variant, rotating_step, step_extra_bytes, summary_parts, timed,
+                              write_results)
 
     dt = getattr(torch, args.dtype)
     es = torch.empty((), dtype=dt).element_size()
@@ -223,6 +227,11 @@ def main():
                 print(f"{case:>10} {name:>10}: {med:8.3f} ms (min {mn:.3f}) {med / floor_ms:6.2f}x floor "
                       f"extra {extra / 2**20:9.1f} MiB  |dloss| {err_loss:.2e} |dgrad| {err_grad:.2e} "
                       f"(max |grad| {r['ref_grad_max']:.2e})")
+                if name in args.graph.split(","):   # the GPU time of the same step, the host out of the way
+                    g, why = graph_step_ms(f, xs, ts, args.reps)
+                    r.update(graph_ms=g, graph_ratio=g / floor_ms, graph_why=why)
+                    print(f"{'':>10} {name:>10}: graph {g:8.3f} ms {g / floor_ms:6.2f}x floor"
+                          + (f" ({why})" if why else ""))
             except Exception as e:  # noqa: BLE001  (report, continue)
                 r.update(error=f"{type(e).__name__}: {e}")
                 print(f"{case:>10} {name:>10}: FAILED {type(e).__name__}: "

@@ -1,6 +1,9 @@
 """torch_timing.py — the CUDA-event timing the Python benchmarks share (bench_lce_torch.py,
 bench_vp.py, bench_zoo.py): warm-up, then the median (and min) of `reps` event-timed calls, and
-the device-to-device copy bandwidth (bytes read + written per second) that floors are made of."""
+the device-to-device copy bandwidth (bytes read + written per second) that floors are made of.
+Two times a step: synchronised (timed: what an eager loop that waits for every step pays, the host's
+dispatch latency included) and replayed from CUDA graphs (graph_ms / graph_step_ms: the GPU time of
+the same kernels, the host out of the way)."""
 import statistics
 
 import torch
@@ -74,6 +77,29 @@ def rotating_step(f, xs, ts):
     return step
 
 
+def graph_step_ms(f, xs, ts, reps, warmup=2):
+    """GPU time of one f(xs[i], ts[i]).backward() step with the host out of the way (graph_ms: one
+    CUDA graph per input set, replayed in turn): (median ms, None) or (NaN, why capture failed: a
+    provider that synchronises with the host, such as a boolean-mask index, cannot be captured).
+    The gradients the graphs leave are cleared after."""
+    def step(i):
+        xs[i].grad = None
+        f(xs[i], ts[i]).backward()
+    try:
+        return graph_ms(step, len(xs), reps, warmup)
+    finally:
+        for x in xs:
+            x.grad = None
+
+
+def graph_part(r):
+    """' | graph 1.234 ms 1.16x' (GPU time of the step from a CUDA graph) for a result row, or ''."""
+    g = r.get("graph_ms")
+    if g is None:
+        return ""
+    return f", graph {g:.3f} ms {r['graph_ratio']:.2f}x" if g == g else ", graph n/a"
+
+
 def step_extra_bytes(f, xs, ts):
     """Peak extra memory of one f(xs[0], ts[0]).backward(): beyond what was allocated before it and
     the gradient it leaves (all xs' gradients cleared first and after)."""
@@ -97,7 +123,7 @@ def summary_parts(res):
     for name, r in res.items():
         if "ms" in r:
             parts.append(f"{name} {r['ms']:.3f} ms {r['ratio']:.2f}x +{r['extra_mib']:.0f} MiB "
-                         f"err {r['err_loss']:.1e}/{r['err_grad']:.1e}")
+                         f"err {r['err_loss']:.1e}/{r['err_grad']:.1e}{graph_part(r)}")
         else:
             parts.append(f"{name} n/a")
     return parts
