@@ -245,8 +245,11 @@ static __device__ __forceinline__ void lv_load4(const T* p, float* v) {
  * order; then the keys), so the same keys, values and lse bit for bit; the logits' three sweeps over
  * the classes reload the pixels' values (from L1 / L2) instead of holding 4 C of them. Needs d, ld
  * and x 4-element aligned (lv_run_t checks), so the 4 pixels share an image and L % 4 == 0. */
-template <typename T, bool PK = false>
-static __global__ void __launch_bounds__(LV_THREADS) lv_keys4(LvArgs a, int jb) {
+/* MB (FUSEDLOSS_LOVASZ_KEYS4_MINB=4, s23, not yet run): the same code bounded to 4 blocks an SM (<= 64
+ * registers; the default's 72 allow 3: ncu s21 run 3 found it occupancy-bound, 61.5% of DRAM, 136 us
+ * for a ~80 us floor). 0 = no bound (a bound of 1 changes the code, NOTES "SASS"). */
+template <typename T, bool PK = false, int MB = 0>
+static __global__ void __launch_bounds__(LV_THREADS, MB) lv_keys4(LvArgs a, int jb) {
     const T* x = (const T*)a.x;
     T* dx = (T*)a.dx;
     const int64_t P4 = a.P >> 2;
@@ -700,7 +703,13 @@ static __global__ void __launch_bounds__(LV_THREADS, SG ? 4 : 0) lv_jaccard2(LvA
 
 /* one block a bucket (s, b): its entries into a shared-memory window of 2^bits pixels, then the
  * window out in pixel order (only the pixels with an entry: ignored pixels keep lv_keys' value) */
-template <typename T>
+/* BL (FUSEDLOSS_LOVASZ_FLUSH_BATCH=1, s23, not yet run): the entries' loads LV_FB a thread at a time, all issued
+ * before their shared-memory stores and mask atomics. Why: the default loop waits for each entry's two
+ * loads in turn (~32 entries a thread in an 8192-pixel bucket, each a global-memory latency), which
+ * matches ncu's 47.7% of DRAM (s21 run 3: 124 us for a ~67 us floor). The same entries land in the same
+ * window slots, so the output is bit for bit the same. */
+#define LV_FB 8
+template <typename T, bool BL = false>
 static __global__ void __launch_bounds__(LV_THREADS) lv_flush(LvArgs a, LvBkt bk, float* gp) {
     __shared__ float win[1 << LV_BB_MAX];
     __shared__ u32 msk[(1 << LV_BB_MAX) / 32];
@@ -712,10 +721,30 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_flush(LvArgs a, LvBkt bk
     __syncthreads();
     const u32 reg = s * L + lo;
     const int n = bk.cur[gb];
-    for (int e = threadIdx.x; e < n; e += LV_THREADS) {
-        const u32 q = bk.jl[reg + e];
-        win[q] = __ldcs(bk.gv + reg + e);
-        atomicOr(&msk[q >> 5], 1u << (q & 31));
+    if constexpr (BL) {
+        for (int e0 = threadIdx.x; e0 < n; e0 += LV_FB * LV_THREADS) {
+            u32 q[LV_FB];
+            float g[LV_FB];
+#pragma unroll
+            for (int u = 0; u < LV_FB; u++) {
+                const int e = e0 + u * LV_THREADS;
+                q[u] = e < n ? (u32)bk.jl[reg + e] : 0u;
+                g[u] = e < n ? __ldcs(bk.gv + reg + e) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < LV_FB; u++) {
+                if (e0 + u * LV_THREADS < n) {
+                    win[q[u]] = g[u];
+                    atomicOr(&msk[q[u] >> 5], 1u << (q[u] & 31));
+                }
+            }
+        }
+    } else {
+        for (int e = threadIdx.x; e < n; e += LV_THREADS) {
+            const u32 q = bk.jl[reg + e];
+            win[q] = __ldcs(bk.gv + reg + e);
+            atomicOr(&msk[q >> 5], 1u << (q & 31));
+        }
     }
     __syncthreads();
     for (u32 q = threadIdx.x; q < npx; q += LV_THREADS)
@@ -1070,6 +1099,8 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
                       lv_env_int("FUSEDLOSS_LOVASZ_KEYS4", 1) != 0;
     if (keys4 && pk) {
         lv_keys4<T, true><<<lv_grid(pl.P / 4, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
+    } else if (keys4 && lv_env_int("FUSEDLOSS_LOVASZ_KEYS4_MINB", 0) == 4) {   /* s23, not yet run (MB above) */
+        lv_keys4<T, false, 4><<<lv_grid(pl.P / 4, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
     } else if (keys4) {
         lv_keys4<T><<<lv_grid(pl.P / 4, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
     } else if (pk) {
@@ -1173,7 +1204,10 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         FL_CUDA_TRY(cudaGetLastError());
         if (bkt) {
-            lv_flush<T><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(ag, bk, gp);
+            if (lv_env_int("FUSEDLOSS_LOVASZ_FLUSH_BATCH", 0) != 0)   /* s23, not yet run (BL above) */
+                lv_flush<T, true><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(ag, bk, gp);
+            else
+                lv_flush<T><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(ag, bk, gp);
             FL_CUDA_TRY(cudaGetLastError());
         }
         nparts = pl.ntiles;
