@@ -776,7 +776,9 @@ int main(int argc, char** argv) {
                                  {129, 8003, 8003}, {64, 20000, 20011}, {300, 1000, 1000}, {8, 100000, 100000},
                                  {256, 512, 512},
                                  /* the staged kernel (sm_90 default): clusters of 2-8 CTAs and a tail, within --small */
-                                 {2, 65541, 65544}};
+                                 {2, 65541, 65544},
+                                 /* the warp-a-row kernel's other register widths (32 KE >= C: 8, 64, 128), odd ld */
+                                 {9, 200, 203},     {6, 1500, 1500},   {5, 3000, 3001}};
     const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
     uint64_t seed = 17;
     long cases = 0, bad = 0;

@@ -662,7 +662,9 @@ int main(int argc, char** argv) {
                                  {1, 3, 7, 21},        {4, 5, 64, 320},       {2, 19, 65536, 19 * 65536},
                                  {3, 100, 33, 3305},
                                  /* the staged kernel (sm_90 default): clusters of 2-8 CTAs and a tail, within --small */
-                                 {2, 65541, 1, 65544}};
+                                 {2, 65541, 1, 65544},
+                                 /* the warp-a-row kernel's other register widths (32 KE >= C: 8, 64, 128), odd ld */
+                                 {9, 200, 1, 203},     {6, 1500, 1, 1500},    {5, 3000, 1, 3001}};
     const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
     uint64_t seed = 23;
     long cases = 0, bad = 0;
