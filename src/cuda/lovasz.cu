@@ -245,9 +245,10 @@ static __device__ __forceinline__ void lv_load4(const T* p, float* v) {
  * order; then the keys), so the same keys, values and lse bit for bit; the logits' three sweeps over
  * the classes reload the pixels' values (from L1 / L2) instead of holding 4 C of them. Needs d, ld
  * and x 4-element aligned (lv_run_t checks), so the 4 pixels share an image and L % 4 == 0. */
-/* MB (FUSEDLOSS_LOVASZ_KEYS4_MINB=4, s23, not yet run): the same code bounded to 4 blocks an SM (<= 64
- * registers; the default's 72 allow 3: ncu s21 run 3 found it occupancy-bound, 61.5% of DRAM, 136 us
- * for a ~80 us floor). 0 = no bound (a bound of 1 changes the code, NOTES "SASS"). */
+/* MB (the default since s23, FUSEDLOSS_LOVASZ_KEYS4_MINB=0: no bound): the same code bounded to 4 blocks an SM
+ * (64 registers, no spills; unbounded it takes 72, 3 blocks: ncu s21 run 3 found it occupancy-bound, 61.5% of
+ * DRAM, 136 us for a ~80 us floor). H100 s23 run 3, alternated twice: 139.7 / 139.8 -> 135.4 / 135.9 us; tests
+ * 7158/0, bitwise against MB 0 (A/B row). A bound of 1 would change the code (NOTES "SASS"): 0 = none. */
 template <typename T, bool PK = false, int MB = 0>
 static __global__ void __launch_bounds__(LV_THREADS, MB) lv_keys4(LvArgs a, int jb) {
     const T* x = (const T*)a.x;
@@ -523,8 +524,8 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_prep(LvTileState ts, int
         lv_set_weights(set, C, all, per_image, N, g, G, Vs, lw, gw);
 }
 
-/* SG (the default for buckets since s23; FUSEDLOSS_LOVASZ_JAC2_SG=0: registers; buckets only): each item's gradient and pixel-in-bucket go to
- * st_gv / st_jl at [i][thread] (the staging arrays, before the runs' offsets are known) instead of 16 + 16
+/* SG (the default for buckets since s23; FUSEDLOSS_LOVASZ_JAC2_SG=0: registers; buckets only): each item's
+ * gradient and pixel-in-bucket go to st_gv / st_jl at [i][thread] (the staging arrays, before the runs' offsets are known) instead of 16 + 16
  * registers a thread; after the offsets each thread reads its own items back and, past the barrier that
  * already separates the offsets from the staging, writes them to their runs. Why: the default keeps kk, vv,
  * gvr and lbr (64 registers) live together, 80 registers a thread = 3 blocks an SM, and ncu found the pass
@@ -703,11 +704,12 @@ static __global__ void __launch_bounds__(LV_THREADS, SG ? 4 : 0) lv_jaccard2(LvA
 
 /* one block a bucket (s, b): its entries into a shared-memory window of 2^bits pixels, then the
  * window out in pixel order (only the pixels with an entry: ignored pixels keep lv_keys' value) */
-/* BL (FUSEDLOSS_LOVASZ_FLUSH_BATCH=1, s23, not yet run): the entries' loads LV_FB a thread at a time, all issued
- * before their shared-memory stores and mask atomics. Why: the default loop waits for each entry's two
- * loads in turn (~32 entries a thread in an 8192-pixel bucket, each a global-memory latency), which
- * matches ncu's 47.7% of DRAM (s21 run 3: 124 us for a ~67 us floor). The same entries land in the same
- * window slots, so the output is bit for bit the same. */
+/* BL (the default since s23; FUSEDLOSS_LOVASZ_FLUSH_BATCH=0: one entry at a time): the entries' loads LV_FB a
+ * thread at a time, all issued before their shared-memory stores and mask atomics. Why: the one-at-a-time loop
+ * waits for each entry's two loads in turn (~32 entries a thread in an 8192-pixel bucket, each a global-memory
+ * latency), which matches ncu's 47.7% of DRAM (s21 run 3: 124 us for a ~67 us floor). The same entries land in
+ * the same window slots, so the output is bit for bit the same. H100 s23 run 3, alternated twice: 120.6 / 120.7
+ * -> 107.5 / 107.9 us; tests 7158/0 (bitwise A/B row), memcheck 0. */
 #define LV_FB 8
 template <typename T, bool BL = false>
 static __global__ void __launch_bounds__(LV_THREADS) lv_flush(LvArgs a, LvBkt bk, float* gp) {
@@ -1099,7 +1101,7 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
                       lv_env_int("FUSEDLOSS_LOVASZ_KEYS4", 1) != 0;
     if (keys4 && pk) {
         lv_keys4<T, true><<<lv_grid(pl.P / 4, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
-    } else if (keys4 && lv_env_int("FUSEDLOSS_LOVASZ_KEYS4_MINB", 0) == 4) {   /* s23, not yet run (MB above) */
+    } else if (keys4 && lv_env_int("FUSEDLOSS_LOVASZ_KEYS4_MINB", 4) == 4) {   /* MB above */
         lv_keys4<T, false, 4><<<lv_grid(pl.P / 4, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
     } else if (keys4) {
         lv_keys4<T><<<lv_grid(pl.P / 4, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
@@ -1204,7 +1206,7 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         FL_CUDA_TRY(cudaGetLastError());
         if (bkt) {
-            if (lv_env_int("FUSEDLOSS_LOVASZ_FLUSH_BATCH", 0) != 0)   /* s23, not yet run (BL above) */
+            if (lv_env_int("FUSEDLOSS_LOVASZ_FLUSH_BATCH", 1) != 0)   /* BL above */
                 lv_flush<T, true><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(ag, bk, gp);
             else
                 lv_flush<T><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(ag, bk, gp);
