@@ -4,6 +4,9 @@
  * src/cpu/softmax_focal.c) are the specification; tests/test_margin_ce_cuda.c and
  * tests/test_softmax_focal_cuda.c check this file against them.
  *
+ * Rows take, in this order: the staged cluster kernel (sm_90, aligned rows of >= 1024 16-byte vectors); one warp
+ * a row, the row in registers, for C <= TW_MAX_C (4096) (tgt_warp_kernel, the default since s23, with the
+ * statistics and formulas below; FUSEDLOSS_TGT_WARP=0 skips it); else the ticket kernel:
  * Rows (margin; focal with d == 1 and C > 64): the row machinery of rowpass.cuh (as the distillation):
  *   phase 0, per chunk: the online max and sum of 2^(z log2e) over the chunk's columns EXCLUDING the
  *            target column (z = s x for the margin, x for focal); the last chunk of a row to finish
