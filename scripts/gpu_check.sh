@@ -504,6 +504,8 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                 FUSEDLOSS_TGT_STAGED=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 echo "### FUSEDLOSS_TGT_STAGED_GRID=3 $t --small"
                 FUSEDLOSS_TGT_STAGED_GRID=3 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
+                echo "### FUSEDLOSS_TGT_WARP=0 $t --small"   # rows of C <= 4096 on the ticket kernel (the warp-a-row kernel is the default since s23)
+                FUSEDLOSS_TGT_WARP=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
             fi
             if [ "$t" = test_softmax_focal_cuda ]; then   # the position kernels at 1 / 2 / 4 positions a thread (default 1 fp32, 2 16-bit), 256-thread CTAs (default 128)
                 for kv in "FUSEDLOSS_FOCAL_PV=1" "FUSEDLOSS_FOCAL_PV=2" "FUSEDLOSS_FOCAL_PV=4" "FUSEDLOSS_FOCAL_POS_THREADS=256"; do
