@@ -124,7 +124,7 @@ def main():
         return 0
     import fusedloss
     from fusedloss.lovasz import _lovasz_reference
-    from torch_timing import (copy_bw, graph_step_ms, rotating_step, step_extra_bytes, summary_parts, timed,
+    from torch_timing import (add_graph_time, copy_bw, rotating_step, step_extra_bytes, summary_parts, timed,
                               write_results)
 
     dt = getattr(torch, args.dtype)
@@ -178,11 +178,7 @@ def main():
                          err_grad=err_grad, rel_l1_grad=rel_l1, ref_loss=ref_loss.item())
                 print(f"{case:>7} {name:>10}: {med:9.3f} ms (min {mn:.3f}) {med / floor_ms:7.2f}x floor extra "
                       f"{extra / 2**20:8.1f} MiB |dloss| {err_loss:.2e} |dgrad| {err_grad:.2e} rel L1 {rel_l1:.1e}")
-                if name in args.graph.split(","):   # the GPU time of the same step, the host out of the way
-                    g, why = graph_step_ms(f, xu, tu, args.reps)
-                    r.update(graph_ms=g, graph_ratio=g / floor_ms, graph_why=why)
-                    print(f"{'':>7} {name:>10}: graph {g:8.3f} ms {g / floor_ms:6.2f}x floor"
-                          + (f" ({why})" if why else ""))
+                add_graph_time(r, name, args.graph, f, xu, tu, args.reps, floor_ms, 7)   # GPU time
                 del sk, lk, gd
             except Exception as e:  # noqa: BLE001  (report, continue)
                 r.update(error=f"{type(e).__name__}: {e}")

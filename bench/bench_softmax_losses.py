@@ -170,8 +170,8 @@ def main():
         print("SKIP: bench_softmax_losses.py needs a CUDA device")
         return 0
     import fusedloss
-    from torch_timing import (copy_bw, graph_step_ms, knob_variant, rotating_step, step_extra_bytes, summary_parts, timed,
-                              write_results)
+    from torch_timing import (add_graph_time, copy_bw, knob_variant, rotating_step, step_extra_bytes, summary_parts,
+                              timed, write_results)
 
     dt = getattr(torch, args.dtype)
     es = torch.empty((), dtype=dt).element_size()
@@ -227,11 +227,7 @@ def main():
                 print(f"{case:>10} {name:>10}: {med:8.3f} ms (min {mn:.3f}) {med / floor_ms:6.2f}x floor "
                       f"extra {extra / 2**20:9.1f} MiB  |dloss| {err_loss:.2e} |dgrad| {err_grad:.2e} "
                       f"(max |grad| {r['ref_grad_max']:.2e})")
-                if name in args.graph.split(","):   # the GPU time of the same step, the host out of the way
-                    g, why = graph_step_ms(f, xs, ts, args.reps)
-                    r.update(graph_ms=g, graph_ratio=g / floor_ms, graph_why=why)
-                    print(f"{'':>10} {name:>10}: graph {g:8.3f} ms {g / floor_ms:6.2f}x floor"
-                          + (f" ({why})" if why else ""))
+                add_graph_time(r, name, args.graph, f, xs, ts, args.reps, floor_ms, 10)   # GPU time
             except Exception as e:  # noqa: BLE001  (report, continue)
                 r.update(error=f"{type(e).__name__}: {e}")
                 print(f"{case:>10} {name:>10}: FAILED {type(e).__name__}: "

@@ -92,8 +92,19 @@ def graph_step_ms(f, xs, ts, reps, warmup=2):
             x.grad = None
 
 
+def add_graph_time(r, name, providers, f, xs, ts, reps, floor_ms, width):
+    """When name is in providers (the benches' --graph, a comma list): time f's step from CUDA graphs
+    (graph_step_ms), record graph_ms / graph_ratio / graph_why in the result row r and print one line
+    (name right-aligned after `width` blank columns, as the bench's own lines)."""
+    if name not in providers.split(","):
+        return
+    g, why = graph_step_ms(f, xs, ts, reps)
+    r.update(graph_ms=g, graph_ratio=g / floor_ms, graph_why=why)
+    print(f"{'':>{width}} {name:>10}: graph {g:8.3f} ms {g / floor_ms:6.2f}x floor" + (f" ({why})" if why else ""))
+
+
 def graph_part(r):
-    """' | graph 1.234 ms 1.16x' (GPU time of the step from a CUDA graph) for a result row, or ''."""
+    """', graph 1.234 ms 1.16x' (GPU time of the step from a CUDA graph) for a result row, or ''."""
     g = r.get("graph_ms")
     if g is None:
         return ""

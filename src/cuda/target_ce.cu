@@ -859,6 +859,26 @@ static tk_fn pick(fl_dtype dt, int mode, bool rows, bool fused, int64_t C, int p
         default: return pick_t<__nv_bfloat16>(mode, rows, fused);
     }
 }
+// tgt_warp_kernel for the row length: 32 KE >= C columns (KE 8 / 32 / 64 / 128)
+template <typename T, int MODE, bool FUSED>
+static tk_fn pick_warp_mf(int64_t C) {
+    if (C <= 256) return tgt_warp_kernel<T, MODE, FUSED, 8>;
+    if (C <= 1024) return tgt_warp_kernel<T, MODE, FUSED, 32>;
+    if (C <= 2048) return tgt_warp_kernel<T, MODE, FUSED, 64>;
+    return tgt_warp_kernel<T, MODE, FUSED, 128>;
+}
+template <typename T>
+static tk_fn pick_warp_t(int mode, bool fused, int64_t C) {
+    if (mode == TC_MARGIN) return fused ? pick_warp_mf<T, TC_MARGIN, true>(C) : pick_warp_mf<T, TC_MARGIN, false>(C);
+    return fused ? pick_warp_mf<T, TC_FOCAL, true>(C) : pick_warp_mf<T, TC_FOCAL, false>(C);
+}
+static tk_fn pick_warp(fl_dtype dt, int mode, bool fused, int64_t C) {
+    switch (dt) {
+        case FL_DTYPE_F32: return pick_warp_t<float>(mode, fused, C);
+        case FL_DTYPE_F16: return pick_warp_t<__half>(mode, fused, C);
+        default: return pick_warp_t<__nv_bfloat16>(mode, fused, C);
+    }
+}
 static int g_occ[3][2][2][2][4];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV)
 
 template <typename T>
@@ -913,35 +933,6 @@ static int ts_plan(const TArgs& a, int mode, bool fused, fl_dtype dt, TsPlan* ou
 }
 
 // The common launch of both losses. nrows: rows (N) or positions (N d); rows: the chunked kernel.
-// tgt_warp_kernel for the row length: 32 KE >= C columns (KE 8 / 32 / 64 / 128)
-template <typename T, int MODE, bool FUSED>
-static cudaError_t tw_launch_t(int64_t V, int64_t blocks, TArgs& a, cudaStream_t stream) {
-    const unsigned g = (unsigned)blocks;
-    if (V <= 256)
-        tgt_warp_kernel<T, MODE, FUSED, 8><<<g, TW_WARPS * 32, 0, stream>>>(a);
-    else if (V <= 1024)
-        tgt_warp_kernel<T, MODE, FUSED, 32><<<g, TW_WARPS * 32, 0, stream>>>(a);
-    else if (V <= 2048)
-        tgt_warp_kernel<T, MODE, FUSED, 64><<<g, TW_WARPS * 32, 0, stream>>>(a);
-    else
-        tgt_warp_kernel<T, MODE, FUSED, 128><<<g, TW_WARPS * 32, 0, stream>>>(a);
-    return cudaGetLastError();
-}
-template <typename T>
-static cudaError_t tw_launch_m(int mode, bool fused, int64_t V, int64_t blocks, TArgs& a, cudaStream_t stream) {
-    if (mode == TC_MARGIN)
-        return fused ? tw_launch_t<T, TC_MARGIN, true>(V, blocks, a, stream)
-                     : tw_launch_t<T, TC_MARGIN, false>(V, blocks, a, stream);
-    return fused ? tw_launch_t<T, TC_FOCAL, true>(V, blocks, a, stream)
-                 : tw_launch_t<T, TC_FOCAL, false>(V, blocks, a, stream);
-}
-static cudaError_t tw_launch(fl_dtype dt, int mode, bool fused, int64_t V, int64_t blocks, TArgs& a,
-                             cudaStream_t stream) {
-    if (dt == FL_DTYPE_F16) return tw_launch_m<__half>(mode, fused, V, blocks, a, stream);
-    if (dt == FL_DTYPE_BF16) return tw_launch_m<__nv_bfloat16>(mode, fused, V, blocks, a, stream);
-    return tw_launch_m<float>(mode, fused, V, blocks, a, stream);
-}
-
 static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fused, fl_dtype dt,
                           fl_reduction red, float* loss, const void* x, const void* dx, void* workspace,
                           cudaStream_t stream) {
@@ -972,18 +963,16 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     }
     TsPlan tp;
     const int ncl = rows ? ts_plan(a, mode, fused, dt, &tp) : 0;
-    if (ncl) {
-        const int64_t G = n < ncl ? n : ncl;   // clusters: one per row up to what is resident
-        void* args[] = {&a, &tp.cs, &tp.per, &tp.nv};
-        FL_CUDA_TRY(fl__launch_clusters(tp.fn, args, G, tp.cs, TS_THREADS, tp.smem, stream));
-        if (!none && loss) {
-            FL_CUDA_TRY(rp_reduce(a.rowloss, n, a.part, a.Ddev, 1.0f, loss, stream));
+    const bool warp = !ncl && rows && a.V <= TW_MAX_C && rp_env_flag("FUSEDLOSS_TGT_WARP", 1) != 0;
+    if (ncl || warp) {   // the staged cluster kernel, or a warp a row (tgt_warp_kernel); then the reduction
+        if (ncl) {
+            const int64_t G = n < ncl ? n : ncl;   // clusters: one per row up to what is resident
+            void* args[] = {&a, &tp.cs, &tp.per, &tp.nv};
+            FL_CUDA_TRY(fl__launch_clusters(tp.fn, args, G, tp.cs, TS_THREADS, tp.smem, stream));
+        } else {
+            pick_warp(dt, mode, fused, a.V)<<<(unsigned)((n + TW_WARPS - 1) / TW_WARPS), TW_WARPS * 32, 0, stream>>>(a);
+            FL_CUDA_TRY(cudaGetLastError());
         }
-        return FL_OK;
-    }
-    if (rows && a.V <= TW_MAX_C && rp_env_flag("FUSEDLOSS_TGT_WARP", 1) != 0) {   // a warp a row (tgt_warp_kernel)
-        const int64_t blocks = (n + TW_WARPS - 1) / TW_WARPS;
-        FL_CUDA_TRY(tw_launch(dt, mode, fused, a.V, blocks, a, stream));
         if (!none && loss) {
             FL_CUDA_TRY(rp_reduce(a.rowloss, n, a.part, a.Ddev, 1.0f, loss, stream));
         }
