@@ -264,7 +264,13 @@ static __global__ void __launch_bounds__(1024) rp_count_kernel(const void* label
     c = rp_block_sum<long long, 1024>(c);
     if (threadIdx.x == 0) part[blockIdx.x] = c;
 }
+// TRIGGER: lets the next kernel, launched with programmatic stream serialisation (PDL), start now; it
+// waits (griddepcontrol.wait) before reading D (target_ce.cu's position kernels with PM != 0)
+template <bool TRIGGER = false>
 static __global__ void __launch_bounds__(32) rp_count_final(const long long* part, int nb, float* D) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (TRIGGER) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     if (threadIdx.x == 0) {
         long long s = 0;
         for (int k = 0; k < nb; k++) s += part[k];
@@ -310,10 +316,11 @@ static __global__ void __launch_bounds__(32) rp_reduce_final(const double* part,
 
 // host: the two stages of each (scratch: >= 8 * rp_red_blocks(n) bytes, 8-byte aligned)
 static inline cudaError_t rp_count(const void* labels, int lab64, int64_t ignore, int64_t n, void* scratch, float* D,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, bool trigger = false) {
     const int nb = rp_red_blocks(n);
     rp_count_kernel<<<nb, 1024, 0, stream>>>(labels, lab64, ignore, n, (long long*)scratch);
-    rp_count_final<<<1, 32, 0, stream>>>((const long long*)scratch, nb, D);
+    if (trigger) rp_count_final<true><<<1, 32, 0, stream>>>((const long long*)scratch, nb, D);
+    else rp_count_final<<<1, 32, 0, stream>>>((const long long*)scratch, nb, D);
     return cudaGetLastError();
 }
 static inline cudaError_t rp_reduce(const float* rowloss, int64_t n, void* scratch, const float* Ddev, float Dhost,

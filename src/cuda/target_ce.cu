@@ -646,9 +646,29 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_kernel(TArgs a) {
 // others on whatever they hold and replaced by 0 / NaN at the store (selects, never a product with a
 // stale value). PV = 1 was a kernel of its own (tgt_pos_reg_kernel) until 2026-12-04; it had the
 // label-before-loads latency described in the kernel.
-template <typename T, int PV>
+// EF: streaming loads and stores (ld/st .cs, evict-first in L2), so that the labels the count kernel
+// of a MEAN has just read stay in L2 for this kernel (tgt_pos_vec_kernel PM bit 1)
+template <typename T, int PV, bool EF = false>
 __device__ __forceinline__ void pv_load(const T* p, float (&o)[PV]) {
-    if constexpr (PV == 1) o[0] = to_float(*p);
+    if constexpr (EF) {
+        if constexpr (PV == 1) {
+            if constexpr (sizeof(T) == 4) o[0] = __ldcs((const float*)p);
+            else {
+                const unsigned short u = __ldcs((const unsigned short*)p);
+                o[0] = to_float(*reinterpret_cast<const T*>(&u));
+            }
+        } else if constexpr (sizeof(T) == 4) {
+            if constexpr (PV == 2) { const float2 u = __ldcs((const float2*)p); o[0] = u.x; o[1] = u.y; }
+            else { const float4 u = __ldcs((const float4*)p); o[0] = u.x; o[1] = u.y; o[2] = u.z; o[3] = u.w; }
+        } else {
+            if constexpr (PV == 2) { const float2 f = rp_u2f(__ldcs((const unsigned*)p), T()); o[0] = f.x; o[1] = f.y; }
+            else {
+                const uint2 u = __ldcs((const uint2*)p);
+                const float2 f0 = rp_u2f(u.x, T()), f1 = rp_u2f(u.y, T());
+                o[0] = f0.x; o[1] = f0.y; o[2] = f1.x; o[3] = f1.y;
+            }
+        }
+    } else if constexpr (PV == 1) o[0] = to_float(*p);
     else if constexpr (sizeof(T) == 4) {
         if constexpr (PV == 2) { const float2 u = *(const float2*)p; o[0] = u.x; o[1] = u.y; }
         else { const float4 u = *(const float4*)p; o[0] = u.x; o[1] = u.y; o[2] = u.z; o[3] = u.w; }
@@ -666,9 +686,23 @@ __device__ __forceinline__ unsigned pv_pack2(float a, float b) {
     const T lo = from_float<T>(a), hi = from_float<T>(b);
     return (unsigned)*reinterpret_cast<const unsigned short*>(&lo) | ((unsigned)*reinterpret_cast<const unsigned short*>(&hi) << 16);
 }
-template <typename T, int PV>
+template <typename T, int PV, bool EF = false>
 __device__ __forceinline__ void pv_store(T* p, const float (&f)[PV]) {
-    if constexpr (PV == 1) *p = from_float<T>(f[0]);
+    if constexpr (EF) {
+        if constexpr (PV == 1) {
+            if constexpr (sizeof(T) == 4) __stcs((float*)p, f[0]);
+            else {
+                const T h = from_float<T>(f[0]);
+                __stcs((unsigned short*)p, *reinterpret_cast<const unsigned short*>(&h));
+            }
+        } else if constexpr (sizeof(T) == 4) {
+            if constexpr (PV == 2) __stcs((float2*)p, make_float2(f[0], f[1]));
+            else __stcs((float4*)p, make_float4(f[0], f[1], f[2], f[3]));
+        } else {
+            if constexpr (PV == 2) __stcs((unsigned*)p, pv_pack2<T>(f[0], f[1]));
+            else __stcs((uint2*)p, make_uint2(pv_pack2<T>(f[0], f[1]), pv_pack2<T>(f[2], f[3])));
+        }
+    } else if constexpr (PV == 1) *p = from_float<T>(f[0]);
     else if constexpr (sizeof(T) == 4) {
         if constexpr (PV == 2) *(float2*)p = make_float2(f[0], f[1]);
         else *(float4*)p = make_float4(f[0], f[1], f[2], f[3]);
@@ -678,8 +712,14 @@ __device__ __forceinline__ void pv_store(T* p, const float (&f)[PV]) {
     }
 }
 
-template <typename T, int CMAX, int PV, bool FUSED>
+// PM (position mode, FUSEDLOSS_FOCAL_POS_MODE): bit 0, the SUM / MEAN partials a warp tile (32 PV
+// positions: lane-order double sums, one float per tile at rowloss[g / 32], so the reduction reads
+// 1 / (32 PV) of the per-position losses; the order is fixed by the positions and PV); bit 1, EF loads
+// and stores (pv_load). PM 0: one float a position, default-cached, as before 2026-12-05 s24.
+template <typename T, int CMAX, int PV, bool FUSED, int PM = 0>
 __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
+    constexpr bool TILES = (PM & 1) != 0, EF = (PM & 2) != 0;
+    if constexpr (PM != 0) pdl_wait();   // launched with PDL after a MEAN's count (a no-op otherwise)
     const int64_t P = a.nrows, d = a.d, G = P / PV;   // P, d multiples of PV (host)
     const int C = (int)a.V;
     const bool small = P <= (int64_t)0xFFFFFFFF && d <= (int64_t)0xFFFFFFFF;
@@ -713,7 +753,7 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
 #pragma unroll
                 for (int c = 0; c < CMAX; c++) {
                     if (c >= C) break;
-                    pv_load<T, PV>(q, v[c]);
+                    pv_load<T, PV, EF>(q, v[c]);
                     q += d;
                 }
             }
@@ -783,7 +823,7 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
                     float o[PV];
 #pragma unroll
                     for (int j = 0; j < PV; j++) o[j] = ok[j] ? gA[j] * fexp2(fmaf(v[c][j], k2, -L2[j])) : fill[j];
-                    pv_store<T, PV>(q, o);
+                    pv_store<T, PV, EF>(q, o);
                     q += ds;
                 }
 #pragma unroll
@@ -791,10 +831,28 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
                     if (ok[j]) dp[(int64_t)yi[j] * d + j] = from_float<T>(gB[j]);
             }
         }
+        if (TILES && !a.none) {
+            // the tile's lanes are those with g < G: lane l holds g = (g & ~31) + l (blockDim and the
+            // grid stride are multiples of 32), so the live lanes are 0 .. k - 1; a down-shuffle tree
+            // that adds only live partners, in a fixed order
+            double s = 0.0;
 #pragma unroll
-        for (int j = 0; j < PV; j++) {
-            if (a.none) { if (a.loss) a.loss[pos + j] = loss[j]; }
-            else a.rowloss[pos + j] = loss[j];
+            for (int j = 0; j < PV; j++) s += (double)loss[j];
+            const int64_t gw = g & ~(int64_t)31;
+            const int k = G - gw < 32 ? (int)(G - gw) : 32, lane = (int)(threadIdx.x & 31);
+            const unsigned mask = k == 32 ? 0xffffffffu : (1u << k) - 1u;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const double t = __shfl_down_sync(mask, s, o);
+                if (lane + o < k) s += t;
+            }
+            if (lane == 0) a.rowloss[gw >> 5] = (float)s;
+        } else {
+#pragma unroll
+            for (int j = 0; j < PV; j++) {
+                if (a.none) { if (a.loss) a.loss[pos + j] = loss[j]; }
+                else a.rowloss[pos + j] = loss[j];
+            }
         }
     }
 }
@@ -810,23 +868,29 @@ static tk_fn pick_t(int mode, bool rows, bool fused) {
     return rows ? (fused ? tgt_rows_kernel<T, TC_FOCAL, true> : tgt_rows_kernel<T, TC_FOCAL, false>)
                 : (fused ? tgt_pos_kernel<T, TC_FOCAL, true> : tgt_pos_kernel<T, TC_FOCAL, false>);
 }
-template <typename T>
-static tk_fn pick_reg_t(int64_t C, bool fused, int pv) {
+template <typename T, int PM>
+static tk_fn pick_reg_pm(int64_t C, bool fused, int pv) {
     if (pv == 4) {   // C <= 16 (pos_pv)
-        if (C <= 8) return fused ? tgt_pos_vec_kernel<T, 8, 4, true> : tgt_pos_vec_kernel<T, 8, 4, false>;
-        return fused ? tgt_pos_vec_kernel<T, 16, 4, true> : tgt_pos_vec_kernel<T, 16, 4, false>;
+        if (C <= 8) return fused ? tgt_pos_vec_kernel<T, 8, 4, true, PM> : tgt_pos_vec_kernel<T, 8, 4, false, PM>;
+        return fused ? tgt_pos_vec_kernel<T, 16, 4, true, PM> : tgt_pos_vec_kernel<T, 16, 4, false, PM>;
     }
     if (pv == 2) {   // C <= 32
-        if (C <= 8) return fused ? tgt_pos_vec_kernel<T, 8, 2, true> : tgt_pos_vec_kernel<T, 8, 2, false>;
-        if (C <= 16) return fused ? tgt_pos_vec_kernel<T, 16, 2, true> : tgt_pos_vec_kernel<T, 16, 2, false>;
-        if (C <= 24) return fused ? tgt_pos_vec_kernel<T, 24, 2, true> : tgt_pos_vec_kernel<T, 24, 2, false>;
-        return fused ? tgt_pos_vec_kernel<T, 32, 2, true> : tgt_pos_vec_kernel<T, 32, 2, false>;
+        if (C <= 8) return fused ? tgt_pos_vec_kernel<T, 8, 2, true, PM> : tgt_pos_vec_kernel<T, 8, 2, false, PM>;
+        if (C <= 16) return fused ? tgt_pos_vec_kernel<T, 16, 2, true, PM> : tgt_pos_vec_kernel<T, 16, 2, false, PM>;
+        if (C <= 24) return fused ? tgt_pos_vec_kernel<T, 24, 2, true, PM> : tgt_pos_vec_kernel<T, 24, 2, false, PM>;
+        return fused ? tgt_pos_vec_kernel<T, 32, 2, true, PM> : tgt_pos_vec_kernel<T, 32, 2, false, PM>;
     }
-    if (C <= 8) return fused ? tgt_pos_vec_kernel<T, 8, 1, true> : tgt_pos_vec_kernel<T, 8, 1, false>;
-    if (C <= 16) return fused ? tgt_pos_vec_kernel<T, 16, 1, true> : tgt_pos_vec_kernel<T, 16, 1, false>;
-    if (C <= 24) return fused ? tgt_pos_vec_kernel<T, 24, 1, true> : tgt_pos_vec_kernel<T, 24, 1, false>;
-    if (C <= 32) return fused ? tgt_pos_vec_kernel<T, 32, 1, true> : tgt_pos_vec_kernel<T, 32, 1, false>;
-    return fused ? tgt_pos_vec_kernel<T, 64, 1, true> : tgt_pos_vec_kernel<T, 64, 1, false>;
+    if (C <= 8) return fused ? tgt_pos_vec_kernel<T, 8, 1, true, PM> : tgt_pos_vec_kernel<T, 8, 1, false, PM>;
+    if (C <= 16) return fused ? tgt_pos_vec_kernel<T, 16, 1, true, PM> : tgt_pos_vec_kernel<T, 16, 1, false, PM>;
+    if (C <= 24) return fused ? tgt_pos_vec_kernel<T, 24, 1, true, PM> : tgt_pos_vec_kernel<T, 24, 1, false, PM>;
+    if (C <= 32) return fused ? tgt_pos_vec_kernel<T, 32, 1, true, PM> : tgt_pos_vec_kernel<T, 32, 1, false, PM>;
+    return fused ? tgt_pos_vec_kernel<T, 64, 1, true, PM> : tgt_pos_vec_kernel<T, 64, 1, false, PM>;
+}
+template <typename T>
+static tk_fn pick_reg_t(int64_t C, bool fused, int pv, int pm) {
+    if (pm == 3) return pick_reg_pm<T, 3>(C, fused, pv);
+    if (pm == 1) return pick_reg_pm<T, 1>(C, fused, pv);
+    return pick_reg_pm<T, 0>(C, fused, pv);
 }
 // Positions a thread of the focal position kernels (1 / 2 / 4): the widest the layout allows (d, the
 // batch stride and the pointers multiples of it) and the registers (C <= 32 for 2, <= 16 for 4), up
@@ -845,12 +909,12 @@ static int pos_pv(const TArgs& a, size_t es, bool fused) {
     }
     return 1;
 }
-static tk_fn pick(fl_dtype dt, int mode, bool rows, bool fused, int64_t C, int pv) {
+static tk_fn pick(fl_dtype dt, int mode, bool rows, bool fused, int64_t C, int pv, int pm) {
     if (mode == TC_FOCAL && !rows && C <= 64 && !getenv("FUSEDLOSS_FOCAL_NOREG")) {
         switch (dt) {
-            case FL_DTYPE_F32: return pick_reg_t<float>(C, fused, pv);
-            case FL_DTYPE_F16: return pick_reg_t<__half>(C, fused, pv);
-            default: return pick_reg_t<__nv_bfloat16>(C, fused, pv);
+            case FL_DTYPE_F32: return pick_reg_t<float>(C, fused, pv, pm);
+            case FL_DTYPE_F16: return pick_reg_t<__half>(C, fused, pv, pm);
+            default: return pick_reg_t<__nv_bfloat16>(C, fused, pv, pm);
         }
     }
     switch (dt) {
@@ -879,7 +943,7 @@ static tk_fn pick_warp(fl_dtype dt, int mode, bool fused, int64_t C) {
         default: return pick_warp_t<__nv_bfloat16>(mode, fused, C);
     }
 }
-static int g_occ[3][2][2][2][4];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV)
+static int g_occ[3][2][2][2][4][4];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV), PM
 
 template <typename T>
 static const void* pick_staged_t(int mode, bool fused) {
@@ -958,8 +1022,14 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         }
         return FL_OK;
     }
+    // the focal position kernels with PM != 0 (below) start under the count's final kernel (PDL) and
+    // wait for it inside; FUSEDLOSS_FOCAL_POS_PDL=0: a plain launch
+    const int reg0 = mode == TC_FOCAL && !rows && a.V <= 64 && !getenv("FUSEDLOSS_FOCAL_NOREG");
+    int pm = reg0 ? (int)rp_env_i64("FUSEDLOSS_FOCAL_POS_MODE", 0) : 0;
+    if (pm != 1 && pm != 3) pm = 0;
+    const bool pdl = pm != 0 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_PDL", 1) != 0;
     if (red == FL_REDUCTION_MEAN) {
-        FL_CUDA_TRY(rp_count(a.tg, a.lab64, a.ignore, n, a.part, Dslot, stream));
+        FL_CUDA_TRY(rp_count(a.tg, a.lab64, a.ignore, n, a.part, Dslot, stream, pdl));
     }
     TsPlan tp;
     const int ncl = rows ? ts_plan(a, mode, fused, dt, &tp) : 0;
@@ -978,12 +1048,11 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         }
         return FL_OK;
     }
-    const int reg0 = mode == TC_FOCAL && !rows && a.V <= 64 && !getenv("FUSEDLOSS_FOCAL_NOREG");
     const int pv = reg0 ? pos_pv(a, es, fused) : 1;
-    const tk_fn kfn = pick(dt, mode, rows, fused, a.V, pv);
+    const tk_fn kfn = pick(dt, mode, rows, fused, a.V, pv, pm);
     const int reg = reg0 ? (pv == 4 ? 3 : pv) : 0;
     int64_t resident = 0;
-    FL_CUDA_TRY(rp_resident((const void*)kfn, &g_occ[(int)dt][mode][rows][fused][reg], &resident));
+    FL_CUDA_TRY(rp_resident((const void*)kfn, &g_occ[(int)dt][mode][rows][fused][reg][pm], &resident));
     int64_t grid;
     int threads = RP_THREADS;
     if (rows) {
@@ -1007,10 +1076,23 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         if (grid > 8 * resident) grid = 8 * resident;
     }
     if (grid < 1) grid = 1;
-    kfn<<<(unsigned)grid, threads, 0, stream>>>(a);
+    if (pdl) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)grid, 1, 1);
+        cfg.blockDim = dim3((unsigned)threads, 1, 1);
+        cfg.stream = stream;
+        cudaLaunchAttribute attr[1];
+        set_pdl(&attr[0]);
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        FL_CUDA_TRY(cudaLaunchKernelEx(&cfg, kfn, a));
+    } else {
+        kfn<<<(unsigned)grid, threads, 0, stream>>>(a);
+    }
     FL_CUDA_TRY(cudaGetLastError());
-    if (!none && loss) {
-        FL_CUDA_TRY(rp_reduce(a.rowloss, n, a.part, a.Ddev, 1.0f, loss, stream));
+    if (!none && loss) {   // PM bit 0: one partial a warp tile of 32 pv positions
+        const int64_t nred = (pm & 1) ? (n / pv + 31) / 32 : n;
+        FL_CUDA_TRY(rp_reduce(a.rowloss, nred, a.part, a.Ddev, 1.0f, loss, stream));
     }
     return FL_OK;
 }
