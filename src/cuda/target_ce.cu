@@ -646,29 +646,9 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_kernel(TArgs a) {
 // others on whatever they hold and replaced by 0 / NaN at the store (selects, never a product with a
 // stale value). PV = 1 was a kernel of its own (tgt_pos_reg_kernel) until 2026-12-04; it had the
 // label-before-loads latency described in the kernel.
-// EF: streaming loads and stores (ld/st .cs, evict-first in L2), so that the labels the count kernel
-// of a MEAN has just read stay in L2 for this kernel (tgt_pos_vec_kernel PM bit 1)
-template <typename T, int PV, bool EF = false>
+template <typename T, int PV>
 __device__ __forceinline__ void pv_load(const T* p, float (&o)[PV]) {
-    if constexpr (EF) {
-        if constexpr (PV == 1) {
-            if constexpr (sizeof(T) == 4) o[0] = __ldcs((const float*)p);
-            else {
-                const unsigned short u = __ldcs((const unsigned short*)p);
-                o[0] = to_float(*reinterpret_cast<const T*>(&u));
-            }
-        } else if constexpr (sizeof(T) == 4) {
-            if constexpr (PV == 2) { const float2 u = __ldcs((const float2*)p); o[0] = u.x; o[1] = u.y; }
-            else { const float4 u = __ldcs((const float4*)p); o[0] = u.x; o[1] = u.y; o[2] = u.z; o[3] = u.w; }
-        } else {
-            if constexpr (PV == 2) { const float2 f = rp_u2f(__ldcs((const unsigned*)p), T()); o[0] = f.x; o[1] = f.y; }
-            else {
-                const uint2 u = __ldcs((const uint2*)p);
-                const float2 f0 = rp_u2f(u.x, T()), f1 = rp_u2f(u.y, T());
-                o[0] = f0.x; o[1] = f0.y; o[2] = f1.x; o[3] = f1.y;
-            }
-        }
-    } else if constexpr (PV == 1) o[0] = to_float(*p);
+    if constexpr (PV == 1) o[0] = to_float(*p);
     else if constexpr (sizeof(T) == 4) {
         if constexpr (PV == 2) { const float2 u = *(const float2*)p; o[0] = u.x; o[1] = u.y; }
         else { const float4 u = *(const float4*)p; o[0] = u.x; o[1] = u.y; o[2] = u.z; o[3] = u.w; }
@@ -686,23 +666,9 @@ __device__ __forceinline__ unsigned pv_pack2(float a, float b) {
     const T lo = from_float<T>(a), hi = from_float<T>(b);
     return (unsigned)*reinterpret_cast<const unsigned short*>(&lo) | ((unsigned)*reinterpret_cast<const unsigned short*>(&hi) << 16);
 }
-template <typename T, int PV, bool EF = false>
+template <typename T, int PV>
 __device__ __forceinline__ void pv_store(T* p, const float (&f)[PV]) {
-    if constexpr (EF) {
-        if constexpr (PV == 1) {
-            if constexpr (sizeof(T) == 4) __stcs((float*)p, f[0]);
-            else {
-                const T h = from_float<T>(f[0]);
-                __stcs((unsigned short*)p, *reinterpret_cast<const unsigned short*>(&h));
-            }
-        } else if constexpr (sizeof(T) == 4) {
-            if constexpr (PV == 2) __stcs((float2*)p, make_float2(f[0], f[1]));
-            else __stcs((float4*)p, make_float4(f[0], f[1], f[2], f[3]));
-        } else {
-            if constexpr (PV == 2) __stcs((unsigned*)p, pv_pack2<T>(f[0], f[1]));
-            else __stcs((uint2*)p, make_uint2(pv_pack2<T>(f[0], f[1]), pv_pack2<T>(f[2], f[3])));
-        }
-    } else if constexpr (PV == 1) *p = from_float<T>(f[0]);
+    if constexpr (PV == 1) *p = from_float<T>(f[0]);
     else if constexpr (sizeof(T) == 4) {
         if constexpr (PV == 2) *(float2*)p = make_float2(f[0], f[1]);
         else *(float4*)p = make_float4(f[0], f[1], f[2], f[3]);
@@ -712,14 +678,17 @@ __device__ __forceinline__ void pv_store(T* p, const float (&f)[PV]) {
     }
 }
 
-// PM (position mode, FUSEDLOSS_FOCAL_POS_MODE): bit 0, the SUM / MEAN partials a warp tile (32 PV
-// positions: lane-order double sums, one float per tile at rowloss[g / 32], so the reduction reads
-// 1 / (32 PV) of the per-position losses; the order is fixed by the positions and PV); bit 1, EF loads
-// and stores (pv_load). PM 0: one float a position, default-cached, as before 2026-12-05 s24.
+// PM (position mode; FUSEDLOSS_FOCAL_POS_MODE, default 1 since s24): 1, the SUM / MEAN partials a warp
+// tile (32 PV positions: double sums in lane order, one float a tile at rowloss[g / 32], so the
+// reduction reads 1 / (32 PV) of the per-position losses; the order is fixed by the positions and
+// PV), and a PDL launch after a MEAN's count (pdl_wait: a no-op otherwise); 0: one float a position
+// (the kernels of s23). H100 s24 run 2, focal 8x19x512x1024 fp32 MEAN step in GPU time: 0.300-0.301
+// (PM 0) -> 0.281-0.284 ms (1.36-1.38x -> 1.32-1.33x); evict-first logits and dlogits on top (so that
+// the labels the count read stay in L2) 0.309-0.310 ms: slower, not kept.
 template <typename T, int CMAX, int PV, bool FUSED, int PM = 0>
 __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
-    constexpr bool TILES = (PM & 1) != 0, EF = (PM & 2) != 0;
-    if constexpr (PM != 0) pdl_wait();   // launched with PDL after a MEAN's count (a no-op otherwise)
+    constexpr bool TILES = PM == 1;
+    if constexpr (TILES) pdl_wait();   // launched with PDL after a MEAN's count (a no-op otherwise)
     const int64_t P = a.nrows, d = a.d, G = P / PV;   // P, d multiples of PV (host)
     const int C = (int)a.V;
     const bool small = P <= (int64_t)0xFFFFFFFF && d <= (int64_t)0xFFFFFFFF;
@@ -753,7 +722,7 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
 #pragma unroll
                 for (int c = 0; c < CMAX; c++) {
                     if (c >= C) break;
-                    pv_load<T, PV, EF>(q, v[c]);
+                    pv_load<T, PV>(q, v[c]);
                     q += d;
                 }
             }
@@ -823,7 +792,7 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
                     float o[PV];
 #pragma unroll
                     for (int j = 0; j < PV; j++) o[j] = ok[j] ? gA[j] * fexp2(fmaf(v[c][j], k2, -L2[j])) : fill[j];
-                    pv_store<T, PV, EF>(q, o);
+                    pv_store<T, PV>(q, o);
                     q += ds;
                 }
 #pragma unroll
@@ -888,9 +857,7 @@ static tk_fn pick_reg_pm(int64_t C, bool fused, int pv) {
 }
 template <typename T>
 static tk_fn pick_reg_t(int64_t C, bool fused, int pv, int pm) {
-    if (pm == 3) return pick_reg_pm<T, 3>(C, fused, pv);
-    if (pm == 1) return pick_reg_pm<T, 1>(C, fused, pv);
-    return pick_reg_pm<T, 0>(C, fused, pv);
+    return pm == 1 ? pick_reg_pm<T, 1>(C, fused, pv) : pick_reg_pm<T, 0>(C, fused, pv);
 }
 // Positions a thread of the focal position kernels (1 / 2 / 4): the widest the layout allows (d, the
 // batch stride and the pointers multiples of it) and the registers (C <= 32 for 2, <= 16 for 4), up
@@ -943,7 +910,7 @@ static tk_fn pick_warp(fl_dtype dt, int mode, bool fused, int64_t C) {
         default: return pick_warp_t<__nv_bfloat16>(mode, fused, C);
     }
 }
-static int g_occ[3][2][2][2][4][4];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV), PM
+static int g_occ[3][2][2][2][4][2];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV), PM
 
 template <typename T>
 static const void* pick_staged_t(int mode, bool fused) {
@@ -1022,12 +989,12 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         }
         return FL_OK;
     }
-    // the focal position kernels with PM != 0 (below) start under the count's final kernel (PDL) and
-    // wait for it inside; FUSEDLOSS_FOCAL_POS_PDL=0: a plain launch
+    // the focal position kernels' mode (tgt_pos_vec_kernel PM: 1 by default, 0 the s23 kernels); with
+    // PM 1 a MEAN's kernel starts under the count's final kernel (PDL) and waits for it inside
+    // (FUSEDLOSS_FOCAL_POS_PDL=0: a plain launch)
     const int reg0 = mode == TC_FOCAL && !rows && a.V <= 64 && !getenv("FUSEDLOSS_FOCAL_NOREG");
-    int pm = reg0 ? (int)rp_env_i64("FUSEDLOSS_FOCAL_POS_MODE", 0) : 0;
-    if (pm != 1 && pm != 3) pm = 0;
-    const bool pdl = pm != 0 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_PDL", 1) != 0;
+    const int pm = reg0 && rp_env_flag("FUSEDLOSS_FOCAL_POS_MODE", 1) == 1 ? 1 : 0;
+    const bool pdl = pm == 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_PDL", 1) != 0;
     if (red == FL_REDUCTION_MEAN) {
         FL_CUDA_TRY(rp_count(a.tg, a.lab64, a.ignore, n, a.part, Dslot, stream, pdl));
     }
