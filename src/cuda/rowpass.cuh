@@ -236,7 +236,6 @@ __device__ __forceinline__ V rp_block_sum(V v) {
 // Ranges of a multiple of 4 entries, so that with 16-byte aligned labels each block reads 16-byte
 // vectors (2 int64 / 4 int32 a load, two loads a thread in flight): the scalar loop read 8 bytes
 // a thread at a time (13 us for 4.2M int64 labels, 2.6 TB/s, H200 2026-12-02 s5 run 4).
-#define RP_CNT_U 4
 static __global__ void __launch_bounds__(1024) rp_count_kernel(const void* labels, int lab64, int64_t ignore, int64_t n,
                                                               long long* part) {
     const int64_t per = ((n + gridDim.x - 1) / gridDim.x + 3) & ~(int64_t)3, lo = (int64_t)blockIdx.x * per;
@@ -245,41 +244,18 @@ static __global__ void __launch_bounds__(1024) rp_count_kernel(const void* label
     int64_t i0 = lo;
     if (((uintptr_t)labels & 15u) == 0 && lo < hi) {
         const int64_t nq = (hi - lo) / 4;   // 4-entry groups of the range
-        // RP_CNT_U groups a thread loaded before any is counted (H100 s24 run 2: 17 us for 4.2M int64
-        // labels, ~2 TB/s, with one group's loads at a time); missing groups count as ignored
         if (lab64) {
             const longlong2* q = (const longlong2*)((const long long*)labels + lo);
-            for (int64_t g0 = threadIdx.x; g0 < nq; g0 += RP_CNT_U * 1024) {
-                longlong2 u[RP_CNT_U], w[RP_CNT_U];
-#pragma unroll
-                for (int j = 0; j < RP_CNT_U; j++) {
-                    const int64_t g = g0 + (int64_t)j * 1024;
-                    if (g < nq) {
-                        u[j] = q[2 * g];   // default-cached: the main kernel reads them next
-                        w[j] = q[2 * g + 1];
-                    } else {
-                        u[j] = make_longlong2(ignore, ignore);
-                        w[j] = u[j];
-                    }
-                }
-#pragma unroll
-                for (int j = 0; j < RP_CNT_U; j++)
-                    c += (u[j].x != ignore) + (u[j].y != ignore) + (w[j].x != ignore) + (w[j].y != ignore);
+            for (int64_t g = threadIdx.x; g < nq; g += 1024) {
+                const longlong2 u = q[2 * g], w = q[2 * g + 1];   // default-cached: the main kernel reads them next
+                c += (u.x != ignore) + (u.y != ignore) + (w.x != ignore) + (w.y != ignore);
             }
         } else {
             const int4* q = (const int4*)((const int*)labels + lo);
-            for (int64_t g0 = threadIdx.x; g0 < nq; g0 += RP_CNT_U * 1024) {
-                int4 u[RP_CNT_U];
-#pragma unroll
-                for (int j = 0; j < RP_CNT_U; j++) {
-                    const int64_t g = g0 + (int64_t)j * 1024;
-                    u[j] = g < nq ? q[g] : make_int4(0, 0, 0, 0);
-                }
-#pragma unroll
-                for (int j = 0; j < RP_CNT_U; j++)
-                    if (g0 + (int64_t)j * 1024 < nq)
-                        c += ((int64_t)u[j].x != ignore) + ((int64_t)u[j].y != ignore) + ((int64_t)u[j].z != ignore) +
-                             ((int64_t)u[j].w != ignore);
+            for (int64_t g = threadIdx.x; g < nq; g += 1024) {
+                const int4 u = q[g];
+                c += ((int64_t)u.x != ignore) + ((int64_t)u.y != ignore) + ((int64_t)u.z != ignore) +
+                     ((int64_t)u.w != ignore);
             }
         }
         i0 = lo + 4 * nq;
@@ -296,7 +272,9 @@ static __global__ void __launch_bounds__(32) rp_count_final(const long long* par
     if constexpr (TRIGGER) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
     // the warp's lanes add parts l, l + 32, ... and a shuffle tree the lanes (integers: any order is
-    // exact); one thread's loop over 256 dependent loads took 5 us (H100 s24 run 2)
+    // exact): 256 parts (4.2M labels) 5 us -> 2 us from one thread's loop of dependent loads (H100 s24
+    // runs 2-3; loading 4 label groups a thread before counting in rp_count_kernel gained nothing there:
+    // 17 -> 18 us, not kept)
     long long s = 0;
     for (int k = threadIdx.x; k < nb; k += 32) s += part[k];
 #pragma unroll
