@@ -685,9 +685,15 @@ __device__ __forceinline__ void pv_store(T* p, const float (&f)[PV]) {
 // (the kernels of s23). H100 s24 run 2, focal 8x19x512x1024 fp32 MEAN step in GPU time: 0.300-0.301
 // (PM 0) -> 0.281-0.284 ms (1.36-1.38x -> 1.32-1.33x); evict-first logits and dlogits on top (so that
 // the labels the count read stay in L2) 0.309-0.310 ms: slower, not kept.
+// PM 2 (FUSEDLOSS_FOCAL_POS_CODES=1, MEAN only; an experiment of s24, not yet run): PM 1 reading each
+// position's label as the byte tgt_codes_kernel (the MEAN's count) wrote in the workspace's counter
+// region (a.cnt, unused by the position kernels) instead of the caller's 4- or 8-byte label: 4.2 MB
+// instead of 33.5 MB of int64 labels at 8x19x512x1024, written by a kernel that reads them anyway.
+#define TGT_CODE_BAD 126u   // a label out of [0, C) that is not ignore_index (C <= 64 here)
+#define TGT_CODE_IGN 127u   // ignore_index
 template <typename T, int CMAX, int PV, bool FUSED, int PM = 0>
 __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
-    constexpr bool TILES = PM == 1;
+    constexpr bool TILES = PM >= 1, CODES = PM == 2;
     if constexpr (TILES) pdl_wait();   // launched with PDL after a MEAN's count (a no-op otherwise)
     const int64_t P = a.nrows, d = a.d, G = P / PV;   // P, d multiples of PV (host)
     const int C = (int)a.V;
@@ -730,10 +736,17 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
             bool ok[PV], bad[PV];
 #pragma unroll
             for (int j = 0; j < PV; j++) {
-                const int64_t y = rp_label(a.tg, a.lab64, pos + j);
-                bad[j] = y != a.ignore && (y < 0 || y >= C);
-                ok[j] = y != a.ignore && !bad[j];
-                yi[j] = ok[j] ? (int)y : -1;   // -1: no class is the target
+                if constexpr (CODES) {   // tgt_codes_kernel's byte: the class, TGT_CODE_BAD or TGT_CODE_IGN
+                    const int cd = ((const unsigned char*)a.cnt)[pos + j];
+                    bad[j] = cd == TGT_CODE_BAD;
+                    ok[j] = cd < TGT_CODE_BAD;
+                    yi[j] = ok[j] ? cd : -1;
+                } else {
+                    const int64_t y = rp_label(a.tg, a.lab64, pos + j);
+                    bad[j] = y != a.ignore && (y < 0 || y >= C);
+                    ok[j] = y != a.ignore && !bad[j];
+                    yi[j] = ok[j] ? (int)y : -1;   // -1: no class is the target
+                }
                 if (bad[j]) tgt_flag(a);
             }
             // the target's logit taken from the registers (a select a class) instead of a load that
@@ -826,6 +839,63 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
     }
 }
 
+// The MEAN's count for PM 2: rp_count_kernel's count of the labels != ignore (the same ranges and block
+// sums, so the same part[] for rp_count_final) that also writes each label's code byte (class,
+// TGT_CODE_BAD, TGT_CODE_IGN) to codes[], 4 bytes a store on the vector path (ranges start at
+// multiples of 4; codes is 256-byte aligned).
+__device__ __forceinline__ unsigned tgt_code(int64_t y, int64_t ignore, int64_t C) {
+    return y == ignore ? TGT_CODE_IGN : ((uint64_t)y >= (uint64_t)C) ? TGT_CODE_BAD : (unsigned)y;
+}
+// code of y into byte b of *word, counted in *c when not ignored
+__device__ __forceinline__ void tgt_code_acc(int64_t y, int64_t ignore, int64_t C, int b, unsigned* word, long long* c) {
+    const unsigned k = tgt_code(y, ignore, C);
+    *c += k != TGT_CODE_IGN;
+    *word |= k << (8 * b);
+}
+#define TGT_CODES_T 512   // (at 1024 threads ptxas held it to 32 registers and spilled)
+static __global__ void __launch_bounds__(TGT_CODES_T) tgt_codes_kernel(const void* labels, int lab64, int64_t ignore, int64_t C,
+                                                                int64_t n, unsigned char* codes, long long* part) {
+    const int64_t per = ((n + gridDim.x - 1) / gridDim.x + 3) & ~(int64_t)3, lo = (int64_t)blockIdx.x * per;
+    const int64_t hi = lo + per < n ? lo + per : n;
+    long long c = 0;
+    int64_t i0 = lo;
+    if (((uintptr_t)labels & 15u) == 0 && lo < hi) {
+        const int64_t nq = (hi - lo) / 4;
+        unsigned* cq = (unsigned*)(codes + lo);
+        if (lab64) {
+            const longlong2* q = (const longlong2*)((const long long*)labels + lo);
+            for (int64_t g = threadIdx.x; g < nq; g += TGT_CODES_T) {
+                const longlong2 u = q[2 * g], w = q[2 * g + 1];
+                unsigned word = 0;
+                tgt_code_acc(u.x, ignore, C, 0, &word, &c);
+                tgt_code_acc(u.y, ignore, C, 1, &word, &c);
+                tgt_code_acc(w.x, ignore, C, 2, &word, &c);
+                tgt_code_acc(w.y, ignore, C, 3, &word, &c);
+                cq[g] = word;   // default-cached: the main kernel reads them next
+            }
+        } else {
+            const int4* q = (const int4*)((const int*)labels + lo);
+            for (int64_t g = threadIdx.x; g < nq; g += TGT_CODES_T) {
+                const int4 u = q[g];
+                unsigned word = 0;
+                tgt_code_acc(u.x, ignore, C, 0, &word, &c);
+                tgt_code_acc(u.y, ignore, C, 1, &word, &c);
+                tgt_code_acc(u.z, ignore, C, 2, &word, &c);
+                tgt_code_acc(u.w, ignore, C, 3, &word, &c);
+                cq[g] = word;
+            }
+        }
+        i0 = lo + 4 * nq;
+    }
+    for (int64_t i = i0 + threadIdx.x; i < hi; i += TGT_CODES_T) {
+        const unsigned k = tgt_code(rp_label(labels, lab64, i), ignore, C);
+        c += k != TGT_CODE_IGN;
+        codes[i] = (unsigned char)k;
+    }
+    c = rp_block_sum<long long, TGT_CODES_T>(c);
+    if (threadIdx.x == 0) part[blockIdx.x] = c;
+}
+
 // ---- host side ----------------------------------------------------------------------------------
 typedef void (*tk_fn)(TArgs);
 
@@ -857,6 +927,7 @@ static tk_fn pick_reg_pm(int64_t C, bool fused, int pv) {
 }
 template <typename T>
 static tk_fn pick_reg_t(int64_t C, bool fused, int pv, int pm) {
+    if (pm == 2) return pick_reg_pm<T, 2>(C, fused, pv);
     return pm == 1 ? pick_reg_pm<T, 1>(C, fused, pv) : pick_reg_pm<T, 0>(C, fused, pv);
 }
 // Positions a thread of the focal position kernels (1 / 2 / 4): the widest the layout allows (d, the
@@ -910,7 +981,7 @@ static tk_fn pick_warp(fl_dtype dt, int mode, bool fused, int64_t C) {
         default: return pick_warp_t<__nv_bfloat16>(mode, fused, C);
     }
 }
-static int g_occ[3][2][2][2][4][2];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV), PM
+static int g_occ[3][2][2][2][4][3];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV), PM
 
 template <typename T>
 static const void* pick_staged_t(int mode, bool fused) {
@@ -993,9 +1064,18 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     // PM 1 a MEAN's kernel starts under the count's final kernel (PDL) and waits for it inside
     // (FUSEDLOSS_FOCAL_POS_PDL=0: a plain launch)
     const int reg0 = mode == TC_FOCAL && !rows && a.V <= 64 && !getenv("FUSEDLOSS_FOCAL_NOREG");
-    const int pm = reg0 && rp_env_flag("FUSEDLOSS_FOCAL_POS_MODE", 1) == 1 ? 1 : 0;
-    const bool pdl = pm == 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_PDL", 1) != 0;
-    if (red == FL_REDUCTION_MEAN) {
+    // PM 2 (FUSEDLOSS_FOCAL_POS_CODES=1): a MEAN's count also writes the label codes the kernel reads
+    int pm = reg0 && rp_env_flag("FUSEDLOSS_FOCAL_POS_MODE", 1) == 1 ? 1 : 0;
+    if (pm == 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_CODES", 0) == 1) pm = 2;
+    const bool pdl = pm >= 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_PDL", 1) != 0;
+    if (pm == 2) {   // codes in the counter region (8 bytes a position; the position kernels do not use it)
+        const int nb = rp_red_blocks(n);
+        tgt_codes_kernel<<<nb, TGT_CODES_T, 0, stream>>>(a.tg, a.lab64, a.ignore, a.V, n, (unsigned char*)a.cnt,
+                                                  (long long*)a.part);
+        if (pdl) rp_count_final<true><<<1, 32, 0, stream>>>((const long long*)a.part, nb, Dslot);
+        else rp_count_final<<<1, 32, 0, stream>>>((const long long*)a.part, nb, Dslot);
+        FL_CUDA_TRY(cudaGetLastError());
+    } else if (red == FL_REDUCTION_MEAN) {
         FL_CUDA_TRY(rp_count(a.tg, a.lab64, a.ignore, n, a.part, Dslot, stream, pdl));
     }
     TsPlan tp;
@@ -1058,7 +1138,7 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     }
     FL_CUDA_TRY(cudaGetLastError());
     if (!none && loss) {   // PM bit 0: one partial a warp tile of 32 pv positions
-        const int64_t nred = (pm & 1) ? (n / pv + 31) / 32 : n;
+        const int64_t nred = pm >= 1 ? (n / pv + 31) / 32 : n;
         FL_CUDA_TRY(rp_reduce(a.rowloss, nred, a.part, a.Ddev, 1.0f, loss, stream));
     }
     return FL_OK;
