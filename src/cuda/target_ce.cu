@@ -685,10 +685,11 @@ __device__ __forceinline__ void pv_store(T* p, const float (&f)[PV]) {
 // (the kernels of s23). H100 s24 run 2, focal 8x19x512x1024 fp32 MEAN step in GPU time: 0.300-0.301
 // (PM 0) -> 0.281-0.284 ms (1.36-1.38x -> 1.32-1.33x); evict-first logits and dlogits on top (so that
 // the labels the count read stay in L2) 0.309-0.310 ms: slower, not kept.
-// PM 2 (FUSEDLOSS_FOCAL_POS_CODES=1, MEAN only; an experiment of s24, not yet run): PM 1 reading each
+// PM 2 (MEAN's default since s24 run 5; FUSEDLOSS_FOCAL_POS_CODES=0: PM 1): PM 1 reading each
 // position's label as the byte tgt_codes_kernel (the MEAN's count) wrote in the workspace's counter
 // region (a.cnt, unused by the position kernels) instead of the caller's 4- or 8-byte label: 4.2 MB
 // instead of 33.5 MB of int64 labels at 8x19x512x1024, written by a kernel that reads them anyway.
+// H100 s24 run 5, focal NCHW fp32 MEAN step in GPU time: 0.272 -> 0.264 ms (1.29 -> 1.25x), twice.
 #define TGT_CODE_BAD 126u   // a label out of [0, C) that is not ignore_index (C <= 64 here)
 #define TGT_CODE_IGN 127u   // ignore_index
 template <typename T, int CMAX, int PV, bool FUSED, int PM = 0>
@@ -1064,9 +1065,9 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     // PM 1 a MEAN's kernel starts under the count's final kernel (PDL) and waits for it inside
     // (FUSEDLOSS_FOCAL_POS_PDL=0: a plain launch)
     const int reg0 = mode == TC_FOCAL && !rows && a.V <= 64 && !getenv("FUSEDLOSS_FOCAL_NOREG");
-    // PM 2 (FUSEDLOSS_FOCAL_POS_CODES=1): a MEAN's count also writes the label codes the kernel reads
+    // PM 2 (a MEAN's default; FUSEDLOSS_FOCAL_POS_CODES=0 off): the count also writes the label codes the kernel reads
     int pm = reg0 && rp_env_flag("FUSEDLOSS_FOCAL_POS_MODE", 1) == 1 ? 1 : 0;
-    if (pm == 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_CODES", 0) == 1) pm = 2;
+    if (pm == 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_CODES", 1) == 1) pm = 2;
     const bool pdl = pm >= 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_PDL", 1) != 0;
     if (pm == 2) {   // codes in the counter region (8 bytes a position; the position kernels do not use it)
         const int nb = rp_red_blocks(n);
