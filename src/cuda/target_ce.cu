@@ -678,7 +678,8 @@ __device__ __forceinline__ void pv_store(T* p, const float (&f)[PV]) {
     }
 }
 
-// PM (position mode; FUSEDLOSS_FOCAL_POS_MODE, default 1 since s24): 1, the SUM / MEAN partials a warp
+// PM (position mode; FUSEDLOSS_FOCAL_POS_MODE=0 takes PM 0; since s24 a SUM takes PM 1, a MEAN PM 2):
+// 1, the SUM / MEAN partials a warp
 // tile (32 PV positions: double sums in lane order, one float a tile at rowloss[g / 32], so the
 // reduction reads 1 / (32 PV) of the per-position losses; the order is fixed by the positions and
 // PV), and a PDL launch after a MEAN's count (pdl_wait: a no-op otherwise); 0: one float a position
@@ -1061,9 +1062,9 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         }
         return FL_OK;
     }
-    // the focal position kernels' mode (tgt_pos_vec_kernel PM: 1 by default, 0 the s23 kernels); with
-    // PM 1 a MEAN's kernel starts under the count's final kernel (PDL) and waits for it inside
-    // (FUSEDLOSS_FOCAL_POS_PDL=0: a plain launch)
+    // the focal position kernels' mode (tgt_pos_vec_kernel PM: 1 for SUM / NONE, 2 for MEAN, 0 the s23
+    // kernels); with PM >= 1 a MEAN's kernel starts under the count's final kernel (PDL) and waits for it
+    // inside (FUSEDLOSS_FOCAL_POS_PDL=0: a plain launch)
     const int reg0 = mode == TC_FOCAL && !rows && a.V <= 64 && !getenv("FUSEDLOSS_FOCAL_NOREG");
     // PM 2 (a MEAN's default; FUSEDLOSS_FOCAL_POS_CODES=0 off): the count also writes the label codes the kernel reads
     int pm = reg0 && rp_env_flag("FUSEDLOSS_FOCAL_POS_MODE", 1) == 1 ? 1 : 0;
@@ -1138,7 +1139,7 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         kfn<<<(unsigned)grid, threads, 0, stream>>>(a);
     }
     FL_CUDA_TRY(cudaGetLastError());
-    if (!none && loss) {   // PM bit 0: one partial a warp tile of 32 pv positions
+    if (!none && loss) {   // PM >= 1: one partial a warp tile of 32 pv positions
         const int64_t nred = pm >= 1 ? (n / pv + 31) / 32 : n;
         FL_CUDA_TRY(rp_reduce(a.rowloss, nred, a.part, a.Ddev, 1.0f, loss, stream));
     }
