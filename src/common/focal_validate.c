@@ -38,7 +38,8 @@ size_t fl__focal_workspace_bytes(int64_t N, int64_t C, int64_t d) {
     if (focal_ws_overflows(N, C, d)) return SIZE_MAX;   /* saturate: no workspace can be that large */
     const size_t P = (size_t)(N > 0 ? N : 0) * (size_t)(d > 0 ? d : 1);
     const size_t chunks = (size_t)focal_chunks(C, d);
-    /* header | fp32 per-position losses | two int32 counters per position | 8 fp32 per (position, chunk) */
+    /* header | fp32 per-position losses | two int32 counters per position (the CUDA position kernels of a
+       MEAN: one label code byte a position) | 8 fp32 per (position, chunk) */
     return 256u + align256(4u * P) + align256(8u * P) + align256(32u * P * chunks);
 }
 
