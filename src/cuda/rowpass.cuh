@@ -319,13 +319,17 @@ static __global__ void __launch_bounds__(32) rp_reduce_final(const double* part,
 }
 
 // host: the two stages of each (scratch: >= 8 * rp_red_blocks(n) bytes, 8-byte aligned)
+// stage 2 of the count over nb parts in scratch (trigger: rp_count_final's PDL trigger for the next kernel)
+static inline cudaError_t rp_count_finish(const void* scratch, int nb, float* D, cudaStream_t stream, bool trigger) {
+    if (trigger) rp_count_final<true><<<1, 32, 0, stream>>>((const long long*)scratch, nb, D);
+    else rp_count_final<<<1, 32, 0, stream>>>((const long long*)scratch, nb, D);
+    return cudaGetLastError();
+}
 static inline cudaError_t rp_count(const void* labels, int lab64, int64_t ignore, int64_t n, void* scratch, float* D,
                                    cudaStream_t stream, bool trigger = false) {
     const int nb = rp_red_blocks(n);
     rp_count_kernel<<<nb, 1024, 0, stream>>>(labels, lab64, ignore, n, (long long*)scratch);
-    if (trigger) rp_count_final<true><<<1, 32, 0, stream>>>((const long long*)scratch, nb, D);
-    else rp_count_final<<<1, 32, 0, stream>>>((const long long*)scratch, nb, D);
-    return cudaGetLastError();
+    return rp_count_finish(scratch, nb, D, stream, trigger);
 }
 static inline cudaError_t rp_reduce(const float* rowloss, int64_t n, void* scratch, const float* Ddev, float Dhost,
                                     float* loss, cudaStream_t stream) {

@@ -1073,10 +1073,8 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     if (pm == 2) {   // codes in the counter region (8 bytes a position; the position kernels do not use it)
         const int nb = rp_red_blocks(n);
         tgt_codes_kernel<<<nb, TGT_CODES_T, 0, stream>>>(a.tg, a.lab64, a.ignore, a.V, n, (unsigned char*)a.cnt,
-                                                  (long long*)a.part);
-        if (pdl) rp_count_final<true><<<1, 32, 0, stream>>>((const long long*)a.part, nb, Dslot);
-        else rp_count_final<<<1, 32, 0, stream>>>((const long long*)a.part, nb, Dslot);
-        FL_CUDA_TRY(cudaGetLastError());
+                                                         (long long*)a.part);
+        FL_CUDA_TRY(rp_count_finish(a.part, nb, Dslot, stream, pdl));
     } else if (red == FL_REDUCTION_MEAN) {
         FL_CUDA_TRY(rp_count(a.tg, a.lab64, a.ignore, n, a.part, Dslot, stream, pdl));
     }
@@ -1125,20 +1123,15 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         if (grid > 8 * resident) grid = 8 * resident;
     }
     if (grid < 1) grid = 1;
-    if (pdl) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((unsigned)grid, 1, 1);
-        cfg.blockDim = dim3((unsigned)threads, 1, 1);
-        cfg.stream = stream;
-        cudaLaunchAttribute attr[1];
-        set_pdl(&attr[0]);
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        FL_CUDA_TRY(cudaLaunchKernelEx(&cfg, kfn, a));
-    } else {
-        kfn<<<(unsigned)grid, threads, 0, stream>>>(a);
-    }
-    FL_CUDA_TRY(cudaGetLastError());
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)grid, 1, 1);
+    cfg.blockDim = dim3((unsigned)threads, 1, 1);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr;
+    set_pdl(&attr);
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl ? 1 : 0;   // with PDL: after a MEAN's count (pdl above)
+    FL_CUDA_TRY(cudaLaunchKernelEx(&cfg, kfn, a));
     if (!none && loss) {   // PM >= 1: one partial a warp tile of 32 pv positions
         const int64_t nred = pm >= 1 ? (n / pv + 31) / 32 : n;
         FL_CUDA_TRY(rp_reduce(a.rowloss, nred, a.part, a.Ddev, 1.0f, loss, stream));
