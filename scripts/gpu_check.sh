@@ -507,8 +507,8 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                 echo "### FUSEDLOSS_TGT_WARP=0 $t --small"   # rows of C <= 4096 on the ticket kernel (the warp-a-row kernel is the default since s23)
                 FUSEDLOSS_TGT_WARP=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
             fi
-            if [ "$t" = test_softmax_focal_cuda ]; then   # the position kernels at 1 / 2 / 4 positions a thread (default 1 fp32, 2 16-bit), 256-thread CTAs (default 128), a float a position (POS_MODE=0; warp tiles since s24), no PDL, int labels read by the kernel (POS_CODES=0; label bytes from the count since s24)
-                for kv in "FUSEDLOSS_FOCAL_PV=1" "FUSEDLOSS_FOCAL_PV=2" "FUSEDLOSS_FOCAL_PV=4" "FUSEDLOSS_FOCAL_POS_THREADS=256" "FUSEDLOSS_FOCAL_POS_MODE=0" "FUSEDLOSS_FOCAL_POS_PDL=0" "FUSEDLOSS_FOCAL_POS_CODES=0"; do
+            if [ "$t" = test_softmax_focal_cuda ]; then   # the position kernels at 1 / 2 / 4 positions a thread (default 1 fp32, 2 16-bit), 256-thread CTAs (default 128), a float a position (POS_MODE=0; warp tiles since s24), no PDL, int labels read by the kernel (POS_CODES=0; label bytes from the count since s24), the count summed in the kernel under the codes kernel (POS_EARLY=1, s25; with and without PDL; with the codes kernel at two label groups a thread, CODES_U=2)
+                for kv in "FUSEDLOSS_FOCAL_PV=1" "FUSEDLOSS_FOCAL_PV=2" "FUSEDLOSS_FOCAL_PV=4" "FUSEDLOSS_FOCAL_POS_THREADS=256" "FUSEDLOSS_FOCAL_POS_MODE=0" "FUSEDLOSS_FOCAL_POS_PDL=0" "FUSEDLOSS_FOCAL_POS_CODES=0" "FUSEDLOSS_FOCAL_POS_EARLY=1" "FUSEDLOSS_FOCAL_POS_EARLY=1 FUSEDLOSS_FOCAL_POS_PDL=0" "FUSEDLOSS_FOCAL_POS_EARLY=1 FUSEDLOSS_FOCAL_CODES_U=2"; do
                     echo "### $kv $t --small"
                     env $kv timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 done

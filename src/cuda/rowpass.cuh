@@ -214,7 +214,7 @@ __device__ __forceinline__ bool rp_decode(const RpSched& s, int64_t t, int& phas
 // part[b]; stage 2, one CTA adds part[] in order. The partials live in the caller's scratch (the
 // workspace's statistics region, free before the main kernel and after it).
 #define RP_RED_MAX 256
-static inline int rp_red_blocks(int64_t n) {
+static inline __host__ __device__ int rp_red_blocks(int64_t n) {   // (device: target_ce.cu's PM 3)
     int64_t b = (n + 16383) / 16384;
     return (int)(b < 1 ? 1 : b > RP_RED_MAX ? RP_RED_MAX : b);
 }

@@ -693,14 +693,44 @@ __device__ __forceinline__ void pv_store(T* p, const float (&f)[PV]) {
 // H100 s24 run 5, focal NCHW fp32 MEAN step in GPU time: 0.272 -> 0.264 ms (1.29 -> 1.25x), twice.
 #define TGT_CODE_BAD 126u   // a label out of [0, C) that is not ignore_index (C <= 64 here)
 #define TGT_CODE_IGN 127u   // ignore_index
+// PM 3 (FUSEDLOSS_FOCAL_POS_EARLY=1, a fused MEAN; session 25): PM 2 without rp_count_final. The codes
+// kernel triggers its dependents at its top, so this kernel's CTAs become resident while it runs; each
+// prefetches its first positions' class lines into L2, waits (griddepcontrol.wait: the codes kernel
+// complete and its writes visible), and its warp 0 sums the count's parts itself (the fixed ranges of
+// rp_red_blocks(P), integers: the same D in every CTA); CTA 0 stores D for the loss reduction. One
+// launch and its gap fewer, and the first tile's loads under the codes kernel.
 template <typename T, int CMAX, int PV, bool FUSED, int PM = 0>
 __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
-    constexpr bool TILES = PM >= 1, CODES = PM == 2;
-    if constexpr (TILES) pdl_wait();   // launched with PDL after a MEAN's count (a no-op otherwise)
+    constexpr bool TILES = PM >= 1, CODES = PM >= 2, EARLY = PM == 3;
+    if constexpr (TILES && !EARLY) pdl_wait();   // launched with PDL after a MEAN's count (a no-op otherwise)
     const int64_t P = a.nrows, d = a.d, G = P / PV;   // P, d multiples of PV (host)
     const int C = (int)a.V;
     const bool small = P <= (int64_t)0xFFFFFFFF && d <= (int64_t)0xFFFFFFFF;
-    const float gred = FUSED && !a.none ? tgt_grad(a, 0) : 0.0f;
+    float gred = FUSED && !a.none && !EARLY ? tgt_grad(a, 0) : 0.0f;
+    if constexpr (EARLY) {
+        __shared__ float s_den;
+        const int64_t g0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+        if (g0 < G) {
+            const int64_t pos = g0 * PV, n0 = pos / d;
+            const T* xp = (const T*)a.x + n0 * a.ld + (pos - n0 * d);
+            for (int c = 0; c < C; c++) asm volatile("prefetch.global.L2 [%0];" ::"l"(xp + (int64_t)c * d));
+        }
+        pdl_wait();
+        if (threadIdx.x < 32) {
+            const long long* part = (const long long*)a.part;
+            const int nb = rp_red_blocks(P);
+            long long s = 0;
+            for (int k = (int)threadIdx.x; k < nb; k += 32) s += __ldcg(part + k);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (threadIdx.x == 0) {
+                s_den = (float)s;
+                if (blockIdx.x == 0) *(float*)a.Ddev = (float)s;   // the workspace's D (rp_reduce_final)
+            }
+        }
+        __syncthreads();   // why: s_den from warp 0
+        gred = tgt_upstream(a, 0) / s_den;
+    }
     const float k2 = RP_LOG2E;
     for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < G; g += (int64_t)gridDim.x * blockDim.x) {
         const int64_t pos = g * PV;
@@ -855,8 +885,14 @@ __device__ __forceinline__ void tgt_code_acc(int64_t y, int64_t ignore, int64_t 
     *word |= k << (8 * b);
 }
 #define TGT_CODES_T 512   // (at 1024 threads ptxas held it to 32 registers and spilled)
+// TRIGGER (PM 3): its dependent (the position kernel, PDL) may start at once. U2 (FUSEDLOSS_FOCAL_CODES_U=2,
+// session 25): int64 labels, two 4-label groups a thread loaded before either is coded (64 instead of 32
+// bytes a thread in flight; 2 CTAs of 512 an SM hold ~32 KB in flight at U 1, about what the H200's
+// per-SM share of HBM needs at ~1 us of loaded latency). Integers: the same count and codes either way.
+template <bool TRIGGER = false, bool U2 = false>
 static __global__ void __launch_bounds__(TGT_CODES_T) tgt_codes_kernel(const void* labels, int lab64, int64_t ignore, int64_t C,
                                                                 int64_t n, unsigned char* codes, long long* part) {
+    if constexpr (TRIGGER) pdl_trigger();
     const int64_t per = ((n + gridDim.x - 1) / gridDim.x + 3) & ~(int64_t)3, lo = (int64_t)blockIdx.x * per;
     const int64_t hi = lo + per < n ? lo + per : n;
     long long c = 0;
@@ -866,7 +902,25 @@ static __global__ void __launch_bounds__(TGT_CODES_T) tgt_codes_kernel(const voi
         unsigned* cq = (unsigned*)(codes + lo);
         if (lab64) {
             const longlong2* q = (const longlong2*)((const long long*)labels + lo);
-            for (int64_t g = threadIdx.x; g < nq; g += TGT_CODES_T) {
+            int64_t g = threadIdx.x;
+            if constexpr (U2) {
+                for (; g + TGT_CODES_T < nq; g += 2 * TGT_CODES_T) {
+                    const int64_t h = g + TGT_CODES_T;
+                    const longlong2 u = q[2 * g], w = q[2 * g + 1], u2 = q[2 * h], w2 = q[2 * h + 1];
+                    unsigned word = 0, word2 = 0;
+                    tgt_code_acc(u.x, ignore, C, 0, &word, &c);
+                    tgt_code_acc(u.y, ignore, C, 1, &word, &c);
+                    tgt_code_acc(w.x, ignore, C, 2, &word, &c);
+                    tgt_code_acc(w.y, ignore, C, 3, &word, &c);
+                    tgt_code_acc(u2.x, ignore, C, 0, &word2, &c);
+                    tgt_code_acc(u2.y, ignore, C, 1, &word2, &c);
+                    tgt_code_acc(w2.x, ignore, C, 2, &word2, &c);
+                    tgt_code_acc(w2.y, ignore, C, 3, &word2, &c);
+                    cq[g] = word;
+                    cq[h] = word2;
+                }
+            }
+            for (; g < nq; g += TGT_CODES_T) {
                 const longlong2 u = q[2 * g], w = q[2 * g + 1];
                 unsigned word = 0;
                 tgt_code_acc(u.x, ignore, C, 0, &word, &c);
@@ -928,7 +982,21 @@ static tk_fn pick_reg_pm(int64_t C, bool fused, int pv) {
     return fused ? tgt_pos_vec_kernel<T, 64, 1, true, PM> : tgt_pos_vec_kernel<T, 64, 1, false, PM>;
 }
 template <typename T>
+static tk_fn pick_reg_early(int64_t C, int pv) {   // PM 3: fused kernels only
+    if (pv == 4) return C <= 8 ? tgt_pos_vec_kernel<T, 8, 4, true, 3> : tgt_pos_vec_kernel<T, 16, 4, true, 3>;
+    if (pv == 2) {
+        if (C <= 8) return tgt_pos_vec_kernel<T, 8, 2, true, 3>;
+        if (C <= 16) return tgt_pos_vec_kernel<T, 16, 2, true, 3>;
+        return C <= 24 ? tgt_pos_vec_kernel<T, 24, 2, true, 3> : tgt_pos_vec_kernel<T, 32, 2, true, 3>;
+    }
+    if (C <= 8) return tgt_pos_vec_kernel<T, 8, 1, true, 3>;
+    if (C <= 16) return tgt_pos_vec_kernel<T, 16, 1, true, 3>;
+    if (C <= 24) return tgt_pos_vec_kernel<T, 24, 1, true, 3>;
+    return C <= 32 ? tgt_pos_vec_kernel<T, 32, 1, true, 3> : tgt_pos_vec_kernel<T, 64, 1, true, 3>;
+}
+template <typename T>
 static tk_fn pick_reg_t(int64_t C, bool fused, int pv, int pm) {
+    if (pm == 3) return pick_reg_early<T>(C, pv);
     if (pm == 2) return pick_reg_pm<T, 2>(C, fused, pv);
     return pm == 1 ? pick_reg_pm<T, 1>(C, fused, pv) : pick_reg_pm<T, 0>(C, fused, pv);
 }
@@ -983,7 +1051,7 @@ static tk_fn pick_warp(fl_dtype dt, int mode, bool fused, int64_t C) {
         default: return pick_warp_t<__nv_bfloat16>(mode, fused, C);
     }
 }
-static int g_occ[3][2][2][2][4][3];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV), PM
+static int g_occ[3][2][2][2][4][4];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV), PM
 
 template <typename T>
 static const void* pick_staged_t(int mode, bool fused) {
@@ -1069,12 +1137,16 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     // PM 2 (a MEAN's default; FUSEDLOSS_FOCAL_POS_CODES=0 off): the count also writes the label codes the kernel reads
     int pm = reg0 && rp_env_flag("FUSEDLOSS_FOCAL_POS_MODE", 1) == 1 ? 1 : 0;
     if (pm == 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_CODES", 1) == 1) pm = 2;
+    // PM 3 (FUSEDLOSS_FOCAL_POS_EARLY=1; fused): PM 2 with the count summed in the position kernel
+    if (pm == 2 && fused && rp_env_flag("FUSEDLOSS_FOCAL_POS_EARLY", 0) == 1) pm = 3;
     const bool pdl = pm >= 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_PDL", 1) != 0;
-    if (pm == 2) {   // codes in the counter region (8 bytes a position; the position kernels do not use it)
+    if (pm >= 2) {   // codes in the counter region (8 bytes a position; the position kernels do not use it)
         const int nb = rp_red_blocks(n);
-        tgt_codes_kernel<<<nb, TGT_CODES_T, 0, stream>>>(a.tg, a.lab64, a.ignore, a.V, n, (unsigned char*)a.cnt,
-                                                         (long long*)a.part);
-        FL_CUDA_TRY(rp_count_finish(a.part, nb, Dslot, stream, pdl));
+        const bool trig = pm == 3 && pdl, u2 = rp_env_i64("FUSEDLOSS_FOCAL_CODES_U", 1) == 2;
+        auto kc = trig ? (u2 ? tgt_codes_kernel<true, true> : tgt_codes_kernel<true, false>)
+                       : (u2 ? tgt_codes_kernel<false, true> : tgt_codes_kernel<false, false>);
+        kc<<<nb, TGT_CODES_T, 0, stream>>>(a.tg, a.lab64, a.ignore, a.V, n, (unsigned char*)a.cnt, (long long*)a.part);
+        if (pm == 2) FL_CUDA_TRY(rp_count_finish(a.part, nb, Dslot, stream, pdl));
     } else if (red == FL_REDUCTION_MEAN) {
         FL_CUDA_TRY(rp_count(a.tg, a.lab64, a.ignore, n, a.part, Dslot, stream, pdl));
     }
