@@ -1147,6 +1147,7 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
                        : (u2 ? tgt_codes_kernel<false, true> : tgt_codes_kernel<false, false>);
         kc<<<nb, TGT_CODES_T, 0, stream>>>(a.tg, a.lab64, a.ignore, a.V, n, (unsigned char*)a.cnt, (long long*)a.part);
         if (pm == 2) FL_CUDA_TRY(rp_count_finish(a.part, nb, Dslot, stream, pdl));
+        else FL_CUDA_TRY(cudaGetLastError());   // PM 3: the codes kernel's launch (no count kernel checks it)
     } else if (red == FL_REDUCTION_MEAN) {
         FL_CUDA_TRY(rp_count(a.tg, a.lab64, a.ignore, n, a.part, Dslot, stream, pdl));
     }
