@@ -963,40 +963,28 @@ static tk_fn pick_t(int mode, bool rows, bool fused) {
     return rows ? (fused ? tgt_rows_kernel<T, TC_FOCAL, true> : tgt_rows_kernel<T, TC_FOCAL, false>)
                 : (fused ? tgt_pos_kernel<T, TC_FOCAL, true> : tgt_pos_kernel<T, TC_FOCAL, false>);
 }
+// one position kernel, fused or not; PM 3 exists fused only (host: a fused MEAN), so no unfused twin is built
+template <typename T, int CMAX, int PV, int PM>
+static tk_fn pos_k(bool fused) {
+    if constexpr (PM == 3) return tgt_pos_vec_kernel<T, CMAX, PV, true, 3>;
+    else return fused ? tgt_pos_vec_kernel<T, CMAX, PV, true, PM> : tgt_pos_vec_kernel<T, CMAX, PV, false, PM>;
+}
 template <typename T, int PM>
 static tk_fn pick_reg_pm(int64_t C, bool fused, int pv) {
-    if (pv == 4) {   // C <= 16 (pos_pv)
-        if (C <= 8) return fused ? tgt_pos_vec_kernel<T, 8, 4, true, PM> : tgt_pos_vec_kernel<T, 8, 4, false, PM>;
-        return fused ? tgt_pos_vec_kernel<T, 16, 4, true, PM> : tgt_pos_vec_kernel<T, 16, 4, false, PM>;
-    }
+    if (pv == 4) return C <= 8 ? pos_k<T, 8, 4, PM>(fused) : pos_k<T, 16, 4, PM>(fused);   // C <= 16 (pos_pv)
     if (pv == 2) {   // C <= 32
-        if (C <= 8) return fused ? tgt_pos_vec_kernel<T, 8, 2, true, PM> : tgt_pos_vec_kernel<T, 8, 2, false, PM>;
-        if (C <= 16) return fused ? tgt_pos_vec_kernel<T, 16, 2, true, PM> : tgt_pos_vec_kernel<T, 16, 2, false, PM>;
-        if (C <= 24) return fused ? tgt_pos_vec_kernel<T, 24, 2, true, PM> : tgt_pos_vec_kernel<T, 24, 2, false, PM>;
-        return fused ? tgt_pos_vec_kernel<T, 32, 2, true, PM> : tgt_pos_vec_kernel<T, 32, 2, false, PM>;
+        if (C <= 8) return pos_k<T, 8, 2, PM>(fused);
+        if (C <= 16) return pos_k<T, 16, 2, PM>(fused);
+        return C <= 24 ? pos_k<T, 24, 2, PM>(fused) : pos_k<T, 32, 2, PM>(fused);
     }
-    if (C <= 8) return fused ? tgt_pos_vec_kernel<T, 8, 1, true, PM> : tgt_pos_vec_kernel<T, 8, 1, false, PM>;
-    if (C <= 16) return fused ? tgt_pos_vec_kernel<T, 16, 1, true, PM> : tgt_pos_vec_kernel<T, 16, 1, false, PM>;
-    if (C <= 24) return fused ? tgt_pos_vec_kernel<T, 24, 1, true, PM> : tgt_pos_vec_kernel<T, 24, 1, false, PM>;
-    if (C <= 32) return fused ? tgt_pos_vec_kernel<T, 32, 1, true, PM> : tgt_pos_vec_kernel<T, 32, 1, false, PM>;
-    return fused ? tgt_pos_vec_kernel<T, 64, 1, true, PM> : tgt_pos_vec_kernel<T, 64, 1, false, PM>;
-}
-template <typename T>
-static tk_fn pick_reg_early(int64_t C, int pv) {   // PM 3: fused kernels only
-    if (pv == 4) return C <= 8 ? tgt_pos_vec_kernel<T, 8, 4, true, 3> : tgt_pos_vec_kernel<T, 16, 4, true, 3>;
-    if (pv == 2) {
-        if (C <= 8) return tgt_pos_vec_kernel<T, 8, 2, true, 3>;
-        if (C <= 16) return tgt_pos_vec_kernel<T, 16, 2, true, 3>;
-        return C <= 24 ? tgt_pos_vec_kernel<T, 24, 2, true, 3> : tgt_pos_vec_kernel<T, 32, 2, true, 3>;
-    }
-    if (C <= 8) return tgt_pos_vec_kernel<T, 8, 1, true, 3>;
-    if (C <= 16) return tgt_pos_vec_kernel<T, 16, 1, true, 3>;
-    if (C <= 24) return tgt_pos_vec_kernel<T, 24, 1, true, 3>;
-    return C <= 32 ? tgt_pos_vec_kernel<T, 32, 1, true, 3> : tgt_pos_vec_kernel<T, 64, 1, true, 3>;
+    if (C <= 8) return pos_k<T, 8, 1, PM>(fused);
+    if (C <= 16) return pos_k<T, 16, 1, PM>(fused);
+    if (C <= 24) return pos_k<T, 24, 1, PM>(fused);
+    return C <= 32 ? pos_k<T, 32, 1, PM>(fused) : pos_k<T, 64, 1, PM>(fused);
 }
 template <typename T>
 static tk_fn pick_reg_t(int64_t C, bool fused, int pv, int pm) {
-    if (pm == 3) return pick_reg_early<T>(C, pv);
+    if (pm == 3) return pick_reg_pm<T, 3>(C, fused, pv);
     if (pm == 2) return pick_reg_pm<T, 2>(C, fused, pv);
     return pm == 1 ? pick_reg_pm<T, 1>(C, fused, pv) : pick_reg_pm<T, 0>(C, fused, pv);
 }
