@@ -699,14 +699,32 @@ __device__ __forceinline__ void pv_store(T* p, const float (&f)[PV]) {
 // complete and its writes visible), and its warp 0 sums the count's parts itself (the fixed ranges of
 // rp_red_blocks(P), integers: the same D in every CTA); CTA 0 stores D for the loss reduction. One
 // launch and its gap fewer, and the first tile's loads under the codes kernel.
+// PM 4 (FUSEDLOSS_FOCAL_POS_FOLD=1 with PM 3; session 26): PM 3 with the loss reduction folded in (no
+// rp_reduce_kernel / rp_reduce_final, two launches and their gaps fewer). Each warp adds its tiles' double
+// sums in its loop's order, each CTA its warps' in warp order into a double part; the last CTA of each group
+// of blockDim CTAs (a ticket a group) adds the group's parts in a fixed order, and the last group (one more
+// ticket) the groups' sums, and writes loss[0] = sum / D. The tickets (ng + 1 unsigned at the start of the
+// rowloss region, then the parts) are zeroed by the codes kernel, which completes before any CTA passes
+// pdl_wait. The order depends on the grid (the device's residency), not on timing: deterministic on a GPU.
+__device__ __forceinline__ double tgt_cta_sum(double v, double* sw) {   // fixed order; valid in thread 0
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) sw[threadIdx.x >> 5] = v;
+    __syncthreads();   // why: the warps' sums for thread 0
+    double s = 0.0;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += sw[w];
+    return s;
+}
 template <typename T, int CMAX, int PV, bool FUSED, int PM = 0>
 __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
-    constexpr bool TILES = PM >= 1, CODES = PM >= 2, EARLY = PM == 3;
+    constexpr bool TILES = PM >= 1, CODES = PM >= 2, EARLY = PM >= 3, FOLD = PM == 4;
     if constexpr (TILES && !EARLY) pdl_wait();   // launched with PDL after a MEAN's count (a no-op otherwise)
     const int64_t P = a.nrows, d = a.d, G = P / PV;   // P, d multiples of PV (host)
     const int C = (int)a.V;
     const bool small = P <= (int64_t)0xFFFFFFFF && d <= (int64_t)0xFFFFFFFF;
     float gred = FUSED && !a.none && !EARLY ? tgt_grad(a, 0) : 0.0f;
+    float den = 0.0f;   // EARLY: the count D (FOLD's mean)
     if constexpr (EARLY) {
         __shared__ float s_den;
         const int64_t g0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -725,13 +743,15 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
             for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
             if (threadIdx.x == 0) {
                 s_den = (float)s;
-                if (blockIdx.x == 0) *(float*)a.Ddev = (float)s;   // the workspace's D (rp_reduce_final)
+                if (!FOLD && blockIdx.x == 0) *(float*)a.Ddev = (float)s;   // the workspace's D (rp_reduce_final)
             }
         }
         __syncthreads();   // why: s_den from warp 0
         gred = tgt_upstream(a, 0) / s_den;
+        den = s_den;
     }
     const float k2 = RP_LOG2E;
+    double wacc = 0.0;   // FOLD: lane 0's sum of its warp's tiles
     for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < G; g += (int64_t)gridDim.x * blockDim.x) {
         const int64_t pos = g * PV;
         int64_t n, k;
@@ -860,12 +880,53 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
                 const double t = __shfl_down_sync(mask, s, o);
                 if (lane + o < k) s += t;
             }
-            if (lane == 0) a.rowloss[gw >> 5] = (float)s;
+            if (lane == 0) {
+                if constexpr (FOLD) wacc += s;
+                else a.rowloss[gw >> 5] = (float)s;
+            }
         } else {
 #pragma unroll
             for (int j = 0; j < PV; j++) {
                 if (a.none) { if (a.loss) a.loss[pos + j] = loss[j]; }
                 else a.rowloss[pos + j] = loss[j];
+            }
+        }
+    }
+    if constexpr (FOLD) {   // (a fused MEAN: a.loss is the scalar loss here, a.none 0)
+        __shared__ double s_w[RP_THREADS / 32];
+        __shared__ int s_last, s_top;
+        const unsigned nt = blockDim.x, grp = blockIdx.x / nt;
+        const unsigned ng = (gridDim.x + nt - 1) / nt;
+        unsigned* tk = (unsigned*)a.rowloss;   // ng group tickets, the top ticket
+        double* part = (double*)a.rowloss + (ng + 2) / 2;   // gridDim.x CTA sums, then ng group sums
+        double* gpart = part + gridDim.x;
+        double s = tgt_cta_sum((threadIdx.x & 31) == 0 ? wacc : 0.0, s_w);
+        if (threadIdx.x == 0) {
+            part[blockIdx.x] = s;
+            __threadfence();   // why: the part before the ticket that lets another CTA read it
+            const unsigned gsz = gridDim.x - grp * nt < nt ? gridDim.x - grp * nt : nt;
+            s_last = atomicAdd(tk + grp, 1u) == gsz - 1;
+        }
+        __syncthreads();   // why: s_last; s_w read by thread 0 before the next writes
+        if (s_last) {   // the group's last CTA: its parts in order
+            __threadfence();
+            const unsigned i = grp * nt + threadIdx.x;
+            s = tgt_cta_sum(i < gridDim.x ? __ldcg(part + i) : 0.0, s_w);
+            if (threadIdx.x == 0) {
+                gpart[grp] = s;
+                __threadfence();
+                s_top = atomicAdd(tk + ng, 1u) == ng - 1;
+            }
+            __syncthreads();   // why: s_top; s_w read by thread 0
+            if (s_top) {   // the last group: the groups' sums in order, the mean
+                __threadfence();
+                double v = 0.0;
+                for (unsigned k = threadIdx.x; k < ng; k += nt) v += __ldcg(gpart + k);
+                s = tgt_cta_sum(v, s_w);
+                if (threadIdx.x == 0) {
+                    const double D = (double)den;
+                    a.loss[0] = D == 0.0 ? NAN : (float)(s / D);
+                }
             }
         }
     }
@@ -885,14 +946,19 @@ __device__ __forceinline__ void tgt_code_acc(int64_t y, int64_t ignore, int64_t 
     *word |= k << (8 * b);
 }
 #define TGT_CODES_T 512   // (at 1024 threads ptxas held it to 32 registers and spilled)
-// TRIGGER (PM 3): its dependent (the position kernel, PDL) may start at once. U2 (FUSEDLOSS_FOCAL_CODES_U=2,
+// TRIGGER (PM 3 / 4): its dependent (the position kernel, PDL) may start at once. U2 (FUSEDLOSS_FOCAL_CODES_U=2,
 // session 25): int64 labels, two 4-label groups a thread loaded before either is coded (64 instead of 32
 // bytes a thread in flight; 2 CTAs of 512 an SM hold ~32 KB in flight at U 1, about what the H200's
 // per-SM share of HBM needs at ~1 us of loaded latency). Integers: the same count and codes either way.
 template <bool TRIGGER = false, bool U2 = false>
 static __global__ void __launch_bounds__(TGT_CODES_T) tgt_codes_kernel(const void* labels, int lab64, int64_t ignore, int64_t C,
-                                                                int64_t n, unsigned char* codes, long long* part) {
-    if constexpr (TRIGGER) pdl_trigger();
+                                                                int64_t n, unsigned char* codes, long long* part,
+                                                                unsigned* tk, int ntk) {
+    if constexpr (TRIGGER) {
+        pdl_trigger();
+        if (blockIdx.x == 0)   // PM 4: the position kernel's tickets (read after its pdl_wait)
+            for (int k = (int)threadIdx.x; k < ntk; k += TGT_CODES_T) tk[k] = 0u;
+    }
     const int64_t per = ((n + gridDim.x - 1) / gridDim.x + 3) & ~(int64_t)3, lo = (int64_t)blockIdx.x * per;
     const int64_t hi = lo + per < n ? lo + per : n;
     long long c = 0;
@@ -963,10 +1029,10 @@ static tk_fn pick_t(int mode, bool rows, bool fused) {
     return rows ? (fused ? tgt_rows_kernel<T, TC_FOCAL, true> : tgt_rows_kernel<T, TC_FOCAL, false>)
                 : (fused ? tgt_pos_kernel<T, TC_FOCAL, true> : tgt_pos_kernel<T, TC_FOCAL, false>);
 }
-// one position kernel, fused or not; PM 3 exists fused only (host: a fused MEAN), so no unfused twin is built
+// one position kernel, fused or not; PM 3 / 4 exist fused only (host: a fused MEAN), so no unfused twin is built
 template <typename T, int CMAX, int PV, int PM>
 static tk_fn pos_k(bool fused) {
-    if constexpr (PM == 3) return tgt_pos_vec_kernel<T, CMAX, PV, true, 3>;
+    if constexpr (PM >= 3) return tgt_pos_vec_kernel<T, CMAX, PV, true, PM>;
     else return fused ? tgt_pos_vec_kernel<T, CMAX, PV, true, PM> : tgt_pos_vec_kernel<T, CMAX, PV, false, PM>;
 }
 template <typename T, int PM>
@@ -984,6 +1050,7 @@ static tk_fn pick_reg_pm(int64_t C, bool fused, int pv) {
 }
 template <typename T>
 static tk_fn pick_reg_t(int64_t C, bool fused, int pv, int pm) {
+    if (pm == 4) return pick_reg_pm<T, 4>(C, fused, pv);
     if (pm == 3) return pick_reg_pm<T, 3>(C, fused, pv);
     if (pm == 2) return pick_reg_pm<T, 2>(C, fused, pv);
     return pm == 1 ? pick_reg_pm<T, 1>(C, fused, pv) : pick_reg_pm<T, 0>(C, fused, pv);
@@ -1039,7 +1106,7 @@ static tk_fn pick_warp(fl_dtype dt, int mode, bool fused, int64_t C) {
         default: return pick_warp_t<__nv_bfloat16>(mode, fused, C);
     }
 }
-static int g_occ[3][2][2][2][4][4];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV), PM
+static int g_occ[3][2][2][2][4][5];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV), PM
 
 template <typename T>
 static const void* pick_staged_t(int mode, bool fused) {
@@ -1127,15 +1194,20 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     if (pm == 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_CODES", 1) == 1) pm = 2;
     // PM 3 (FUSEDLOSS_FOCAL_POS_EARLY=1; fused): PM 2 with the count summed in the position kernel
     if (pm == 2 && fused && rp_env_flag("FUSEDLOSS_FOCAL_POS_EARLY", 0) == 1) pm = 3;
+    // PM 4 (FUSEDLOSS_FOCAL_POS_FOLD=1 with PM 3): the loss reduction in the position kernel
+    if (pm == 3 && loss && rp_env_flag("FUSEDLOSS_FOCAL_POS_FOLD", 0) == 1) pm = 4;
     const bool pdl = pm >= 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_PDL", 1) != 0;
-    if (pm >= 2) {   // codes in the counter region (8 bytes a position; the position kernels do not use it)
+    const bool u2 = rp_env_i64("FUSEDLOSS_FOCAL_CODES_U", 1) == 2;
+    if (pm >= 2 && pm <= 3) {   // codes in the counter region (8 bytes a position; the position kernels do not use it)
         const int nb = rp_red_blocks(n);
-        const bool trig = pm == 3 && pdl, u2 = rp_env_i64("FUSEDLOSS_FOCAL_CODES_U", 1) == 2;
+        const bool trig = pm == 3 && pdl;
         auto kc = trig ? (u2 ? tgt_codes_kernel<true, true> : tgt_codes_kernel<true, false>)
                        : (u2 ? tgt_codes_kernel<false, true> : tgt_codes_kernel<false, false>);
-        kc<<<nb, TGT_CODES_T, 0, stream>>>(a.tg, a.lab64, a.ignore, a.V, n, (unsigned char*)a.cnt, (long long*)a.part);
+        kc<<<nb, TGT_CODES_T, 0, stream>>>(a.tg, a.lab64, a.ignore, a.V, n, (unsigned char*)a.cnt, (long long*)a.part,
+                                           nullptr, 0);
         if (pm == 2) FL_CUDA_TRY(rp_count_finish(a.part, nb, Dslot, stream, pdl));
         else FL_CUDA_TRY(cudaGetLastError());   // PM 3: the codes kernel's launch (no count kernel checks it)
+    } else if (pm == 4) {   // the codes kernel is launched below, once the grid (its tickets' number) is known
     } else if (red == FL_REDUCTION_MEAN) {
         FL_CUDA_TRY(rp_count(a.tg, a.lab64, a.ignore, n, a.part, Dslot, stream, pdl));
     }
@@ -1192,6 +1264,16 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     set_pdl(&attr);
     cfg.attrs = &attr;
     cfg.numAttrs = pdl ? 1 : 0;   // with PDL: after a MEAN's count (pdl above)
+    if (pm == 4) {   // the codes kernel (the TRIGGER twin, PDL or not) zeroes the ng + 1 tickets (FOLD)
+        const int ntk = (int)((grid + threads - 1) / threads) + 1;
+        auto kc = u2 ? tgt_codes_kernel<true, true> : tgt_codes_kernel<true, false>;
+        kc<<<rp_red_blocks(n), TGT_CODES_T, 0, stream>>>(a.tg, a.lab64, a.ignore, a.V, n, (unsigned char*)a.cnt,
+                                                         (long long*)a.part, (unsigned*)a.rowloss, ntk);
+        FL_CUDA_TRY(cudaGetLastError());
+        a.loss = loss;   // the scalar loss, written by the last CTA
+        FL_CUDA_TRY(cudaLaunchKernelEx(&cfg, kfn, a));
+        return FL_OK;
+    }
     FL_CUDA_TRY(cudaLaunchKernelEx(&cfg, kfn, a));
     if (!none && loss) {   // PM >= 1: one partial a warp tile of 32 pv positions
         const int64_t nred = pm >= 1 ? (n / pv + 31) / 32 : n;
