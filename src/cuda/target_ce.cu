@@ -678,7 +678,8 @@ __device__ __forceinline__ void pv_store(T* p, const float (&f)[PV]) {
     }
 }
 
-// PM (position mode; FUSEDLOSS_FOCAL_POS_MODE=0 takes PM 0; since s24 a SUM takes PM 1, a MEAN PM 2):
+// PM (position mode; FUSEDLOSS_FOCAL_POS_MODE=0 takes PM 0; since s24 a SUM takes PM 1, a MEAN PM 2, and
+// since s26 a fused MEAN PM 4):
 // 1, the SUM / MEAN partials a warp
 // tile (32 PV positions: double sums in lane order, one float a tile at rowloss[g / 32], so the
 // reduction reads 1 / (32 PV) of the per-position losses; the order is fixed by the positions and
@@ -693,19 +694,20 @@ __device__ __forceinline__ void pv_store(T* p, const float (&f)[PV]) {
 // H100 s24 run 5, focal NCHW fp32 MEAN step in GPU time: 0.272 -> 0.264 ms (1.29 -> 1.25x), twice.
 #define TGT_CODE_BAD 126u   // a label out of [0, C) that is not ignore_index (C <= 64 here)
 #define TGT_CODE_IGN 127u   // ignore_index
-// PM 3 (FUSEDLOSS_FOCAL_POS_EARLY=1, a fused MEAN; session 25): PM 2 without rp_count_final. The codes
+// PM 3 (a fused MEAN with FUSEDLOSS_FOCAL_POS_FOLD=0; session 25): PM 2 without rp_count_final. The codes
 // kernel triggers its dependents at its top, so this kernel's CTAs become resident while it runs; each
 // prefetches its first positions' class lines into L2, waits (griddepcontrol.wait: the codes kernel
 // complete and its writes visible), and its warp 0 sums the count's parts itself (the fixed ranges of
 // rp_red_blocks(P), integers: the same D in every CTA); CTA 0 stores D for the loss reduction. One
 // launch and its gap fewer, and the first tile's loads under the codes kernel.
-// PM 4 (FUSEDLOSS_FOCAL_POS_FOLD=1 with PM 3; session 26): PM 3 with the loss reduction folded in (no
-// rp_reduce_kernel / rp_reduce_final, two launches and their gaps fewer). Each warp adds its tiles' double
-// sums in its loop's order, each CTA its warps' in warp order into a double part; the last CTA of each group
-// of blockDim CTAs (a ticket a group) adds the group's parts in a fixed order, and the last group (one more
-// ticket) the groups' sums, and writes loss[0] = sum / D. The tickets (ng + 1 unsigned at the start of the
-// rowloss region, then the parts) are zeroed by the codes kernel, which completes before any CTA passes
-// pdl_wait. The order depends on the grid (the device's residency), not on timing: deterministic on a GPU.
+// PM 4 (a fused MEAN's default since s26; FUSEDLOSS_FOCAL_POS_FOLD=0: PM 3, POS_EARLY=0: PM 2): PM 3 with
+// the loss reduction folded in (no rp_reduce_kernel / rp_reduce_final, two launches and their gaps fewer).
+// Each warp adds its tiles' double sums in its loop's order, each CTA its warps' in warp order into a
+// double part; the last CTA of each group of blockDim CTAs (a ticket a group) adds the group's parts in a
+// fixed order, and the last group (one more ticket) the groups' sums, and writes loss[0] = sum / D. The
+// tickets (ng + 1 unsigned at the start of the rowloss region, then the parts) are zeroed by the codes
+// kernel, which completes before any CTA passes pdl_wait. The order depends on the grid (the device's
+// residency), not on timing: deterministic on a GPU.
 __device__ __forceinline__ double tgt_cta_sum(double v, double* sw) {   // fixed order; valid in thread 0
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -1192,10 +1194,12 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     // PM 2 (a MEAN's default; FUSEDLOSS_FOCAL_POS_CODES=0 off): the count also writes the label codes the kernel reads
     int pm = reg0 && rp_env_flag("FUSEDLOSS_FOCAL_POS_MODE", 1) == 1 ? 1 : 0;
     if (pm == 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_CODES", 1) == 1) pm = 2;
-    // PM 3 (FUSEDLOSS_FOCAL_POS_EARLY=1; fused): PM 2 with the count summed in the position kernel
-    if (pm == 2 && fused && rp_env_flag("FUSEDLOSS_FOCAL_POS_EARLY", 0) == 1) pm = 3;
-    // PM 4 (FUSEDLOSS_FOCAL_POS_FOLD=1 with PM 3): the loss reduction in the position kernel
-    if (pm == 3 && loss && rp_env_flag("FUSEDLOSS_FOCAL_POS_FOLD", 0) == 1) pm = 4;
+    // PM 3 (fused; FUSEDLOSS_FOCAL_POS_EARLY=0 off): PM 2 with the count summed in the position kernel
+    if (pm == 2 && fused && rp_env_flag("FUSEDLOSS_FOCAL_POS_EARLY", 1) == 1) pm = 3;
+    // PM 4 (a fused MEAN's default since s26; FUSEDLOSS_FOCAL_POS_FOLD=0: PM 3): the loss reduction in the
+    // position kernel. H100 s26 run 1, focal NCHW 8x19x512x1024 fp32 step in GPU time, two alternations:
+    // PM 2 0.269 / 0.269 ms, PM 3 0.266 / 0.266, PM 4 0.264 / 0.263 (1.26 -> 1.24x)
+    if (pm == 3 && loss && rp_env_flag("FUSEDLOSS_FOCAL_POS_FOLD", 1) == 1) pm = 4;
     const bool pdl = pm >= 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_PDL", 1) != 0;
     const bool u2 = rp_env_i64("FUSEDLOSS_FOCAL_CODES_U", 1) == 2;
     if (pm >= 2 && pm <= 3) {   // codes in the counter region (8 bytes a position; the position kernels do not use it)
