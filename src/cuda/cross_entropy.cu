@@ -1601,7 +1601,7 @@ __device__ __forceinline__ RowStats group_reduce_ms(RowStats r, float* sh, int g
     return t;
 }
 
-template <typename T, int F, bool PST = false, bool NB = false, bool TM = false>
+template <typename T, int F, bool PST = false, bool NB = false, bool TM = false, bool DN = false>
 __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int cs, int per, int sub, int R, int Ts,
                                                                    const __grid_constant__ FlTmaps tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1611,6 +1611,7 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
     __shared__ __align__(8) uint64_t xbar[PIPE_XSLOTS];      // xslot x's cs partials landed
     __shared__ float4 slot[PIPE_XSLOTS][TMA_MAX_CLUSTER];
     __shared__ float sh[96];
+    __shared__ unsigned long long s_cnt;   // DN: the gradient group's count of non-ignored targets
     const int tid = (int)threadIdx.x;
     const int V = (int)a.V;
     const int nsub = (per + sub - 1) / sub;
@@ -1629,6 +1630,7 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
             mbar_init(&empty[k], (uint32_t)ngw);
         }
         for (int k = 0; k < PIPE_XSLOTS; k++) mbar_init(&xbar[k], 1u);
+        if constexpr (DN) s_cnt = 0ull;
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();  // why: barriers initialised before any copy is issued or waited on
@@ -1734,8 +1736,35 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
     } else {
         // ---------------- gradient group ----------------
         const int gt = tid - Ts, n = ngw * 32, lane = tid & 31;
-        pdl_wait();
-        const Denoms dn = load_denoms(a);
+        Denoms dn;
+        if constexpr (DN) {
+            // DN (FUSEDLOSS_CE_PIPE_DN=1; host: an unweighted fused MEAN, launched without a setup kernel
+            // and without PDL): the group counts the batch's non-ignored targets itself (the same integer
+            // in every CTA, D_w = D_n, exact in a double), while the first rows' copies are in flight; CTA 0
+            // stores them in hdr for the reduce kernel. Why: the one-CTA setup kernel (1024 threads) held
+            // one SM's registers, so one of the one-a-SM pipe CTAs started only after it.
+            const int64_t ig = a.ignore_index;
+            unsigned long long cnt = 0;
+            int64_t i = gt;
+            for (; i + 3 * (int64_t)n < a.N; i += 4 * (int64_t)n) {   // four loads in flight
+                const int64_t t0 = load_target(a, i), t1 = load_target(a, i + n);
+                const int64_t t2 = load_target(a, i + 2 * (int64_t)n), t3 = load_target(a, i + 3 * (int64_t)n);
+                cnt += (unsigned long long)((t0 != ig) + (t1 != ig) + (t2 != ig) + (t3 != ig));
+            }
+            for (; i < a.N; i += n) cnt += load_target(a, i) != ig;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+            if (lane == 0) atomicAdd(&s_cnt, cnt);   // integers: any order gives the same sum
+            group_bar(2, n);   // why: every warp's count added before any reads the total
+            const double D = (double)s_cnt;
+            dn.Dw = D;
+            dn.Dn = D;
+            dn.W = a.eps > 0.0f ? (double)a.Vg : 0.0;
+            if (blockIdx.x == 0 && gt == 0) { a.hdr[0] = D; a.hdr[1] = D; }
+        } else {
+            pdl_wait();
+            dn = load_denoms(a);
+        }
         const float Gs = a.reduction != FL_REDUCTION_NONE ? row_upstream(a, 0) : 0.0f;
         // a reduced loss's upstream gradient over MEAN's denominators, once (two double divisions
         // per row and thread were ~5% of the gradient group's samples, s8 run 1)
@@ -2006,7 +2035,7 @@ __global__ void __launch_bounds__(32) ce_reduce_final_kernel(CeArgs a, const dou
 // kernels are no-ops when a kernel is launched without the PDL attribute (the default).
 struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync;
                int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_maxcs, pipe_cs, pipe_ring, pdl,
-               plain_st, two_stage_rows, pdl_chain, pipe_nbar, pipe_tmap; };
+               plain_st, two_stage_rows, pdl_chain, pipe_nbar, pipe_tmap, pipe_dn, pipe_dn_rows; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -2050,6 +2079,10 @@ static const Knobs* knobs(void) {
         // ce_pipe_kernel's TM, by default since s21 (H100 run 1: racecheck-clean refills, the same speed);
         // _NBAR=1 takes the raw copies (NB and TM are not combined)
         n.pipe_tmap = !n.pipe_nbar && env_int("FUSEDLOSS_CE_PIPE_TMAP", 1) != 0;
+        // ce_pipe_kernel's DN (session 26, not yet measured): an unweighted fused MEAN of <= _DN_ROWS rows counts
+        // its denominators in every CTA instead of after a setup kernel (see ce_pipe_kernel)
+        n.pipe_dn = env_int("FUSEDLOSS_CE_PIPE_DN", 0) != 0;
+        n.pipe_dn_rows = env_int("FUSEDLOSS_CE_PIPE_DN_ROWS", 16384);
         if (n.pipe_sub < -1 || n.pipe_sub > 64) n.pipe_sub = -1;
         if (n.pipe_slack < -1 || n.pipe_slack > 200) n.pipe_slack = -1;
         if (n.pipe_maxcs < 0 || n.pipe_maxcs > TMA_MAX_CLUSTER) n.pipe_maxcs = 0;
@@ -2207,7 +2240,7 @@ __global__ void __launch_bounds__(256) vp_combine_kernel(CeArgs a, const float* 
 // launchers
 
 struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t tsmem; int stream, sC, scv;
-                int pipe, pcs, pper, psub, pR, pT, pTs; size_t psmem; int pdl; };
+                int pipe, pcs, pper, psub, pR, pT, pTs; size_t psmem; int pdl; int dnf; };
 
 // Knobs for A/B runs on the GPU, read from the environment once (all experimental):
 //   FUSEDLOSS_CE_CHUNK_THREADS = 64|128|256|512   chunk CTA size of the two-pass path (below)
@@ -2481,15 +2514,17 @@ static void pipe_threads_for(int F, const Config& c, int* T, int* Ts) {
     *Ts = s;
 }
 
-template <typename T, int F, bool PST, bool NB = false, bool TM = false>
+template <typename T, int F, bool PST, bool NB = false, bool TM = false, bool DN = false>
 static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
     *done = 0;
     FlTmaps tm;
     memset(&tm, 0, sizeof tm);
     if (TM && !fl__tmap_note(fl__tmaps_encode(a.logits, (size_t)((a.N - 1) * a.ld + a.V) * sizeof(T), &tm) == 0,
-                             "pipelined CE kernel", knobs()->debug))
-        return launch_pipe_st<T, F, PST, NB, false>(a, c, s, done);  // no driver entry point / too big: raw copies
-    const void* fn = (const void*)ce_pipe_kernel<T, F, PST, NB, TM>;
+                             "pipelined CE kernel", knobs()->debug)) {
+        if constexpr (DN) return cudaSuccess;   // not done: launch_main runs the setup and another kernel
+        else return launch_pipe_st<T, F, PST, NB, false>(a, c, s, done);  // no driver entry point / too big: raw copies
+    }
+    const void* fn = (const void*)ce_pipe_kernel<T, F, PST, NB, TM, DN>;
     int T_, Ts;
     pipe_threads_for(F, c, &T_, &Ts);
     int n = 0;
@@ -2508,13 +2543,17 @@ static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t
     cfg.blockDim = dim3((unsigned)T_, 1, 1);
     cfg.dynamicSmemBytes = c.psmem;
     cfg.stream = s;
-    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F, PST, NB, TM>, a, c.pcs, c.pper, c.psub, c.pR, Ts, tm);
+    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F, PST, NB, TM, DN>, a, c.pcs, c.pper, c.psub, c.pR, Ts, tm);
     if (e == cudaSuccess) *done = 1;
     return e;
 }
 // ring mode (a row's chunk in several slots): default-cached gradient stores (see store_vec)
 template <typename T, int F>
 static cudaError_t launch_pipe(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
+    if (c.dnf) {   // (ce_launch: only with the tensor-map copies, psub % 8 == 0, no NB)
+        if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, false, true, true>(a, c, s, done);
+        return launch_pipe_st<T, F, false, false, true, true>(a, c, s, done);
+    }
     if (knobs()->pipe_tmap && c.psub % 8 == 0) {  // the tensor-map copies (racecheck: see cluster.cuh)
         if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, false, true>(a, c, s, done);
         return launch_pipe_st<T, F, false, false, true>(a, c, s, done);
@@ -2620,6 +2659,10 @@ static cudaError_t launch_main(const CeArgs& a, const Config& c, cudaStream_t s)
         int done = 0;
         e = launch_pipe<T, F>(a, c, s, &done);
         if (e != cudaSuccess || done) return e;
+        if (c.dnf) {   // the pipe kernel that was to count the denominators did not run: the setup instead
+            e = launch_setup(a, 0, s);
+            if (e != cudaSuccess) return e;
+        }
     }
     if (c.tma) {
         const TmaPlan p = {c.tcs, c.tper, c.tns, c.tT, c.tsmem};
@@ -2826,10 +2869,8 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
         FL_CUDA_TRY(launch_pass(pass, dt, flags, 1, a, none_cfg, (int)C, stream));
         return FL_OK;
     }
-    if (needs_setup) FL_CUDA_TRY(launch_setup(a, d.cc_major >= 9 && knobs()->pdl, stream));
     if (N > 0) {
         Config c = choose_config(V, (int)fl__dtype_size(dt), pass);
-        c.pdl = needs_setup && knobs()->pdl;
         const int64_t nvr = V / vec + 1;
         // Fused rows that fit one 512-thread CTA's registers (<= 4096 vectors) with few rows took
         // the row kernel, a CTA per row, from 2026-12-01 run 4 (2048x32000 f16 1.36x vs 1.56x
@@ -2843,6 +2884,13 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
         }
         c.sms = d.sms;
         pipe_plan(pass, d.cc_major, V, (int)fl__dtype_size(dt), flags, &c);
+        // ce_pipe_kernel's DN (FUSEDLOSS_CE_PIPE_DN=1): an unweighted fused MEAN's denominators counted in the
+        // pipe kernel itself, no setup kernel (launch_main runs the setup if the pipe kernel does not run)
+        const Knobs* kn = knobs();
+        c.dnf = needs_setup && pass == PASS_FUSED && mean && !p.weight && c.pipe && kn->pipe_dn &&
+                N <= kn->pipe_dn_rows && kn->pipe_tmap && c.psub % 8 == 0;
+        if (needs_setup && !c.dnf) FL_CUDA_TRY(launch_setup(a, d.cc_major >= 9 && kn->pdl, stream));
+        c.pdl = needs_setup && !c.dnf && kn->pdl;
         // the streaming kernel for the forward; the backward stays on the chunk kernels (64-thread
         // CTAs, 8 vectors each), which measured faster for a read+write stream (H200, 2026-12-01:
         // 8192x128256 bf16 backward 1.04x vs 1.30x; FUSEDLOSS_CE_STREAM=2 takes it for both)
@@ -2852,6 +2900,8 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
         if (!c.stream && (int64_t)N * c.C > INT32_MAX)
             return fl__fail(FL_ERR_UNSUPPORTED, "%s: N * chunks (%lld * %d) exceeds one launch", fn, (long long)N, c.C);
         FL_CUDA_TRY(launch_pass(pass, dt, flags, 0, a, c, 0, stream));
+    } else if (needs_setup) {
+        FL_CUDA_TRY(launch_setup(a, d.cc_major >= 9 && knobs()->pdl, stream));
     }
     if (!chunk && reduced && pass != PASS_BACKWARD)
         FL_CUDA_TRY(launch_reduce(a, mean && !needs_setup, d.cc_major >= 9 && knobs()->pdl, stream));
