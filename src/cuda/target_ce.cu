@@ -1201,20 +1201,9 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     // PM 2 0.269 / 0.269 ms, PM 3 0.266 / 0.266, PM 4 0.264 / 0.263 (1.26 -> 1.24x)
     if (pm == 3 && loss && rp_env_flag("FUSEDLOSS_FOCAL_POS_FOLD", 1) == 1) pm = 4;
     const bool pdl = pm >= 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_PDL", 1) != 0;
-    const bool u2 = rp_env_i64("FUSEDLOSS_FOCAL_CODES_U", 1) == 2;
-    if (pm >= 2 && pm <= 3) {   // codes in the counter region (8 bytes a position; the position kernels do not use it)
-        const int nb = rp_red_blocks(n);
-        const bool trig = pm == 3 && pdl;
-        auto kc = trig ? (u2 ? tgt_codes_kernel<true, true> : tgt_codes_kernel<true, false>)
-                       : (u2 ? tgt_codes_kernel<false, true> : tgt_codes_kernel<false, false>);
-        kc<<<nb, TGT_CODES_T, 0, stream>>>(a.tg, a.lab64, a.ignore, a.V, n, (unsigned char*)a.cnt, (long long*)a.part,
-                                           nullptr, 0);
-        if (pm == 2) FL_CUDA_TRY(rp_count_finish(a.part, nb, Dslot, stream, pdl));
-        else FL_CUDA_TRY(cudaGetLastError());   // PM 3: the codes kernel's launch (no count kernel checks it)
-    } else if (pm == 4) {   // the codes kernel is launched below, once the grid (its tickets' number) is known
-    } else if (red == FL_REDUCTION_MEAN) {
-        FL_CUDA_TRY(rp_count(a.tg, a.lab64, a.ignore, n, a.part, Dslot, stream, pdl));
-    }
+    // PM >= 2: the codes kernel is launched right before the position kernel (below), once the grid, and so
+    // PM 4's number of tickets, is known
+    if (pm < 2 && red == FL_REDUCTION_MEAN) FL_CUDA_TRY(rp_count(a.tg, a.lab64, a.ignore, n, a.part, Dslot, stream, pdl));
     TsPlan tp;
     const int ncl = rows ? ts_plan(a, mode, fused, dt, &tp) : 0;
     const bool warp = !ncl && rows && a.V <= TW_MAX_C && rp_env_flag("FUSEDLOSS_TGT_WARP", 1) != 0;
@@ -1268,18 +1257,20 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     set_pdl(&attr);
     cfg.attrs = &attr;
     cfg.numAttrs = pdl ? 1 : 0;   // with PDL: after a MEAN's count (pdl above)
-    if (pm == 4) {   // the codes kernel (the TRIGGER twin, PDL or not) zeroes the ng + 1 tickets (FOLD)
-        const int ntk = (int)((grid + threads - 1) / threads) + 1;
-        auto kc = u2 ? tgt_codes_kernel<true, true> : tgt_codes_kernel<true, false>;
-        kc<<<rp_red_blocks(n), TGT_CODES_T, 0, stream>>>(a.tg, a.lab64, a.ignore, a.V, n, (unsigned char*)a.cnt,
-                                                         (long long*)a.part, (unsigned*)a.rowloss, ntk);
-        FL_CUDA_TRY(cudaGetLastError());
-        a.loss = loss;   // the scalar loss, written by the last CTA
-        FL_CUDA_TRY(cudaLaunchKernelEx(&cfg, kfn, a));
-        return FL_OK;
+    if (pm >= 2) {   // codes in the counter region (8 bytes a position; the position kernels do not use it)
+        // the TRIGGER twin for PM 3 with PDL and always for PM 4, whose ng + 1 tickets (FOLD) it zeroes
+        const int nb = rp_red_blocks(n), ntk = pm == 4 ? (int)((grid + threads - 1) / threads) + 1 : 0;
+        const bool trig = pm == 4 || (pm == 3 && pdl), u2 = rp_env_i64("FUSEDLOSS_FOCAL_CODES_U", 1) == 2;
+        auto kc = trig ? (u2 ? tgt_codes_kernel<true, true> : tgt_codes_kernel<true, false>)
+                       : (u2 ? tgt_codes_kernel<false, true> : tgt_codes_kernel<false, false>);
+        kc<<<nb, TGT_CODES_T, 0, stream>>>(a.tg, a.lab64, a.ignore, a.V, n, (unsigned char*)a.cnt, (long long*)a.part,
+                                           pm == 4 ? (unsigned*)a.rowloss : nullptr, ntk);
+        if (pm == 2) FL_CUDA_TRY(rp_count_finish(a.part, nb, Dslot, stream, pdl));
+        else FL_CUDA_TRY(cudaGetLastError());   // PM 3 / 4: the codes kernel's launch (no count kernel checks it)
     }
+    if (pm == 4) a.loss = loss;   // the scalar loss, written by the position kernel's last CTA
     FL_CUDA_TRY(cudaLaunchKernelEx(&cfg, kfn, a));
-    if (!none && loss) {   // PM >= 1: one partial a warp tile of 32 pv positions
+    if (pm != 4 && !none && loss) {   // PM >= 1: one partial a warp tile of 32 pv positions
         const int64_t nred = pm >= 1 ? (n / pv + 31) / 32 : n;
         FL_CUDA_TRY(rp_reduce(a.rowloss, nred, a.part, a.Ddev, 1.0f, loss, stream));
     }
