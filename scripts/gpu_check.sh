@@ -14,7 +14,7 @@
 #   test-knobs the CUDA grid (--no-big) with the kernel choice forced by FUSEDLOSS_CE_TMA* knobs
 #   sanitize   compute-sanitizer memcheck (--small --stride 2), racecheck (--small --stride 6),
 #              memcheck with the staged kernel forced (--small --stride 3), racecheck of the refilled ring,
-#              memcheck / racecheck with FUSEDLOSS_CE_PIPE_DN=1 (--small --stride 4 / 8)
+#              memcheck / racecheck with FUSEDLOSS_CE_PIPE_DN=1 _DN_FOLD=1 (--small --stride 4 / 8)
 #   bench      build/bench_cross_entropy --csv bench/results/<date>-h200.csv (copied to $OUT)
 #   bench-ab   the benchmark on the headline shapes once per BENCH_AB variant (knob settings)
 #   peers      python3 bench/bench_peers.py --out $OUT/peers-<date>.json
@@ -233,6 +233,9 @@ if want test-knobs && have build/test_cross_entropy_cuda test-knobs; then
         echo "### FUSEDLOSS_CE_PIPE_DN=1 (s26: an unweighted fused MEAN counts its denominators in the pipe kernel, no setup kernel), default plans, then slots refilled"
         FUSEDLOSS_CE_PIPE_DN=1 build/test_cross_entropy_cuda --no-big || rc=1
         FUSEDLOSS_CE_PIPE_DN=1 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_PIPE_DN=1 FUSEDLOSS_CE_PIPE_DN_FOLD=1 (s27: the MEAN reduced in the pipe kernel too, no reduce kernel), default plans, then slots refilled"
+        FUSEDLOSS_CE_PIPE_DN=1 FUSEDLOSS_CE_PIPE_DN_FOLD=1 build/test_cross_entropy_cuda --no-big || rc=1
+        FUSEDLOSS_CE_PIPE_DN=1 FUSEDLOSS_CE_PIPE_DN_FOLD=1 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PLAIN_ST=0 (evict-first gradient stores in the ring / staged kernels too)"
         FUSEDLOSS_CE_PLAIN_ST=0 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NSUB=1 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128"
@@ -280,10 +283,10 @@ if want sanitize && have build/test_cross_entropy_cuda sanitize; then
                 --error-exitcode 99 build/test_cross_entropy_cuda --small --stride 24 || rc5=$?
             echo "### racecheck-refills exit $rc5"
             rc6=0
-            echo "### memcheck and racecheck, the denominators counted in the pipe kernel (FUSEDLOSS_CE_PIPE_DN=1, s26)"
-            FUSEDLOSS_CE_PIPE_DN=1 timeout 60 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 \
+            echo "### memcheck and racecheck, the denominators counted and the MEAN reduced in the pipe kernel (FUSEDLOSS_CE_PIPE_DN=1 _DN_FOLD=1, s26-s27)"
+            FUSEDLOSS_CE_PIPE_DN=1 FUSEDLOSS_CE_PIPE_DN_FOLD=1 timeout 60 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 \
                 build/test_cross_entropy_cuda --small --stride 4 || rc6=$?
-            FUSEDLOSS_CE_PIPE_DN=1 timeout 45 "$SANITIZER" --tool racecheck --print-limit 20 --error-exitcode 99 \
+            FUSEDLOSS_CE_PIPE_DN=1 FUSEDLOSS_CE_PIPE_DN_FOLD=1 timeout 45 "$SANITIZER" --tool racecheck --print-limit 20 --error-exitcode 99 \
                 build/test_cross_entropy_cuda --small --stride 8 || rc6=$?
             echo "### sanitize-dn exit $rc6"
             [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ] && [ $rc4 -eq 0 ] && [ $rc5 -eq 0 ] && [ $rc6 -eq 0 ]

@@ -1601,7 +1601,7 @@ __device__ __forceinline__ RowStats group_reduce_ms(RowStats r, float* sh, int g
     return t;
 }
 
-template <typename T, int F, bool PST = false, bool NB = false, bool TM = false, bool DN = false>
+template <typename T, int F, bool PST = false, bool NB = false, bool TM = false, int DN = 0>
 __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int cs, int per, int sub, int R, int Ts,
                                                                    const __grid_constant__ FlTmaps tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1765,6 +1765,7 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
             pdl_wait();
             dn = load_denoms(a);
         }
+        double fa = 0.0, fb = 0.0;   // DN 2: this CTA's row losses (thread gt 0 of rank 0), its rows' order
         const float Gs = a.reduction != FL_REDUCTION_NONE ? row_upstream(a, 0) : 0.0f;
         // a reduced loss's upstream gradient over MEAN's denominators, once (two double divisions
         // per row and thread were ~5% of the gradient group's samples, s8 run 1)
@@ -1805,7 +1806,16 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
                     WZ += pc.z;
                 }
                 const float lse = (M == -INFINITY) ? -INFINITY : M + logf(S);
-                if (crank == 0 && gt == 0) finish_row_w(a, dn, i, bad, w_t, lse, p0.w, WZ, NULL, NULL);
+                if constexpr (DN == 2) {
+                    if (crank == 0 && gt == 0) {
+                        float ai, bi;
+                        finish_row_w(a, dn, i, bad, w_t, lse, p0.w, WZ, &ai, &bi);
+                        fa += (double)ai;
+                        fb += (double)bi;
+                    }
+                } else {
+                    if (crank == 0 && gt == 0) finish_row_w(a, dn, i, bad, w_t, lse, p0.w, WZ, NULL, NULL);
+                }
                 c = a.reduction != FL_REDUCTION_NONE ? make_coef_g(a, dn, ga0, gb0, t, bad, w_t, lse)
                                                      : make_coef_v(a, dn, G, t, bad, w_t, lse);
             }
@@ -1839,6 +1849,36 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
             }
             if (has_x) drow[ex] = from_float<T>(ignored ? 0.0f : grad_elem<F>(a, c, zval<F>(a, xs, ex), ex));
         }
+        if constexpr (DN == 2) {
+            // the MEAN folded in (FUSEDLOSS_CE_PIPE_DN_FOLD=1): each cluster's rank 0 stores its rows' sums in
+            // the stats region (unused by this kernel), the last to take a ticket adds them in cluster order
+            // and writes the loss, so no reduce kernel runs. The ticket (workspace byte 64) was zeroed by
+            // ce_ticket_kernel, this kernel's PDL primary: griddepcontrol.wait before touching it.
+            // Deterministic: a fixed grid adds fixed row sets in a fixed order.
+            if (crank == 0 && gt < 32) {
+                double* fp = (double*)a.stats;   // [ngrp][2]
+                unsigned last = 0u;
+                if (gt == 0) {
+                    fp[2 * row0] = fa;
+                    fp[2 * row0 + 1] = fb;
+                    __threadfence();   // why: the sums visible before the ticket that counts them
+                    pdl_wait();
+                    last = atomicAdd((unsigned*)(a.hdr + 8), 1u) == (unsigned)ngrp - 1u;
+                }
+                last = __shfl_sync(0xffffffffu, last, 0);
+                if (last) {
+                    __threadfence();   // why: every other cluster's sums (fenced before its ticket) seen
+                    double sa = 0.0, sb = 0.0;
+                    for (int64_t k = lane; k < ngrp; k += 32) { sa += __ldcg(fp + 2 * k); sb += __ldcg(fp + 2 * k + 1); }
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1) {
+                        sa += __shfl_xor_sync(0xffffffffu, sa, o);
+                        sb += __shfl_xor_sync(0xffffffffu, sb, o);
+                    }
+                    if (lane == 0) a.loss[0] = (float)(sa / dn.Dw + (a.zeta > 0.0f ? sb / dn.Dn : 0.0));
+                }
+            }
+        }
     }
     // every partial sent to this CTA has landed (waited above), but its own st.async to the others
     // may still be in flight: no CTA exits before all have passed their last exchange
@@ -1846,6 +1886,14 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
 #else
     __trap();  // chosen only on sm_90+
 #endif
+}
+
+// FUSEDLOSS_CE_PIPE_DN_FOLD: zeroes the ticket of ce_pipe_kernel<..., DN = 2> (workspace byte 64), which is
+// launched right after it with PDL and waits for it only before taking the ticket. One warp: it fits beside
+// a pipe CTA on any SM (the one-CTA setup kernel did not).
+__global__ void __launch_bounds__(32) ce_ticket_kernel(CeArgs a) {
+    pdl_trigger();
+    if (threadIdx.x == 0) *(unsigned*)(a.hdr + 8) = 0u;
 }
 
 // D_w and D_n of MEAN over the whole batch, summed by one CTA of 1024 threads in a fixed order
@@ -2035,7 +2083,7 @@ __global__ void __launch_bounds__(32) ce_reduce_final_kernel(CeArgs a, const dou
 // kernels are no-ops when a kernel is launched without the PDL attribute (the default).
 struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync;
                int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_maxcs, pipe_cs, pipe_ring, pdl,
-               plain_st, two_stage_rows, pdl_chain, pipe_nbar, pipe_tmap, pipe_dn, pipe_dn_rows; };
+               plain_st, two_stage_rows, pdl_chain, pipe_nbar, pipe_tmap, pipe_dn, pipe_dn_rows, pipe_dn_fold; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -2083,6 +2131,8 @@ static const Knobs* knobs(void) {
         // its denominators in every CTA instead of after a setup kernel (see ce_pipe_kernel)
         n.pipe_dn = env_int("FUSEDLOSS_CE_PIPE_DN", 0) != 0;
         n.pipe_dn_rows = env_int("FUSEDLOSS_CE_PIPE_DN_ROWS", 16384);
+        // with DN, the MEAN folded into the pipe kernel too (session 27, not yet measured): no reduce kernel
+        n.pipe_dn_fold = env_int("FUSEDLOSS_CE_PIPE_DN_FOLD", 0) != 0;
         if (n.pipe_sub < -1 || n.pipe_sub > 64) n.pipe_sub = -1;
         if (n.pipe_slack < -1 || n.pipe_slack > 200) n.pipe_slack = -1;
         if (n.pipe_maxcs < 0 || n.pipe_maxcs > TMA_MAX_CLUSTER) n.pipe_maxcs = 0;
@@ -2514,7 +2564,7 @@ static void pipe_threads_for(int F, const Config& c, int* T, int* Ts) {
     *Ts = s;
 }
 
-template <typename T, int F, bool PST, bool NB = false, bool TM = false, bool DN = false>
+template <typename T, int F, bool PST, bool NB = false, bool TM = false, int DN = 0>
 static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
     *done = 0;
     FlTmaps tm;
@@ -2536,9 +2586,14 @@ static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t
     const int64_t G = a.N < n ? a.N : n;
     cfg.gridDim = dim3((unsigned)(G * c.pcs), 1, 1);
     set_cluster(&cfg, &attr[0], (unsigned)c.pcs);
-    if (c.pdl) {  // only right after this call's setup kernel (see ce_pipe_kernel)
+    if (c.pdl || DN == 2) {  // only right after this call's setup (or, DN 2, ticket) kernel: see ce_pipe_kernel
         set_pdl(&attr[1]);
         cfg.numAttrs = 2;
+    }
+    if constexpr (DN == 2) {
+        ce_ticket_kernel<<<1, 32, 0, s>>>(a);
+        e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
     }
     cfg.blockDim = dim3((unsigned)T_, 1, 1);
     cfg.dynamicSmemBytes = c.psmem;
@@ -2550,9 +2605,13 @@ static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t
 // ring mode (a row's chunk in several slots): default-cached gradient stores (see store_vec)
 template <typename T, int F>
 static cudaError_t launch_pipe(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
-    if (c.dnf) {   // (ce_launch: only with the tensor-map copies, psub % 8 == 0, no NB)
-        if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, false, true, true>(a, c, s, done);
-        return launch_pipe_st<T, F, false, false, true, true>(a, c, s, done);
+    if (c.dnf == 2) {   // (ce_launch: only with the tensor-map copies, psub % 8 == 0, no NB)
+        if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, false, true, 2>(a, c, s, done);
+        return launch_pipe_st<T, F, false, false, true, 2>(a, c, s, done);
+    }
+    if (c.dnf) {
+        if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, false, true, 1>(a, c, s, done);
+        return launch_pipe_st<T, F, false, false, true, 1>(a, c, s, done);
     }
     if (knobs()->pipe_tmap && c.psub % 8 == 0) {  // the tensor-map copies (racecheck: see cluster.cuh)
         if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, false, true>(a, c, s, done);
@@ -2662,6 +2721,13 @@ static cudaError_t launch_main(const CeArgs& a, const Config& c, cudaStream_t s)
         if (c.dnf) {   // the pipe kernel that was to count the denominators did not run: the setup instead
             e = launch_setup(a, 0, s);
             if (e != cudaSuccess) return e;
+        }
+        if (c.dnf == 2) {   // nor was it to reduce the loss: the other kernels, then the reduce (ce_launch skips it)
+            Config c2 = c;
+            c2.pipe = 0;
+            c2.dnf = 0;
+            e = launch_main<T, PASS, F>(a, c2, s);
+            return e != cudaSuccess ? e : launch_reduce(a, 0, 0, s);
         }
     }
     if (c.tma) {
@@ -2857,6 +2923,7 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
     const int flags = ce_flags(p);
     Config none_cfg = {};
     none_cfg.C = 1;
+    int folded = 0;   // the pipe kernel (or launch_main's fallback) reduced the loss
 
     // small reduced problems on sm_90: one launch does everything (see ce_small_kernel)
     if (!chunk && d.cc_major >= 9 && reduced && pass != PASS_BACKWARD && N <= small_max_rows() &&
@@ -2889,6 +2956,9 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
         const Knobs* kn = knobs();
         c.dnf = needs_setup && pass == PASS_FUSED && mean && !p.weight && c.pipe && kn->pipe_dn &&
                 N <= kn->pipe_dn_rows && kn->pipe_tmap && c.psub % 8 == 0;
+        // _DN_FOLD=1: that kernel also reduces the loss (dnf 2; no reduce kernel, a one-warp ticket kernel before it)
+        if (c.dnf && !chunk && kn->pipe_dn_fold && d.cc_major >= 9) c.dnf = 2;
+        folded = c.dnf == 2;
         if (needs_setup && !c.dnf) FL_CUDA_TRY(launch_setup(a, d.cc_major >= 9 && kn->pdl, stream));
         c.pdl = needs_setup && !c.dnf && kn->pdl;
         // the streaming kernel for the forward; the backward stays on the chunk kernels (64-thread
@@ -2903,7 +2973,7 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
     } else if (needs_setup) {
         FL_CUDA_TRY(launch_setup(a, d.cc_major >= 9 && knobs()->pdl, stream));
     }
-    if (!chunk && reduced && pass != PASS_BACKWARD)
+    if (!chunk && reduced && pass != PASS_BACKWARD && !folded)
         FL_CUDA_TRY(launch_reduce(a, mean && !needs_setup, d.cc_major >= 9 && knobs()->pdl, stream));
     return FL_OK;
 }
