@@ -14,7 +14,7 @@
 #   test-knobs the CUDA grid (--no-big) with the kernel choice forced by FUSEDLOSS_CE_TMA* knobs
 #   sanitize   compute-sanitizer memcheck (--small --stride 2), racecheck (--small --stride 6),
 #              memcheck with the staged kernel forced (--small --stride 3), racecheck of the refilled ring,
-#              memcheck / racecheck with FUSEDLOSS_CE_PIPE_DN=1 _DN_FOLD=1 (--small --stride 4 / 8)
+#              memcheck / racecheck with FUSEDLOSS_CE_PIPE_DN=0 (--small --stride 4 / 8)
 #   bench      build/bench_cross_entropy --csv bench/results/<date>-h200.csv (copied to $OUT)
 #   bench-ab   the benchmark on the headline shapes once per BENCH_AB variant (knob settings)
 #   peers      python3 bench/bench_peers.py --out $OUT/peers-<date>.json
@@ -209,7 +209,7 @@ fi
 # chunks (clusters of up to 16 CTAs on the test shapes, staged backward) and the sm_90 staged
 # kernel off (the chunked two-pass path that sm_80 and fallbacks use).
 if want test-knobs && have build/test_cross_entropy_cuda test-knobs; then
-    run_step test-knobs 240 '
+    run_step test-knobs 300 '
         rc=0
         echo "### FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_BWD=1"
         FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=2 FUSEDLOSS_CE_TMA_BWD=1 build/test_cross_entropy_cuda --no-big || rc=1
@@ -230,12 +230,14 @@ if want test-knobs && have build/test_cross_entropy_cuda test-knobs; then
         FUSEDLOSS_CE_PIPE_THREADS=800 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PDL=0 (graph capture without programmatic dependent launch)"
         FUSEDLOSS_CE_PDL=0 build/test_cross_entropy_cuda --filter graph || rc=1
-        echo "### FUSEDLOSS_CE_PIPE_DN=1 (s26: an unweighted fused MEAN counts its denominators in the pipe kernel, no setup kernel), default plans, then slots refilled"
-        FUSEDLOSS_CE_PIPE_DN=1 build/test_cross_entropy_cuda --no-big || rc=1
-        FUSEDLOSS_CE_PIPE_DN=1 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
-        echo "### FUSEDLOSS_CE_PIPE_DN=1 FUSEDLOSS_CE_PIPE_DN_FOLD=1 (s27: the MEAN reduced in the pipe kernel too, no reduce kernel), default plans, then slots refilled"
-        FUSEDLOSS_CE_PIPE_DN=1 FUSEDLOSS_CE_PIPE_DN_FOLD=1 build/test_cross_entropy_cuda --no-big || rc=1
-        FUSEDLOSS_CE_PIPE_DN=1 FUSEDLOSS_CE_PIPE_DN_FOLD=1 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_PIPE_DN_FOLD=0 (s26 DN alone: denominators counted in the pipe kernel, then the reduce kernel), default plans, then slots refilled"
+        FUSEDLOSS_CE_PIPE_DN_FOLD=0 build/test_cross_entropy_cuda --no-big || rc=1
+        FUSEDLOSS_CE_PIPE_DN_FOLD=0 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_PIPE_DN=0 (the setup and reduce kernels around the pipe kernel, as before s27), default plans, then slots refilled"
+        FUSEDLOSS_CE_PIPE_DN=0 build/test_cross_entropy_cuda --no-big || rc=1
+        FUSEDLOSS_CE_PIPE_DN=0 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### DN + FOLD (the default since s27) with its slots refilled"
+        FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PLAIN_ST=0 (evict-first gradient stores in the ring / staged kernels too)"
         FUSEDLOSS_CE_PLAIN_ST=0 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PIPE=0 FUSEDLOSS_CE_TMA_KB=8 FUSEDLOSS_CE_TMA_NSUB=1 FUSEDLOSS_CE_TMA_FWD=1 FUSEDLOSS_CE_TMA_BWD=1 FUSEDLOSS_CE_TMA_THREADS=128"
@@ -283,10 +285,10 @@ if want sanitize && have build/test_cross_entropy_cuda sanitize; then
                 --error-exitcode 99 build/test_cross_entropy_cuda --small --stride 24 || rc5=$?
             echo "### racecheck-refills exit $rc5"
             rc6=0
-            echo "### memcheck and racecheck, the denominators counted and the MEAN reduced in the pipe kernel (FUSEDLOSS_CE_PIPE_DN=1 _DN_FOLD=1, s26-s27)"
-            FUSEDLOSS_CE_PIPE_DN=1 FUSEDLOSS_CE_PIPE_DN_FOLD=1 timeout 60 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 \
+            echo "### memcheck and racecheck, the setup and reduce kernels around the pipe kernel (FUSEDLOSS_CE_PIPE_DN=0: before s27; DN + FOLD is the default above)"
+            FUSEDLOSS_CE_PIPE_DN=0 timeout 60 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 \
                 build/test_cross_entropy_cuda --small --stride 4 || rc6=$?
-            FUSEDLOSS_CE_PIPE_DN=1 FUSEDLOSS_CE_PIPE_DN_FOLD=1 timeout 45 "$SANITIZER" --tool racecheck --print-limit 20 --error-exitcode 99 \
+            FUSEDLOSS_CE_PIPE_DN=0 timeout 45 "$SANITIZER" --tool racecheck --print-limit 20 --error-exitcode 99 \
                 build/test_cross_entropy_cuda --small --stride 8 || rc6=$?
             echo "### sanitize-dn exit $rc6"
             [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ] && [ $rc4 -eq 0 ] && [ $rc5 -eq 0 ] && [ $rc6 -eq 0 ]
@@ -522,7 +524,7 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                 FUSEDLOSS_TGT_WARP=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
             fi
             if [ "$t" = test_softmax_focal_cuda ]; then   # the position kernels at 1 / 2 / 4 positions a thread (default 1 fp32, 2 16-bit), 256-thread CTAs (default 128), a float a position (POS_MODE=0; warp tiles since s24), no PDL, int labels read by the kernel (POS_CODES=0; label bytes from the count since s24), the PM 4 default of a fused MEAN (s26: the count summed and the loss reduced in the kernel) against PM 2 (POS_EARLY=0) and PM 3 (POS_FOLD=0, with and without PDL), the codes kernel at two label groups a thread (CODES_U=2), 32-thread CTAs (more ticket groups than the threads of a CTA)
-                for kv in "FUSEDLOSS_FOCAL_PV=1" "FUSEDLOSS_FOCAL_PV=2" "FUSEDLOSS_FOCAL_PV=4" "FUSEDLOSS_FOCAL_POS_THREADS=256" "FUSEDLOSS_FOCAL_POS_MODE=0" "FUSEDLOSS_FOCAL_POS_PDL=0" "FUSEDLOSS_FOCAL_POS_CODES=0" "FUSEDLOSS_FOCAL_POS_EARLY=0" "FUSEDLOSS_FOCAL_POS_FOLD=0" "FUSEDLOSS_FOCAL_POS_FOLD=0 FUSEDLOSS_FOCAL_POS_PDL=0" "FUSEDLOSS_FOCAL_CODES_U=2" "FUSEDLOSS_FOCAL_POS_THREADS=32"; do
+                for kv in "FUSEDLOSS_FOCAL_PV=1" "FUSEDLOSS_FOCAL_PV=2" "FUSEDLOSS_FOCAL_PV=4" "FUSEDLOSS_FOCAL_POS_THREADS=256" "FUSEDLOSS_FOCAL_POS_MODE=0" "FUSEDLOSS_FOCAL_POS_PDL=0" "FUSEDLOSS_FOCAL_POS_CODES=0" "FUSEDLOSS_FOCAL_POS_EARLY=0" "FUSEDLOSS_FOCAL_POS_FOLD=1" "FUSEDLOSS_FOCAL_POS_FOLD=1 FUSEDLOSS_FOCAL_POS_PDL=0" "FUSEDLOSS_FOCAL_CODES_U=2" "FUSEDLOSS_FOCAL_POS_THREADS=32"; do
                     echo "### $kv $t --small"
                     env $kv timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 done

@@ -1738,11 +1738,11 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
         const int gt = tid - Ts, n = ngw * 32, lane = tid & 31;
         Denoms dn;
         if constexpr (DN) {
-            // DN (FUSEDLOSS_CE_PIPE_DN=1; host: an unweighted fused MEAN, launched without a setup kernel
-            // and without PDL): the group counts the batch's non-ignored targets itself (the same integer
-            // in every CTA, D_w = D_n, exact in a double), while the first rows' copies are in flight; CTA 0
-            // stores them in hdr for the reduce kernel. Why: the one-CTA setup kernel (1024 threads) held
-            // one SM's registers, so one of the one-a-SM pipe CTAs started only after it.
+            // DN (FUSEDLOSS_CE_PIPE_DN, default since s27; host: an unweighted fused MEAN, launched without a setup
+            // kernel, and with PDL only after DN 2's ticket kernel): the group counts the batch's non-ignored
+            // targets itself (the same integer in every CTA, D_w = D_n, exact in a double), while the first rows'
+            // copies are in flight; CTA 0 stores them in hdr for the reduce kernel (DN 1). Why: the one-CTA setup
+            // kernel (1024 threads) held one SM's registers, so one of the one-a-SM pipe CTAs started only after it.
             const int64_t ig = a.ignore_index;
             unsigned long long cnt = 0;
             int64_t i = gt;
@@ -1850,8 +1850,8 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
             if (has_x) drow[ex] = from_float<T>(ignored ? 0.0f : grad_elem<F>(a, c, zval<F>(a, xs, ex), ex));
         }
         if constexpr (DN == 2) {
-            // the MEAN folded in (FUSEDLOSS_CE_PIPE_DN_FOLD=1): each cluster's rank 0 stores its rows' sums in
-            // the stats region (unused by this kernel), the last to take a ticket adds them in cluster order
+            // the MEAN folded in (FUSEDLOSS_CE_PIPE_DN_FOLD, default since s27): each cluster's rank 0 stores its
+            // rows' sums in the stats region (unused by this kernel), the last to take a ticket adds them in cluster order
             // and writes the loss, so no reduce kernel runs. The ticket (workspace byte 64) was zeroed by
             // ce_ticket_kernel, this kernel's PDL primary: griddepcontrol.wait before touching it.
             // Deterministic: a fixed grid adds fixed row sets in a fixed order.
@@ -1888,7 +1888,7 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
 #endif
 }
 
-// FUSEDLOSS_CE_PIPE_DN_FOLD: zeroes the ticket of ce_pipe_kernel<..., DN = 2> (workspace byte 64), which is
+// FUSEDLOSS_CE_PIPE_DN_FOLD (default): zeroes the ticket of ce_pipe_kernel<..., DN = 2> (workspace byte 64), which is
 // launched right after it with PDL and waits for it only before taking the ticket. One warp: it fits beside
 // a pipe CTA on any SM (the one-CTA setup kernel did not).
 __global__ void __launch_bounds__(32) ce_ticket_kernel(CeArgs a) {
@@ -2127,12 +2127,14 @@ static const Knobs* knobs(void) {
         // ce_pipe_kernel's TM, by default since s21 (H100 run 1: racecheck-clean refills, the same speed);
         // _NBAR=1 takes the raw copies (NB and TM are not combined)
         n.pipe_tmap = !n.pipe_nbar && env_int("FUSEDLOSS_CE_PIPE_TMAP", 1) != 0;
-        // ce_pipe_kernel's DN (session 26, not yet measured): an unweighted fused MEAN of <= _DN_ROWS rows counts
-        // its denominators in every CTA instead of after a setup kernel (see ce_pipe_kernel)
-        n.pipe_dn = env_int("FUSEDLOSS_CE_PIPE_DN", 0) != 0;
+        // ce_pipe_kernel's DN (s26; default since s27): an unweighted fused MEAN of <= _DN_ROWS rows counts its
+        // denominators in every CTA instead of after a setup kernel (see ce_pipe_kernel), and with _DN_FOLD
+        // (s27, default) also reduces the loss (no reduce kernel). H200 s27 run 1, fused x floor, two
+        // alternations, off / DN / DN + FOLD: 2048x32000 f16 1.34 / 1.32 / 1.30-1.31, 4096x50257 f32 1.20 /
+        // 1.19 / 1.18, 8192x128256 bf16 1.10 / 1.10 / 1.08
+        n.pipe_dn = env_int("FUSEDLOSS_CE_PIPE_DN", 1) != 0;
         n.pipe_dn_rows = env_int("FUSEDLOSS_CE_PIPE_DN_ROWS", 16384);
-        // with DN, the MEAN folded into the pipe kernel too (session 27, not yet measured): no reduce kernel
-        n.pipe_dn_fold = env_int("FUSEDLOSS_CE_PIPE_DN_FOLD", 0) != 0;
+        n.pipe_dn_fold = env_int("FUSEDLOSS_CE_PIPE_DN_FOLD", 1) != 0;
         if (n.pipe_sub < -1 || n.pipe_sub > 64) n.pipe_sub = -1;
         if (n.pipe_slack < -1 || n.pipe_slack > 200) n.pipe_slack = -1;
         if (n.pipe_maxcs < 0 || n.pipe_maxcs > TMA_MAX_CLUSTER) n.pipe_maxcs = 0;
@@ -2951,12 +2953,12 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
         }
         c.sms = d.sms;
         pipe_plan(pass, d.cc_major, V, (int)fl__dtype_size(dt), flags, &c);
-        // ce_pipe_kernel's DN (FUSEDLOSS_CE_PIPE_DN=1): an unweighted fused MEAN's denominators counted in the
+        // ce_pipe_kernel's DN (FUSEDLOSS_CE_PIPE_DN, default): an unweighted fused MEAN's denominators counted in the
         // pipe kernel itself, no setup kernel (launch_main runs the setup if the pipe kernel does not run)
         const Knobs* kn = knobs();
         c.dnf = needs_setup && pass == PASS_FUSED && mean && !p.weight && c.pipe && kn->pipe_dn &&
                 N <= kn->pipe_dn_rows && kn->pipe_tmap && c.psub % 8 == 0;
-        // _DN_FOLD=1: that kernel also reduces the loss (dnf 2; no reduce kernel, a one-warp ticket kernel before it)
+        // _DN_FOLD (default): that kernel also reduces the loss (dnf 2; no reduce kernel, a one-warp ticket kernel before it)
         if (c.dnf && !chunk && kn->pipe_dn_fold && d.cc_major >= 9) c.dnf = 2;
         folded = c.dnf == 2;
         if (needs_setup && !c.dnf) FL_CUDA_TRY(launch_setup(a, d.cc_major >= 9 && kn->pdl, stream));
