@@ -694,13 +694,13 @@ __device__ __forceinline__ void pv_store(T* p, const float (&f)[PV]) {
 // H100 s24 run 5, focal NCHW fp32 MEAN step in GPU time: 0.272 -> 0.264 ms (1.29 -> 1.25x), twice.
 #define TGT_CODE_BAD 126u   // a label out of [0, C) that is not ignore_index (C <= 64 here)
 #define TGT_CODE_IGN 127u   // ignore_index
-// PM 3 (a fused MEAN with FUSEDLOSS_FOCAL_POS_FOLD=0; session 25): PM 2 without rp_count_final. The codes
+// PM 3 (a fused MEAN's default; session 25, the default since s27): PM 2 without rp_count_final. The codes
 // kernel triggers its dependents at its top, so this kernel's CTAs become resident while it runs; each
 // prefetches its first positions' class lines into L2, waits (griddepcontrol.wait: the codes kernel
 // complete and its writes visible), and its warp 0 sums the count's parts itself (the fixed ranges of
 // rp_red_blocks(P), integers: the same D in every CTA); CTA 0 stores D for the loss reduction. One
 // launch and its gap fewer, and the first tile's loads under the codes kernel.
-// PM 4 (a fused MEAN's default since s26; FUSEDLOSS_FOCAL_POS_FOLD=0: PM 3, POS_EARLY=0: PM 2): PM 3 with
+// PM 4 (FUSEDLOSS_FOCAL_POS_FOLD=1; the default in s26 only, slower on the H200; POS_EARLY=0: PM 2): PM 3 with
 // the loss reduction folded in (no rp_reduce_kernel / rp_reduce_final, two launches and their gaps fewer).
 // Each warp adds its tiles' double sums in its loop's order, each CTA its warps' in warp order into a
 // double part; the last CTA of each group of blockDim CTAs (a ticket a group) adds the group's parts in a
@@ -1196,10 +1196,12 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     if (pm == 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_CODES", 1) == 1) pm = 2;
     // PM 3 (fused; FUSEDLOSS_FOCAL_POS_EARLY=0 off): PM 2 with the count summed in the position kernel
     if (pm == 2 && fused && rp_env_flag("FUSEDLOSS_FOCAL_POS_EARLY", 1) == 1) pm = 3;
-    // PM 4 (a fused MEAN's default since s26; FUSEDLOSS_FOCAL_POS_FOLD=0: PM 3): the loss reduction in the
-    // position kernel. H100 s26 run 1, focal NCHW 8x19x512x1024 fp32 step in GPU time, two alternations:
-    // PM 2 0.269 / 0.269 ms, PM 3 0.266 / 0.266, PM 4 0.264 / 0.263 (1.26 -> 1.24x)
-    if (pm == 3 && loss && rp_env_flag("FUSEDLOSS_FOCAL_POS_FOLD", 1) == 1) pm = 4;
+    // PM 4 (FUSEDLOSS_FOCAL_POS_FOLD=1; the default in s26 only): the loss reduction in the position kernel.
+    // H100 s26 run 1, focal NCHW 8x19x512x1024 fp32 step in GPU time, two alternations: PM 2 0.269 / 0.269 ms,
+    // PM 3 0.266 / 0.266, PM 4 0.264 / 0.263. But on the H200 (s27 run 1, five alternations) PM 4 lost:
+    // 0.203-0.206 ms against PM 3's 0.198-0.202, its position kernel 184 us against 174 (the per-CTA ticket
+    // and its fence, which waits for the CTA's gradient stores, in ~4 k short CTAs). PM 3 is the default again.
+    if (pm == 3 && loss && rp_env_flag("FUSEDLOSS_FOCAL_POS_FOLD", 0) == 1) pm = 4;
     const bool pdl = pm >= 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_PDL", 1) != 0;
     // PM >= 2: the codes kernel is launched right before the position kernel (below), once the grid, and so
     // PM 4's number of tickets, is known
@@ -1243,7 +1245,11 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         threads = t;
         resident = resident * RP_THREADS / t;   // the same threads in flight (rp_resident counts 256-thread CTAs)
         grid = (n / pv + t - 1) / t;   // pv divides n (d % pv == 0)
-        if (grid > 8 * resident) grid = 8 * resident;
+        // at most 8 waves of resident CTAs; FUSEDLOSS_FOCAL_POS_WAVES (1..64, s27 A/B) sets the 8: fewer, longer
+        // CTAs take fewer of PM 4's per-CTA tickets and fences
+        int64_t waves = rp_env_i64("FUSEDLOSS_FOCAL_POS_WAVES", 8);
+        if (waves < 1 || waves > 64) waves = 8;
+        if (grid > waves * resident) grid = waves * resident;
     } else {
         grid = (n + RP_THREADS - 1) / RP_THREADS;
         if (grid > 8 * resident) grid = 8 * resident;
