@@ -1851,9 +1851,9 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
         }
         if constexpr (DN == 2) {
             // the MEAN folded in (FUSEDLOSS_CE_PIPE_DN_FOLD, default since s27): each cluster's rank 0 stores its
-            // rows' sums in the stats region (unused by this kernel), the last to take a ticket adds them in cluster order
-            // and writes the loss, so no reduce kernel runs. The ticket (workspace byte 64) was zeroed by
-            // ce_ticket_kernel, this kernel's PDL primary: griddepcontrol.wait before touching it.
+            // rows' sums in the stats region (unused by this kernel), the last to take a ticket adds them in
+            // cluster order and writes the loss, so no reduce kernel runs. The ticket (workspace byte 64) was
+            // zeroed by ce_ticket_kernel, this kernel's PDL primary: griddepcontrol.wait before touching it.
             // Deterministic: a fixed grid adds fixed row sets in a fixed order.
             if (crank == 0 && gt < 32) {
                 double* fp = (double*)a.stats;   // [ngrp][2]
@@ -1869,7 +1869,10 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
                 if (last) {
                     __threadfence();   // why: every other cluster's sums (fenced before its ticket) seen
                     double sa = 0.0, sb = 0.0;
-                    for (int64_t k = lane; k < ngrp; k += 32) { sa += __ldcg(fp + 2 * k); sb += __ldcg(fp + 2 * k + 1); }
+                    for (int64_t k = lane; k < ngrp; k += 32) {
+                        sa += __ldcg(fp + 2 * k);
+                        sb += __ldcg(fp + 2 * k + 1);
+                    }
 #pragma unroll
                     for (int o = 16; o > 0; o >>= 1) {
                         sa += __shfl_xor_sync(0xffffffffu, sa, o);
@@ -1888,9 +1891,9 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
 #endif
 }
 
-// FUSEDLOSS_CE_PIPE_DN_FOLD (default): zeroes the ticket of ce_pipe_kernel<..., DN = 2> (workspace byte 64), which is
-// launched right after it with PDL and waits for it only before taking the ticket. One warp: it fits beside
-// a pipe CTA on any SM (the one-CTA setup kernel did not).
+// FUSEDLOSS_CE_PIPE_DN_FOLD (default): zeroes the ticket of ce_pipe_kernel<..., DN = 2> (workspace byte 64),
+// which is launched right after it with PDL and waits for it only before taking the ticket. One warp: it fits
+// beside a pipe CTA on any SM (the one-CTA setup kernel did not).
 __global__ void __launch_bounds__(32) ce_ticket_kernel(CeArgs a) {
     pdl_trigger();
     if (threadIdx.x == 0) *(unsigned*)(a.hdr + 8) = 0u;
@@ -2958,7 +2961,8 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
         const Knobs* kn = knobs();
         c.dnf = needs_setup && pass == PASS_FUSED && mean && !p.weight && c.pipe && kn->pipe_dn &&
                 N <= kn->pipe_dn_rows && kn->pipe_tmap && c.psub % 8 == 0;
-        // _DN_FOLD (default): that kernel also reduces the loss (dnf 2; no reduce kernel, a one-warp ticket kernel before it)
+        // _DN_FOLD (default): that kernel also reduces the loss (dnf 2; no reduce kernel, a one-warp ticket kernel
+        // before it)
         if (c.dnf && !chunk && kn->pipe_dn_fold && d.cc_major >= 9) c.dnf = 2;
         folded = c.dnf == 2;
         if (needs_setup && !c.dnf) FL_CUDA_TRY(launch_setup(a, d.cc_major >= 9 && kn->pdl, stream));
