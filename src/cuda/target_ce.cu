@@ -1245,13 +1245,7 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         threads = t;
         resident = resident * RP_THREADS / t;   // the same threads in flight (rp_resident counts 256-thread CTAs)
         grid = (n / pv + t - 1) / t;   // pv divides n (d % pv == 0)
-        // at most 8 waves of resident CTAs; FUSEDLOSS_FOCAL_POS_WAVES (1..64) sets the 8. Fewer, longer CTAs (and
-        // so fewer of PM 4's per-CTA tickets and fences) lost on the H100 (s27 run 2, focal NCHW fp32 graph step,
-        // three alternations, waves 8 / 2 / 1: PM 3 0.265 / 0.273-0.274 / 0.275 ms, PM 4 0.263-0.268 / 0.273 /
-        // 0.272-0.273): the 8 stays
-        int64_t waves = rp_env_i64("FUSEDLOSS_FOCAL_POS_WAVES", 8);
-        if (waves < 1 || waves > 64) waves = 8;
-        if (grid > waves * resident) grid = waves * resident;
+        if (grid > 8 * resident) grid = 8 * resident;   // (s27 run 2: 2 or 1 waves of longer CTAs lost, PM 3 and 4)
     } else {
         grid = (n + RP_THREADS - 1) / RP_THREADS;
         if (grid > 8 * resident) grid = 8 * resident;
