@@ -721,14 +721,30 @@ __device__ __forceinline__ double tgt_cta_sum(double v, double* sw) {   // fixed
 template <typename T, int CMAX, int PV, bool FUSED, int PM = 0>
 __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
     constexpr bool TILES = PM >= 1, CODES = PM >= 2, EARLY = PM >= 3, FOLD = PM == 4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr bool DEFER = PM == 5;   // (mbarrier.try_wait: sm_90; below, PM 5 runs as PM 3)
+#else
+    constexpr bool DEFER = false;
+#endif
     if constexpr (TILES && !EARLY) pdl_wait();   // launched with PDL after a MEAN's count (a no-op otherwise)
     const int64_t P = a.nrows, d = a.d, G = P / PV;   // P, d multiples of PV (host)
     const int C = (int)a.V;
     const bool small = P <= (int64_t)0xFFFFFFFF && d <= (int64_t)0xFFFFFFFF;
     float gred = FUSED && !a.none && !EARLY ? tgt_grad(a, 0) : 0.0f;
     float den = 0.0f;   // EARLY: the count D (FOLD's mean)
+    const float* den_p = nullptr;   // DEFER: the count in shared memory, ready once *bar_p completes its phase 0
+    uint64_t* bar_p = nullptr;
+    float up = 0.0f;                // DEFER: the upstream gradient, loaded with the tile
+    bool first = true;              // DEFER: gred not yet formed
     if constexpr (EARLY) {
         __shared__ float s_den;
+        if constexpr (DEFER) {
+            __shared__ __align__(8) uint64_t s_bar;
+            if (threadIdx.x == 0) mbar_init(&s_bar, 1u);
+            __syncthreads();   // why: the barrier initialised before warp 0 arrives or any thread waits
+            bar_p = &s_bar;
+            den_p = &s_den;
+        }
         const int64_t g0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
         if (g0 < G) {
             const int64_t pos = g0 * PV, n0 = pos / d;
@@ -746,11 +762,16 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
             if (threadIdx.x == 0) {
                 s_den = (float)s;
                 if (!FOLD && blockIdx.x == 0) *(float*)a.Ddev = (float)s;   // the workspace's D (rp_reduce_final)
+                if constexpr (DEFER) mbar_arrive(bar_p);   // release: s_den visible to the waiters
             }
         }
-        __syncthreads();   // why: s_den from warp 0
-        gred = tgt_upstream(a, 0) / s_den;
-        den = s_den;
+        if constexpr (DEFER) {
+            up = tgt_upstream(a, 0);
+        } else {
+            __syncthreads();   // why: s_den from warp 0
+            gred = tgt_upstream(a, 0) / s_den;
+            den = s_den;
+        }
     }
     const float k2 = RP_LOG2E;
     double wacc = 0.0;   // FOLD: lane 0's sum of its warp's tiles
@@ -836,6 +857,16 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
                 for (int j = 0; j < PV; j++) S[j] += fexp2(fmaf(v[c][j], k2, -mu[j]));
             }
             float gA[PV], gB[PV], L2[PV], fill[PV];
+            if constexpr (DEFER) {
+                // PM 5: the count's wait here, at the first tile's gradient, not before its loads: warps 1.. issue
+                // the tile's class loads while warp 0 sums the count's parts (PM 3 held every warp of each of
+                // the ~5 k CTAs at a __syncthreads behind that L2 round trip)
+                if (first) {
+                    mbar_wait(bar_p, 0u);
+                    gred = up / *den_p;
+                    first = false;
+                }
+            }
 #pragma unroll
             for (int j = 0; j < PV; j++) {
                 float lse, A, B, l2, lj;
@@ -952,17 +983,36 @@ __device__ __forceinline__ void tgt_code_acc(int64_t y, int64_t ignore, int64_t 
 // session 25): int64 labels, two 4-label groups a thread loaded before either is coded (64 instead of 32
 // bytes a thread in flight; 2 CTAs of 512 an SM hold ~32 KB in flight at U 1, about what the H200's
 // per-SM share of HBM needs at ~1 us of loaded latency). Integers: the same count and codes either way.
-template <bool TRIGGER = false, bool U2 = false>
+// PF (FUSEDLOSS_FOCAL_CODES_PF=1, session 28): the CTA's whole label range asked of L2 at its top, in 16 KB bulk
+// prefetches (cp.async.bulk.prefetch.L2, sm_90), because the loop below has ONE load group a thread in flight:
+// its code store may alias the next iteration's labels, so the SASS waits for each LDG.128 pair before the
+// next (8 round trips a thread at 4.2M int64 labels; the kernel ran 14 us for 37.7 MB, 1.6x its floor, H200
+// s25-s27 profiles). With the range in flight from the start the loop's loads meet lines already in L2 or on
+// their way. Integers: the same codes and count either way.
+template <bool TRIGGER = false, bool U2 = false, bool PF = false>
 static __global__ void __launch_bounds__(TGT_CODES_T) tgt_codes_kernel(const void* labels, int lab64, int64_t ignore, int64_t C,
                                                                 int64_t n, unsigned char* codes, long long* part,
                                                                 unsigned* tk, int ntk) {
     if constexpr (TRIGGER) {
         pdl_trigger();
-        if (blockIdx.x == 0)   // PM 4: the position kernel's tickets (read after its pdl_wait)
+        if (blockIdx.x == 0)   // PM 4: the position kernel's tickets (read after its pdl_wait); PM 3 + RED1:
+            // rp_reduce1's ticket
             for (int k = (int)threadIdx.x; k < ntk; k += TGT_CODES_T) tk[k] = 0u;
     }
     const int64_t per = ((n + gridDim.x - 1) / gridDim.x + 3) & ~(int64_t)3, lo = (int64_t)blockIdx.x * per;
     const int64_t hi = lo + per < n ? lo + per : n;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (PF) {
+        if (((uintptr_t)labels & 15u) == 0 && lo < hi) {   // lo is a multiple of 4 labels: 16-byte aligned
+            const int64_t es = lab64 ? 8 : 4, bytes = ((hi - lo) * es) & ~(int64_t)15;
+            const char* base = (const char*)labels + lo * es;
+            for (int64_t off = (int64_t)threadIdx.x * 16384; off < bytes; off += (int64_t)TGT_CODES_T * 16384) {
+                const uint32_t sz = (uint32_t)(bytes - off < 16384 ? bytes - off : 16384);
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + off), "r"(sz) : "memory");
+            }
+        }
+    }
+#endif
     long long c = 0;
     int64_t i0 = lo;
     if (((uintptr_t)labels & 15u) == 0 && lo < hi) {
@@ -1052,6 +1102,7 @@ static tk_fn pick_reg_pm(int64_t C, bool fused, int pv) {
 }
 template <typename T>
 static tk_fn pick_reg_t(int64_t C, bool fused, int pv, int pm) {
+    if (pm == 5) return pick_reg_pm<T, 5>(C, fused, pv);
     if (pm == 4) return pick_reg_pm<T, 4>(C, fused, pv);
     if (pm == 3) return pick_reg_pm<T, 3>(C, fused, pv);
     if (pm == 2) return pick_reg_pm<T, 2>(C, fused, pv);
@@ -1108,7 +1159,7 @@ static tk_fn pick_warp(fl_dtype dt, int mode, bool fused, int64_t C) {
         default: return pick_warp_t<__nv_bfloat16>(mode, fused, C);
     }
 }
-static int g_occ[3][2][2][2][4][5];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV), PM
+static int g_occ[3][2][2][2][4][6];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV), PM
 
 template <typename T>
 static const void* pick_staged_t(int mode, bool fused) {
@@ -1202,7 +1253,17 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     // 0.203-0.206 ms against PM 3's 0.198-0.202, its position kernel 184 us against 174 (the per-CTA ticket
     // and its fence, which waits for the CTA's gradient stores, in ~4 k short CTAs). PM 3 is the default again.
     if (pm == 3 && loss && rp_env_flag("FUSEDLOSS_FOCAL_POS_FOLD", 0) == 1) pm = 4;
+    // PM 5 (FUSEDLOSS_FOCAL_POS_DEFER=1, session 28): PM 3 with the count's CTA barrier moved from before the tile
+    // loop to the first tile's gradient (an mbarrier warp 0 arrives on once D is summed), so each CTA's first
+    // loads do not wait for that L2 round trip (sm_90; PM 3 below)
+    if (pm == 3 && rp_env_flag("FUSEDLOSS_FOCAL_POS_DEFER", 0) == 1) pm = 5;
     const bool pdl = pm >= 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_PDL", 1) != 0;
+    // RED1 (FUSEDLOSS_FOCAL_RED1=1, session 28; PM 3 with PDL): the loss's two reduction kernels as one
+    // (rowpass.cuh: rp_reduce1, a last-CTA ticket at workspace byte 32 that the codes kernel's TRIGGER twin
+    // zeroes), launched with PDL behind the position kernel: one launch and its gap fewer, and no fence in the
+    // position kernel's ~4 k CTAs (PM 4's cost on the H200)
+    const bool red1 = (pm == 3 || pm == 5) && pdl && loss && !none && rp_env_flag("FUSEDLOSS_FOCAL_RED1", 0) == 1;
+    unsigned* tk1 = (unsigned*)(ws + 32);
     // PM >= 2: the codes kernel is launched right before the position kernel (below), once the grid, and so
     // PM 4's number of tickets, is known
     if (pm < 2 && red == FL_REDUCTION_MEAN) FL_CUDA_TRY(rp_count(a.tg, a.lab64, a.ignore, n, a.part, Dslot, stream, pdl));
@@ -1261,12 +1322,15 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     cfg.numAttrs = pdl ? 1 : 0;   // with PDL: after a MEAN's count (pdl above)
     if (pm >= 2) {   // codes in the counter region (8 bytes a position; the position kernels do not use it)
         // the TRIGGER twin for PM 3 with PDL and always for PM 4, whose ng + 1 tickets (FOLD) it zeroes
-        const int nb = rp_red_blocks(n), ntk = pm == 4 ? (int)((grid + threads - 1) / threads) + 1 : 0;
-        const bool trig = pm == 4 || (pm == 3 && pdl), u2 = rp_env_i64("FUSEDLOSS_FOCAL_CODES_U", 1) == 2;
-        auto kc = trig ? (u2 ? tgt_codes_kernel<true, true> : tgt_codes_kernel<true, false>)
-                       : (u2 ? tgt_codes_kernel<false, true> : tgt_codes_kernel<false, false>);
+        const int nb = rp_red_blocks(n), ntk = pm == 4 ? (int)((grid + threads - 1) / threads) + 1 : red1 ? 1 : 0;
+        const bool trig = pm == 4 || ((pm == 3 || pm == 5) && pdl), u2 = rp_env_i64("FUSEDLOSS_FOCAL_CODES_U", 1) == 2;
+        const bool pf = rp_env_flag("FUSEDLOSS_FOCAL_CODES_PF", 0) == 1;
+        auto kc = pf ? (trig ? (u2 ? tgt_codes_kernel<true, true, true> : tgt_codes_kernel<true, false, true>)
+                             : (u2 ? tgt_codes_kernel<false, true, true> : tgt_codes_kernel<false, false, true>))
+                     : (trig ? (u2 ? tgt_codes_kernel<true, true> : tgt_codes_kernel<true, false>)
+                             : (u2 ? tgt_codes_kernel<false, true> : tgt_codes_kernel<false, false>));
         kc<<<nb, TGT_CODES_T, 0, stream>>>(a.tg, a.lab64, a.ignore, a.V, n, (unsigned char*)a.cnt, (long long*)a.part,
-                                           pm == 4 ? (unsigned*)a.rowloss : nullptr, ntk);
+                                           pm == 4 ? (unsigned*)a.rowloss : red1 ? tk1 : nullptr, ntk);
         if (pm == 2) FL_CUDA_TRY(rp_count_finish(a.part, nb, Dslot, stream, pdl));
         else FL_CUDA_TRY(cudaGetLastError());   // PM 3 / 4: the codes kernel's launch (no count kernel checks it)
     }
@@ -1274,7 +1338,8 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     FL_CUDA_TRY(cudaLaunchKernelEx(&cfg, kfn, a));
     if (pm != 4 && !none && loss) {   // PM >= 1: one partial a warp tile of 32 pv positions
         const int64_t nred = pm >= 1 ? (n / pv + 31) / 32 : n;
-        FL_CUDA_TRY(rp_reduce(a.rowloss, nred, a.part, a.Ddev, 1.0f, loss, stream));
+        if (red1) FL_CUDA_TRY(rp_reduce1(a.rowloss, nred, a.part, a.Ddev, 1.0f, loss, tk1, stream));
+        else FL_CUDA_TRY(rp_reduce(a.rowloss, nred, a.part, a.Ddev, 1.0f, loss, stream));
     }
     return FL_OK;
 }
