@@ -62,6 +62,7 @@ struct TArgs {
     float gscale;
     int easy, straight, cosface;
     int lab64, none;
+    int pftiles;       // focal PM 5: tiles a thread prefetches before the codes kernel ends
 };
 
 // phi and phi' of the margin (header section 11); x = the target cosine
@@ -721,32 +722,27 @@ __device__ __forceinline__ double tgt_cta_sum(double v, double* sw) {   // fixed
 template <typename T, int CMAX, int PV, bool FUSED, int PM = 0>
 __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
     constexpr bool TILES = PM >= 1, CODES = PM >= 2, EARLY = PM >= 3, FOLD = PM == 4;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr bool DEFER = PM == 5;   // (mbarrier.try_wait: sm_90; below, PM 5 runs as PM 3)
-#else
-    constexpr bool DEFER = false;
-#endif
     if constexpr (TILES && !EARLY) pdl_wait();   // launched with PDL after a MEAN's count (a no-op otherwise)
     const int64_t P = a.nrows, d = a.d, G = P / PV;   // P, d multiples of PV (host)
     const int C = (int)a.V;
     const bool small = P <= (int64_t)0xFFFFFFFF && d <= (int64_t)0xFFFFFFFF;
     float gred = FUSED && !a.none && !EARLY ? tgt_grad(a, 0) : 0.0f;
     float den = 0.0f;   // EARLY: the count D (FOLD's mean)
-    const float* den_p = nullptr;   // DEFER: the count in shared memory, ready once *bar_p completes its phase 0
-    uint64_t* bar_p = nullptr;
-    float up = 0.0f;                // DEFER: the upstream gradient, loaded with the tile
-    bool first = true;              // DEFER: gred not yet formed
     if constexpr (EARLY) {
         __shared__ float s_den;
-        if constexpr (DEFER) {
-            __shared__ __align__(8) uint64_t s_bar;
-            if (threadIdx.x == 0) mbar_init(&s_bar, 1u);
-            __syncthreads();   // why: the barrier initialised before warp 0 arrives or any thread waits
-            bar_p = &s_bar;
-            den_p = &s_den;
-        }
         const int64_t g0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-        if (g0 < G) {
+        if constexpr (PM == 5) {
+            // PM 5 (FUSEDLOSS_FOCAL_POS_PF_TILES=k, session 28): the first k tiles of this thread's loop asked of L2,
+            // not only the first: the CTAs resident beside the codes kernel (4 an SM at fp32 C 24) have that
+            // kernel's ~14 us to fetch while it reads only 37.7 MB (H200: ~60 MB of bandwidth in that time)
+            const int64_t gs = (int64_t)gridDim.x * blockDim.x;
+            int64_t g = g0;
+            for (int t = 0; t < a.pftiles && g < G; t++, g += gs) {
+                const int64_t pos = g * PV, n0 = pos / d;
+                const T* xp = (const T*)a.x + n0 * a.ld + (pos - n0 * d);
+                for (int c = 0; c < C; c++) asm volatile("prefetch.global.L2 [%0];" ::"l"(xp + (int64_t)c * d));
+            }
+        } else if (g0 < G) {
             const int64_t pos = g0 * PV, n0 = pos / d;
             const T* xp = (const T*)a.x + n0 * a.ld + (pos - n0 * d);
             for (int c = 0; c < C; c++) asm volatile("prefetch.global.L2 [%0];" ::"l"(xp + (int64_t)c * d));
@@ -762,16 +758,11 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
             if (threadIdx.x == 0) {
                 s_den = (float)s;
                 if (!FOLD && blockIdx.x == 0) *(float*)a.Ddev = (float)s;   // the workspace's D (rp_reduce_final)
-                if constexpr (DEFER) mbar_arrive(bar_p);   // release: s_den visible to the waiters
             }
         }
-        if constexpr (DEFER) {
-            up = tgt_upstream(a, 0);
-        } else {
-            __syncthreads();   // why: s_den from warp 0
-            gred = tgt_upstream(a, 0) / s_den;
-            den = s_den;
-        }
+        __syncthreads();   // why: s_den from warp 0
+        gred = tgt_upstream(a, 0) / s_den;
+        den = s_den;
     }
     const float k2 = RP_LOG2E;
     double wacc = 0.0;   // FOLD: lane 0's sum of its warp's tiles
@@ -857,16 +848,6 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
                 for (int j = 0; j < PV; j++) S[j] += fexp2(fmaf(v[c][j], k2, -mu[j]));
             }
             float gA[PV], gB[PV], L2[PV], fill[PV];
-            if constexpr (DEFER) {
-                // PM 5: the count's wait here, at the first tile's gradient, not before its loads: warps 1.. issue
-                // the tile's class loads while warp 0 sums the count's parts (PM 3 held every warp of each of
-                // the ~5 k CTAs at a __syncthreads behind that L2 round trip)
-                if (first) {
-                    mbar_wait(bar_p, 0u);
-                    gred = up / *den_p;
-                    first = false;
-                }
-            }
 #pragma unroll
             for (int j = 0; j < PV; j++) {
                 float lse, A, B, l2, lj;
@@ -983,13 +964,7 @@ __device__ __forceinline__ void tgt_code_acc(int64_t y, int64_t ignore, int64_t 
 // session 25): int64 labels, two 4-label groups a thread loaded before either is coded (64 instead of 32
 // bytes a thread in flight; 2 CTAs of 512 an SM hold ~32 KB in flight at U 1, about what the H200's
 // per-SM share of HBM needs at ~1 us of loaded latency). Integers: the same count and codes either way.
-// PF (FUSEDLOSS_FOCAL_CODES_PF=1, session 28): the CTA's whole label range asked of L2 at its top, in 16 KB bulk
-// prefetches (cp.async.bulk.prefetch.L2, sm_90), because the loop below has ONE load group a thread in flight:
-// its code store may alias the next iteration's labels, so the SASS waits for each LDG.128 pair before the
-// next (8 round trips a thread at 4.2M int64 labels; the kernel ran 14 us for 37.7 MB, 1.6x its floor, H200
-// s25-s27 profiles). With the range in flight from the start the loop's loads meet lines already in L2 or on
-// their way. Integers: the same codes and count either way.
-template <bool TRIGGER = false, bool U2 = false, bool PF = false>
+template <bool TRIGGER = false, bool U2 = false>
 static __global__ void __launch_bounds__(TGT_CODES_T) tgt_codes_kernel(const void* labels, int lab64, int64_t ignore, int64_t C,
                                                                 int64_t n, unsigned char* codes, long long* part,
                                                                 unsigned* tk, int ntk) {
@@ -1001,18 +976,6 @@ static __global__ void __launch_bounds__(TGT_CODES_T) tgt_codes_kernel(const voi
     }
     const int64_t per = ((n + gridDim.x - 1) / gridDim.x + 3) & ~(int64_t)3, lo = (int64_t)blockIdx.x * per;
     const int64_t hi = lo + per < n ? lo + per : n;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (PF) {
-        if (((uintptr_t)labels & 15u) == 0 && lo < hi) {   // lo is a multiple of 4 labels: 16-byte aligned
-            const int64_t es = lab64 ? 8 : 4, bytes = ((hi - lo) * es) & ~(int64_t)15;
-            const char* base = (const char*)labels + lo * es;
-            for (int64_t off = (int64_t)threadIdx.x * 16384; off < bytes; off += (int64_t)TGT_CODES_T * 16384) {
-                const uint32_t sz = (uint32_t)(bytes - off < 16384 ? bytes - off : 16384);
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + off), "r"(sz) : "memory");
-            }
-        }
-    }
-#endif
     long long c = 0;
     int64_t i0 = lo;
     if (((uintptr_t)labels & 15u) == 0 && lo < hi) {
@@ -1253,10 +1216,12 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     // 0.203-0.206 ms against PM 3's 0.198-0.202, its position kernel 184 us against 174 (the per-CTA ticket
     // and its fence, which waits for the CTA's gradient stores, in ~4 k short CTAs). PM 3 is the default again.
     if (pm == 3 && loss && rp_env_flag("FUSEDLOSS_FOCAL_POS_FOLD", 0) == 1) pm = 4;
-    // PM 5 (FUSEDLOSS_FOCAL_POS_DEFER=1, session 28): PM 3 with the count's CTA barrier moved from before the tile
-    // loop to the first tile's gradient (an mbarrier warp 0 arrives on once D is summed), so each CTA's first
-    // loads do not wait for that L2 round trip (sm_90; PM 3 below)
-    if (pm == 3 && rp_env_flag("FUSEDLOSS_FOCAL_POS_DEFER", 0) == 1) pm = 5;
+    // PM 5 (FUSEDLOSS_FOCAL_POS_PF_TILES=k >= 2, session 28): PM 3 with the first k tiles of each thread prefetched
+    // (see the kernel). (s28 run 1, H100: PM 3 with its CTA barrier on D deferred to the first tile's gradient
+    // through an mbarrier lost, position kernel 234 -> 244 us, step 0.262-0.264 -> 0.265-0.269 ms; removed.)
+    const int pft = (int)rp_env_i64("FUSEDLOSS_FOCAL_POS_PF_TILES", 1);
+    if (pm == 3 && pft >= 2) pm = 5;
+    a.pftiles = pft;
     const bool pdl = pm >= 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_PDL", 1) != 0;
     // RED1 (FUSEDLOSS_FOCAL_RED1=1, session 28; PM 3 with PDL): the loss's two reduction kernels as one
     // (rowpass.cuh: rp_reduce1, a last-CTA ticket at workspace byte 32 that the codes kernel's TRIGGER twin
@@ -1324,11 +1289,10 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         // the TRIGGER twin for PM 3 with PDL and always for PM 4, whose ng + 1 tickets (FOLD) it zeroes
         const int nb = rp_red_blocks(n), ntk = pm == 4 ? (int)((grid + threads - 1) / threads) + 1 : red1 ? 1 : 0;
         const bool trig = pm == 4 || ((pm == 3 || pm == 5) && pdl), u2 = rp_env_i64("FUSEDLOSS_FOCAL_CODES_U", 1) == 2;
-        const bool pf = rp_env_flag("FUSEDLOSS_FOCAL_CODES_PF", 0) == 1;
-        auto kc = pf ? (trig ? (u2 ? tgt_codes_kernel<true, true, true> : tgt_codes_kernel<true, false, true>)
-                             : (u2 ? tgt_codes_kernel<false, true, true> : tgt_codes_kernel<false, false, true>))
-                     : (trig ? (u2 ? tgt_codes_kernel<true, true> : tgt_codes_kernel<true, false>)
-                             : (u2 ? tgt_codes_kernel<false, true> : tgt_codes_kernel<false, false>));
+        // (s28 run 1, H100: the codes kernel's label range bulk-prefetched into L2 at its top, 16 KB pieces, LOST:
+        // 18 -> 23 us, step 0.262-0.264 -> 0.269-0.270 ms; removed)
+        auto kc = trig ? (u2 ? tgt_codes_kernel<true, true> : tgt_codes_kernel<true, false>)
+                       : (u2 ? tgt_codes_kernel<false, true> : tgt_codes_kernel<false, false>);
         kc<<<nb, TGT_CODES_T, 0, stream>>>(a.tg, a.lab64, a.ignore, a.V, n, (unsigned char*)a.cnt, (long long*)a.part,
                                            pm == 4 ? (unsigned*)a.rowloss : red1 ? tk1 : nullptr, ntk);
         if (pm == 2) FL_CUDA_TRY(rp_count_finish(a.part, nb, Dslot, stream, pdl));
