@@ -62,7 +62,6 @@ struct TArgs {
     float gscale;
     int easy, straight, cosface;
     int lab64, none;
-    int pftiles;       // focal PM 5: tiles a thread prefetches before the codes kernel ends
 };
 
 // phi and phi' of the margin (header section 11); x = the target cosine
@@ -731,18 +730,7 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
     if constexpr (EARLY) {
         __shared__ float s_den;
         const int64_t g0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-        if constexpr (PM == 5) {
-            // PM 5 (FUSEDLOSS_FOCAL_POS_PF_TILES=k, session 28): the first k tiles of this thread's loop asked of L2,
-            // not only the first: the CTAs resident beside the codes kernel (4 an SM at fp32 C 24) have that
-            // kernel's ~14 us to fetch while it reads only 37.7 MB (H200: ~60 MB of bandwidth in that time)
-            const int64_t gs = (int64_t)gridDim.x * blockDim.x;
-            int64_t g = g0;
-            for (int t = 0; t < a.pftiles && g < G; t++, g += gs) {
-                const int64_t pos = g * PV, n0 = pos / d;
-                const T* xp = (const T*)a.x + n0 * a.ld + (pos - n0 * d);
-                for (int c = 0; c < C; c++) asm volatile("prefetch.global.L2 [%0];" ::"l"(xp + (int64_t)c * d));
-            }
-        } else if (g0 < G) {
+        if (g0 < G) {
             const int64_t pos = g0 * PV, n0 = pos / d;
             const T* xp = (const T*)a.x + n0 * a.ld + (pos - n0 * d);
             for (int c = 0; c < C; c++) asm volatile("prefetch.global.L2 [%0];" ::"l"(xp + (int64_t)c * d));
@@ -1065,7 +1053,6 @@ static tk_fn pick_reg_pm(int64_t C, bool fused, int pv) {
 }
 template <typename T>
 static tk_fn pick_reg_t(int64_t C, bool fused, int pv, int pm) {
-    if (pm == 5) return pick_reg_pm<T, 5>(C, fused, pv);
     if (pm == 4) return pick_reg_pm<T, 4>(C, fused, pv);
     if (pm == 3) return pick_reg_pm<T, 3>(C, fused, pv);
     if (pm == 2) return pick_reg_pm<T, 2>(C, fused, pv);
@@ -1122,7 +1109,7 @@ static tk_fn pick_warp(fl_dtype dt, int mode, bool fused, int64_t C) {
         default: return pick_warp_t<__nv_bfloat16>(mode, fused, C);
     }
 }
-static int g_occ[3][2][2][2][4][6];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV), PM
+static int g_occ[3][2][2][2][4][5];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV), PM
 
 template <typename T>
 static const void* pick_staged_t(int mode, bool fused) {
@@ -1216,18 +1203,16 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     // 0.203-0.206 ms against PM 3's 0.198-0.202, its position kernel 184 us against 174 (the per-CTA ticket
     // and its fence, which waits for the CTA's gradient stores, in ~4 k short CTAs). PM 3 is the default again.
     if (pm == 3 && loss && rp_env_flag("FUSEDLOSS_FOCAL_POS_FOLD", 0) == 1) pm = 4;
-    // PM 5 (FUSEDLOSS_FOCAL_POS_PF_TILES=k >= 2, session 28): PM 3 with the first k tiles of each thread prefetched
-    // (see the kernel). (s28 run 1, H100: PM 3 with its CTA barrier on D deferred to the first tile's gradient
-    // through an mbarrier lost, position kernel 234 -> 244 us, step 0.262-0.264 -> 0.265-0.269 ms; removed.)
-    const int pft = (int)rp_env_i64("FUSEDLOSS_FOCAL_POS_PF_TILES", 1);
-    if (pm == 3 && pft >= 2) pm = 5;
-    a.pftiles = pft;
+    // (s28, H100 runs 1-2, three tries at the step's last us, all lost and removed: PM 3 with its CTA barrier on D
+    // deferred to the first tile's gradient through an mbarrier, position kernel 234 -> 244 us, step 0.262-0.264 ->
+    // 0.265-0.269 ms; the first k tiles of each thread prefetched into L2 under the codes kernel, k = 2 / 3 / 4:
+    // 0.273-0.279 / 0.305 / 0.324-0.327 ms; the codes kernel's label range bulk-prefetched, codes 18 -> 23 us.)
     const bool pdl = pm >= 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_PDL", 1) != 0;
     // RED1 (FUSEDLOSS_FOCAL_RED1=1, session 28; PM 3 with PDL): the loss's two reduction kernels as one
     // (rowpass.cuh: rp_reduce1, a last-CTA ticket at workspace byte 32 that the codes kernel's TRIGGER twin
     // zeroes), launched with PDL behind the position kernel: one launch and its gap fewer, and no fence in the
     // position kernel's ~4 k CTAs (PM 4's cost on the H200)
-    const bool red1 = (pm == 3 || pm == 5) && pdl && loss && !none && rp_env_flag("FUSEDLOSS_FOCAL_RED1", 0) == 1;
+    const bool red1 = pm == 3 && pdl && loss && !none && rp_env_flag("FUSEDLOSS_FOCAL_RED1", 0) == 1;
     unsigned* tk1 = (unsigned*)(ws + 32);
     // PM >= 2: the codes kernel is launched right before the position kernel (below), once the grid, and so
     // PM 4's number of tickets, is known
@@ -1288,9 +1273,7 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     if (pm >= 2) {   // codes in the counter region (8 bytes a position; the position kernels do not use it)
         // the TRIGGER twin for PM 3 with PDL and always for PM 4, whose ng + 1 tickets (FOLD) it zeroes
         const int nb = rp_red_blocks(n), ntk = pm == 4 ? (int)((grid + threads - 1) / threads) + 1 : red1 ? 1 : 0;
-        const bool trig = pm == 4 || ((pm == 3 || pm == 5) && pdl), u2 = rp_env_i64("FUSEDLOSS_FOCAL_CODES_U", 1) == 2;
-        // (s28 run 1, H100: the codes kernel's label range bulk-prefetched into L2 at its top, 16 KB pieces, LOST:
-        // 18 -> 23 us, step 0.262-0.264 -> 0.269-0.270 ms; removed)
+        const bool trig = pm == 4 || (pm == 3 && pdl), u2 = rp_env_i64("FUSEDLOSS_FOCAL_CODES_U", 1) == 2;
         auto kc = trig ? (u2 ? tgt_codes_kernel<true, true> : tgt_codes_kernel<true, false>)
                        : (u2 ? tgt_codes_kernel<false, true> : tgt_codes_kernel<false, false>);
         kc<<<nb, TGT_CODES_T, 0, stream>>>(a.tg, a.lab64, a.ignore, a.V, n, (unsigned char*)a.cnt, (long long*)a.part,
