@@ -22,7 +22,6 @@
 #include <stdlib.h>
 
 #include "../internal.h"
-#include "cluster.cuh"   // pdl_wait, set_pdl (rp_reduce1)
 #include "common.cuh"
 
 #define RP_THREADS 256
@@ -286,7 +285,7 @@ static __global__ void __launch_bounds__(32) rp_count_final(const long long* par
 // stage 1 of SUM / MEAN / BATCHMEAN: part[b] = the double sum of rowloss over block b's range
 // (ranges of a multiple of 4, float4 loads when rowloss is 16-byte aligned, as rp_count_kernel; the
 // order of the sum is fixed by n alone, whatever the alignment)
-__device__ __forceinline__ double rp_reduce_range(const float* rowloss, int64_t n) {   // valid in thread 0
+static __global__ void __launch_bounds__(1024) rp_reduce_kernel(const float* rowloss, int64_t n, double* part) {
     const int64_t per = ((n + gridDim.x - 1) / gridDim.x + 3) & ~(int64_t)3, lo = (int64_t)blockIdx.x * per;
     const int64_t hi = lo + per < n ? lo + per : n;
     double s = 0.0;
@@ -305,10 +304,7 @@ __device__ __forceinline__ double rp_reduce_range(const float* rowloss, int64_t 
             for (int j = 0; j < 4; j++) s += (double)rowloss[lo + 4 * g + j];
     }
     for (int64_t i = lo + 4 * nq + threadIdx.x; i < hi; i += 1024) s += (double)rowloss[i];
-    return rp_block_sum<double, 1024>(s);
-}
-static __global__ void __launch_bounds__(1024) rp_reduce_kernel(const float* rowloss, int64_t n, double* part) {
-    const double s = rp_reduce_range(rowloss, n);
+    s = rp_block_sum<double, 1024>(s);
     if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 // loss[0] = sum of part[] / D (D from Ddev when non-NULL, else Dhost; D == 0: NaN)
@@ -317,35 +313,6 @@ static __global__ void __launch_bounds__(32) rp_reduce_final(const double* part,
     if (threadIdx.x == 0) {
         double tot = 0.0;
         for (int k = 0; k < nb; k++) tot += part[k];
-        const double D = Ddev ? (double)*Ddev : (double)Dhost;
-        loss[0] = D == 0.0 ? NAN : (float)(tot / D);
-    }
-}
-
-// rp_reduce's two stages in ONE launch (session 28; target_ce.cu's focal PM 3 with FUSEDLOSS_FOCAL_RED1): each CTA
-// stores its range's part, fences and takes a ticket; the last adds the parts (one a thread, rp_block_sum's fixed
-// tree: deterministic, not rp_reduce_final's serial order) and writes loss[0] as rp_reduce_final does. The ticket
-// must be 0 at launch (an earlier kernel of the stream zeroes it: the focal codes kernel). Launched with PDL:
-// griddepcontrol.wait first, so it may start while the kernel that writes rowloss drains.
-// (a template so that only the translation units that launch it compile it)
-template <int U = 0>
-static __global__ void __launch_bounds__(1024) rp_reduce1_kernel(const float* rowloss, int64_t n, double* part,
-                                                                const float* Ddev, float Dhost, float* loss,
-                                                                unsigned* ticket) {
-    __shared__ int s_last;
-    pdl_wait();
-    const double s = rp_reduce_range(rowloss, n);
-    if (threadIdx.x == 0) {
-        part[blockIdx.x] = s;
-        __threadfence();   // why: the part visible before the ticket that counts it
-        s_last = atomicAdd(ticket, 1u) == gridDim.x - 1u;
-    }
-    __syncthreads();   // why: s_last; rp_block_sum's shared words read by thread 0 above before reuse below
-    if (!s_last) return;
-    __threadfence();   // why: every other CTA's part (fenced before its ticket) seen
-    const double v = threadIdx.x < gridDim.x ? __ldcg(part + threadIdx.x) : 0.0;   // gridDim.x <= RP_RED_MAX
-    const double tot = rp_block_sum<double, 1024>(v);
-    if (threadIdx.x == 0) {
         const double D = Ddev ? (double)*Ddev : (double)Dhost;
         loss[0] = D == 0.0 ? NAN : (float)(tot / D);
     }
@@ -370,20 +337,6 @@ static inline cudaError_t rp_reduce(const float* rowloss, int64_t n, void* scrat
     if (n > 0) rp_reduce_kernel<<<nb, 1024, 0, stream>>>(rowloss, n, (double*)scratch);
     rp_reduce_final<<<1, 32, 0, stream>>>((const double*)scratch, n > 0 ? nb : 0, Ddev, Dhost, loss);
     return cudaGetLastError();
-}
-
-// rp_reduce1_kernel (n > 0; *ticket zeroed earlier in the stream), launched with PDL behind the previous kernel
-static inline cudaError_t rp_reduce1(const float* rowloss, int64_t n, void* scratch, const float* Ddev, float Dhost,
-                                     float* loss, unsigned* ticket, cudaStream_t stream) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)rp_red_blocks(n), 1, 1);
-    cfg.blockDim = dim3(1024, 1, 1);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr;
-    set_pdl(&attr);
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, rp_reduce1_kernel<0>, rowloss, n, (double*)scratch, Ddev, Dhost, loss, ticket);
 }
 
 // ---- the row losses of sections 14-15 (taylor_ce.cu, large_margin_ce.cu): one host plan --------------
