@@ -1315,6 +1315,13 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         threads = t;
         resident = resident * RP_THREADS / t;   // the same threads in flight (rp_resident counts 256-thread CTAs)
         grid = (n / pv + t - 1) / t;   // pv divides n (d % pv == 0)
+        if (pm == 6) {   // PM 6's two-tile pipeline fills only in long loops: FUSEDLOSS_FOCAL_POS_WAVES (x resident CTAs)
+            // or FUSEDLOSS_FOCAL_POS_GRID (a grid that divides the tiles: no last partial round) cap it
+            // (s28 run 4, H100: at 8 waves, ~3 tiles a thread, PM 6 lost, 0.275-0.279 vs 0.265-0.266 ms)
+            const int64_t w = rp_env_i64("FUSEDLOSS_FOCAL_POS_WAVES", 8), fg = rp_env_i64("FUSEDLOSS_FOCAL_POS_GRID", 0);
+            if (grid > w * resident) grid = w * resident;
+            if (fg > 0 && grid > fg) grid = fg;
+        }
         if (grid > 8 * resident) grid = 8 * resident;   // (s27 run 2: 2 or 1 waves of longer CTAs lost, PM 3 and 4)
     } else {
         grid = (n + RP_THREADS - 1) / RP_THREADS;
