@@ -718,62 +718,19 @@ __device__ __forceinline__ double tgt_cta_sum(double v, double* sw) {   // fixed
         for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += sw[w];
     return s;
 }
-// PM 6 (FUSEDLOSS_FOCAL_POS_ASYNC=1, session 28; fp32, PV 1, C <= 32, 128-thread CTAs): PM 3 with each thread's
-// class values staged through shared memory by cp.async, two tiles ahead: the tile after next is issued at the end
-// of each iteration (its stage's values are in registers by then), so at every wait two tiles of a thread are in
-// flight instead of one, at the same registers and occupancy. Why: the position kernel runs 1.10x its share of
-// the floor on the H100 but ~1.20x on the H200, where ~1.4x the bandwidth with the same SMs and latency needs more
-// bytes in flight an SM than 8 CTAs x 128 threads x 19 loads of one tile give (s25-s27 profiles); PV 2 (more
-// loads a thread) paid for them in registers (92) and occupancy and lost (s14). The first two tiles are issued
-// before griddepcontrol.wait (the logits are complete before the codes kernel starts), into shared memory
-// instead of s25's L2 prefetch. Each thread reads back only what it copied itself (no CTA barrier).
-__device__ __forceinline__ void cp_async4(float* sdst, const float* gsrc) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(sdst)), "l"(gsrc) : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_wait1() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
-#endif
-}
-#define TGT_ASYNC_T 128
 template <typename T, int CMAX, int PV, bool FUSED, int PM = 0>
 __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
     constexpr bool TILES = PM >= 1, CODES = PM >= 2, EARLY = PM >= 3, FOLD = PM == 4;
-    constexpr bool ASYNC = PM == 6 && sizeof(T) == 4 && PV == 1 && CMAX <= 32;
     if constexpr (TILES && !EARLY) pdl_wait();   // launched with PDL after a MEAN's count (a no-op otherwise)
     const int64_t P = a.nrows, d = a.d, G = P / PV;   // P, d multiples of PV (host)
     const int C = (int)a.V;
     const bool small = P <= (int64_t)0xFFFFFFFF && d <= (int64_t)0xFFFFFFFF;
     float gred = FUSED && !a.none && !EARLY ? tgt_grad(a, 0) : 0.0f;
     float den = 0.0f;   // EARLY: the count D (FOLD's mean)
-    float* sx = nullptr;   // ASYNC: [2][CMAX][TGT_ASYNC_T] stages of this CTA's class values
-    const int64_t gs = (int64_t)gridDim.x * blockDim.x;
-    // ASYNC: tile gg's class values of this thread into stage st (nothing past G), as one commit group
-    auto issue = [&](int64_t gg, int st) {
-        if (gg < G) {
-            const int64_t n0 = gg / d;
-            const float* src = (const float*)a.x + n0 * a.ld + (gg - n0 * d);
-            float* dst = sx + (size_t)st * CMAX * TGT_ASYNC_T + threadIdx.x;
-            for (int c = 0; c < C; c++) cp_async4(dst + c * TGT_ASYNC_T, src + (int64_t)c * d);
-        }
-        cp_async_commit();
-    };
     if constexpr (EARLY) {
         __shared__ float s_den;
         const int64_t g0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-        if constexpr (ASYNC) {
-            __shared__ __align__(16) float s_x[2 * CMAX * TGT_ASYNC_T];
-            sx = s_x;
-            issue(g0, 0);
-            issue(g0 + gs, 1);
-        } else if (g0 < G) {
+        if (g0 < G) {
             const int64_t pos = g0 * PV, n0 = pos / d;
             const T* xp = (const T*)a.x + n0 * a.ld + (pos - n0 * d);
             for (int c = 0; c < C; c++) asm volatile("prefetch.global.L2 [%0];" ::"l"(xp + (int64_t)c * d));
@@ -797,7 +754,6 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
     }
     const float k2 = RP_LOG2E;
     double wacc = 0.0;   // FOLD: lane 0's sum of its warp's tiles
-    int st = 0;   // ASYNC: this tile's stage
     for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < G; g += (int64_t)gridDim.x * blockDim.x) {
         const int64_t pos = g * PV;
         int64_t n, k;
@@ -821,15 +777,7 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
         float loss[PV];
         {
             float v[CMAX][PV];
-            if constexpr (ASYNC) {
-                cp_async_wait1();   // every group but the newest (the next tile) complete: this tile landed
-                const float* q = sx + (size_t)st * CMAX * TGT_ASYNC_T + threadIdx.x;
-#pragma unroll
-                for (int c = 0; c < CMAX; c++) {
-                    if (c >= C) break;
-                    v[c][0] = q[c * TGT_ASYNC_T];
-                }
-            } else {
+            {
                 const T* q = xp;
 #pragma unroll
                 for (int c = 0; c < CMAX; c++) {
@@ -918,10 +866,6 @@ __global__ void __launch_bounds__(RP_THREADS) tgt_pos_vec_kernel(TArgs a) {
                 for (int j = 0; j < PV; j++)   // over the sweep's 0, by the same thread
                     if (ok[j]) dp[(int64_t)yi[j] * d + j] = from_float<T>(gB[j]);
             }
-        }
-        if constexpr (ASYNC) {   // this stage's values are in registers and used: refill it two tiles ahead
-            issue(g + 2 * gs, st);
-            st ^= 1;
         }
         if (TILES && !a.none) {
             // the tile's lanes are those with g < G: lane l holds g = (g & ~31) + l (blockDim and the
@@ -1164,7 +1108,7 @@ static tk_fn pick_warp(fl_dtype dt, int mode, bool fused, int64_t C) {
         default: return pick_warp_t<__nv_bfloat16>(mode, fused, C);
     }
 }
-static int g_occ[3][2][2][2][4][7];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV), PM
+static int g_occ[3][2][2][2][4][5];   // dtype, mode, rows, fused, register kernel (0: none, 1 + log2 PV), PM
 
 template <typename T>
 static const void* pick_staged_t(int mode, bool fused) {
@@ -1258,11 +1202,14 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     // 0.203-0.206 ms against PM 3's 0.198-0.202, its position kernel 184 us against 174 (the per-CTA ticket
     // and its fence, which waits for the CTA's gradient stores, in ~4 k short CTAs). PM 3 is the default again.
     if (pm == 3 && loss && rp_env_flag("FUSEDLOSS_FOCAL_POS_FOLD", 0) == 1) pm = 4;
-    // (s28, H100 runs 1-3, four tries at the step's last us, all lost or tied and removed: PM 3 with its CTA barrier on
-    // D deferred to the first tile's gradient through an mbarrier, position kernel 234 -> 244 us, step 0.262-0.264 ->
-    // 0.265-0.269 ms; the first k tiles of each thread prefetched into L2 under the codes kernel, k = 2 / 3 / 4:
-    // 0.273-0.279 / 0.305 / 0.324-0.327 ms; the codes kernel's label range bulk-prefetched, codes 18 -> 23 us; the
-    // loss's two reduction kernels as one last-CTA ticket kernel launched with PDL: 0.262-0.265 ms in five pairs.)
+    // (s28, H100 runs 1-5, five tries at the step's last us, all lost or tied on the H100 and removed: PM 3 with its
+    // CTA barrier on D deferred to the first tile's gradient through an mbarrier, position kernel 234 -> 244 us,
+    // step 0.262-0.264 -> 0.265-0.269 ms; the first k tiles of each thread prefetched into L2 under the codes
+    // kernel, k = 2 / 3 / 4: 0.273-0.279 / 0.305 / 0.324-0.327 ms; the codes kernel's label range bulk-prefetched
+    // into L2, codes 18 -> 23 us; the loss's two reduction kernels as one last-CTA ticket kernel launched with PDL:
+    // 0.262-0.265 ms in five pairs (a tie); the class values staged through shared memory by cp.async two tiles
+    // ahead (two tiles a thread in flight at 64 registers), 0.275-0.279 ms at 8 waves and 0.281-0.286 ms with long
+    // loops (1, 2, 4 waves, a 1024-CTA grid) against 0.265-0.267. NOTES.md "Session 28".)
     const bool pdl = pm >= 1 && red == FL_REDUCTION_MEAN && rp_env_flag("FUSEDLOSS_FOCAL_POS_PDL", 1) != 0;
     // PM >= 2: the codes kernel is launched right before the position kernel (below), once the grid, and so
     // PM 4's number of tickets, is known
@@ -1285,16 +1232,7 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         return FL_OK;
     }
     const int pv = reg0 ? pos_pv(a, es, fused) : 1;
-    // PM 6 (FUSEDLOSS_FOCAL_POS_ASYNC=1, session 28): PM 3 staging each thread's class values by cp.async two tiles
-    // ahead (see the kernel); fp32 at PV 1, C <= 32, 128-thread CTAs only (else PM 3)
-    if (pm == 3 && pv == 1 && dt == FL_DTYPE_F32 && a.V <= 32 && rp_env_i64("FUSEDLOSS_FOCAL_POS_THREADS", 128) == 128 &&
-        rp_env_flag("FUSEDLOSS_FOCAL_POS_ASYNC", 0) == 1)
-        pm = 6;
-    const tk_fn kfn = pm == 6 ? (a.V <= 8 ? tgt_pos_vec_kernel<float, 8, 1, true, 6>
-                                 : a.V <= 16 ? tgt_pos_vec_kernel<float, 16, 1, true, 6>
-                                 : a.V <= 24 ? tgt_pos_vec_kernel<float, 24, 1, true, 6>
-                                             : tgt_pos_vec_kernel<float, 32, 1, true, 6>)
-                              : pick(dt, mode, rows, fused, a.V, pv, pm);
+    const tk_fn kfn = pick(dt, mode, rows, fused, a.V, pv, pm);
     const int reg = reg0 ? (pv == 4 ? 3 : pv) : 0;
     int64_t resident = 0;
     FL_CUDA_TRY(rp_resident((const void*)kfn, &g_occ[(int)dt][mode][rows][fused][reg][pm], &resident));
@@ -1315,13 +1253,6 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
         threads = t;
         resident = resident * RP_THREADS / t;   // the same threads in flight (rp_resident counts 256-thread CTAs)
         grid = (n / pv + t - 1) / t;   // pv divides n (d % pv == 0)
-        if (pm == 6) {   // PM 6's two-tile pipeline fills only in long loops: FUSEDLOSS_FOCAL_POS_WAVES (x resident CTAs)
-            // or FUSEDLOSS_FOCAL_POS_GRID (a grid that divides the tiles: no last partial round) cap it
-            // (s28 run 4, H100: at 8 waves, ~3 tiles a thread, PM 6 lost, 0.275-0.279 vs 0.265-0.266 ms)
-            const int64_t w = rp_env_i64("FUSEDLOSS_FOCAL_POS_WAVES", 8), fg = rp_env_i64("FUSEDLOSS_FOCAL_POS_GRID", 0);
-            if (grid > w * resident) grid = w * resident;
-            if (fg > 0 && grid > fg) grid = fg;
-        }
         if (grid > 8 * resident) grid = 8 * resident;   // (s27 run 2: 2 or 1 waves of longer CTAs lost, PM 3 and 4)
     } else {
         grid = (n + RP_THREADS - 1) / RP_THREADS;
@@ -1339,7 +1270,7 @@ static fl_status tgt_cuda(const char* fn, TArgs& a, int mode, bool rows, bool fu
     if (pm >= 2) {   // codes in the counter region (8 bytes a position; the position kernels do not use it)
         // the TRIGGER twin for PM 3 with PDL and always for PM 4, whose ng + 1 tickets (FOLD) it zeroes
         const int nb = rp_red_blocks(n), ntk = pm == 4 ? (int)((grid + threads - 1) / threads) + 1 : 0;
-        const bool trig = pm == 4 || ((pm == 3 || pm == 6) && pdl), u2 = rp_env_i64("FUSEDLOSS_FOCAL_CODES_U", 1) == 2;
+        const bool trig = pm == 4 || (pm == 3 && pdl), u2 = rp_env_i64("FUSEDLOSS_FOCAL_CODES_U", 1) == 2;
         auto kc = trig ? (u2 ? tgt_codes_kernel<true, true> : tgt_codes_kernel<true, false>)
                        : (u2 ? tgt_codes_kernel<false, true> : tgt_codes_kernel<false, false>);
         kc<<<nb, TGT_CODES_T, 0, stream>>>(a.tg, a.lab64, a.ignore, a.V, n, (unsigned char*)a.cnt, (long long*)a.part,
