@@ -2654,13 +2654,15 @@ static cudaError_t launch_row(const CeArgs& a, const Config& c, cudaStream_t s) 
         ce_tiny_kernel<T, PASS, F><<<(unsigned)((a.N + 255) / 256), 256, 0, s>>>(a);
         return cudaGetLastError();
     }
-    const int L = PASS == PASS_STATS ? 0 : group_lanes(c, a.N, a.V, (int)sizeof(T));
-    if (L > 0) {
-        const int R = 256 / L;  // rows per CTA
-        const dim3 block((unsigned)L, (unsigned)R, 1);
-        const unsigned grid = (unsigned)((a.N + R - 1) / R);
-        ce_row_kernel<T, 2, PASS, F><<<grid, block, 0, s>>>(a);
-        return cudaGetLastError();
+    if constexpr (PASS != PASS_STATS) {   // (a constant L = 0 there had nvcc warn of a division by zero, #39-D)
+        const int L = group_lanes(c, a.N, a.V, (int)sizeof(T));
+        if (L > 0) {
+            const int R = 256 / L;  // rows per CTA
+            const dim3 block((unsigned)L, (unsigned)R, 1);
+            const unsigned grid = (unsigned)((a.N + R - 1) / R);
+            ce_row_kernel<T, 2, PASS, F><<<grid, block, 0, s>>>(a);
+            return cudaGetLastError();
+        }
     }
     const unsigned grid = (unsigned)(a.N * c.C);
     if (c.K == 2) ce_row_kernel<T, 2, PASS, F><<<grid, c.T, 0, s>>>(a);
