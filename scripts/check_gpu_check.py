@@ -7,12 +7,15 @@ still parses (`bash -n scripts/gpu_check.sh` passes), but the step's command is 
 with "unexpected end of file". The zoo step was broken that way from session 21 to session 28 and
 nothing noticed. This script finds every run_step string (the opening quote ends its line and the
 closing quote stands alone on a later line, or both quotes are on one line), refuses any apostrophe
-inside it, and runs `bash -n` on its text. Exit status 1 on any problem.
+inside it, runs `bash -n` on its text, and checks the programs it names as check_tasks.py checks task lists
+(build/<name> and bench/ or scripts/ Python scripts exist and know each --flag given). Exit status 1 on any problem.
 
   python3 scripts/check_gpu_check.py [path]     # default scripts/gpu_check.sh
   python3 scripts/check_gpu_check.py --selftest # shows that a planted apostrophe is caught
 """
+import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -51,11 +54,53 @@ def steps(lines):
     return out
 
 
+def options(body):
+    """problems with the programs a step runs: build/<name> without a source or Makefile rule, a --flag its source
+    does not know, a bench/ or scripts/ Python script that is missing or lacks a --flag (check_tasks.py's rules,
+    line by line; names built from shell variables, such as build/$t, are not checked)"""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import check_tasks as ct
+    probs = []
+    for line in body.split("\n"):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            tokens = shlex.split(line.replace(";", " ; ").replace("|", " | "), posix=True)
+        except ValueError:
+            continue   # a quote that spans lines: not checked
+        for k, t in enumerate(tokens):
+            m = re.fullmatch(r"(?:\./)?build/([A-Za-z0-9_]+)", t)
+            if m:
+                src = ct.binary_source(m.group(1))
+                if src is None:
+                    if not re.search(rf"\b{m.group(1)}\b", ct.read(os.path.join(ct.REPO, "Makefile"))):
+                        probs.append(f"build/{m.group(1)}: no tests/ or bench/ source and no Makefile rule")
+                    continue
+                text = ct.read(src)
+                for fl in ct.flags_after(tokens, k):
+                    if not re.search(rf"(?<![\w-]){re.escape(fl)}(?![\w-])", text):
+                        probs.append(f"build/{m.group(1)} has no option {fl}")
+                continue
+            m = re.fullmatch(r"(?:\./)?((?:bench|scripts)/[A-Za-z0-9_]+\.py)", t)
+            if m and k > 0 and os.path.basename(tokens[k - 1]).startswith("python"):
+                full = os.path.join(ct.REPO, m.group(1))
+                if not os.path.exists(full):
+                    probs.append(f"{m.group(1)} does not exist")
+                    continue
+                text = ct.read(full)
+                for fl in ct.flags_after(tokens, k):
+                    if f'"{fl}"' not in text and f"'{fl}'" not in text:
+                        probs.append(f"{m.group(1)} defines no option {fl}")
+    return probs
+
+
 def check(path):
     lines = open(path).read().split("\n")
     found = steps(lines)
     bad = 0
     for name, start, body, probs in found:
+        probs.extend(options(body))
         with tempfile.NamedTemporaryFile("w", suffix=".sh") as f:
             f.write(body + "\n")
             f.flush()
@@ -80,7 +125,11 @@ def selftest():
         res = {n: p for n, _, _, p in steps(lines)}
     ok = not res["ok"] and res["broken"] and not res["one"]
     print("selftest:", "the planted apostrophe is caught" if ok else "FAILED to catch the planted apostrophe")
-    return ok
+    good = options("build/test_cross_entropy_cuda --small --stride 2")
+    planted = options("build/test_cross_entropy_cuda --no-such-flag\nbuild/no_such_program")
+    ok2 = not good and len(planted) == 2
+    print("selftest:", "the planted option and program are caught" if ok2 else f"FAILED on options: {good} {planted}")
+    return ok and ok2
 
 
 if __name__ == "__main__":
