@@ -20,6 +20,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_tasks as ct  # noqa: E402  (its program and option rules, shared)
+
 OPEN = re.compile(r"^\s*run_step\s+(\S+)\s+\S+\s+'(.*)$")
 
 
@@ -58,8 +61,6 @@ def options(body):
     """problems with the programs a step runs: build/<name> without a source or Makefile rule, a --flag its source
     does not know, a bench/ or scripts/ Python script that is missing or lacks a --flag (check_tasks.py's rules,
     line by line; names built from shell variables, such as build/$t, are not checked)"""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import check_tasks as ct
     probs = []
     for line in body.split("\n"):
         line = line.strip()
@@ -69,29 +70,7 @@ def options(body):
             tokens = shlex.split(line.replace(";", " ; ").replace("|", " | "), posix=True)
         except ValueError:
             continue   # a quote that spans lines: not checked
-        for k, t in enumerate(tokens):
-            m = re.fullmatch(r"(?:\./)?build/([A-Za-z0-9_]+)", t)
-            if m:
-                src = ct.binary_source(m.group(1))
-                if src is None:
-                    if not re.search(rf"\b{m.group(1)}\b", ct.read(os.path.join(ct.REPO, "Makefile"))):
-                        probs.append(f"build/{m.group(1)}: no tests/ or bench/ source and no Makefile rule")
-                    continue
-                text = ct.read(src)
-                for fl in ct.flags_after(tokens, k):
-                    if not re.search(rf"(?<![\w-]){re.escape(fl)}(?![\w-])", text):
-                        probs.append(f"build/{m.group(1)} has no option {fl}")
-                continue
-            m = re.fullmatch(r"(?:\./)?((?:bench|scripts)/[A-Za-z0-9_]+\.py)", t)
-            if m and k > 0 and os.path.basename(tokens[k - 1]).startswith("python"):
-                full = os.path.join(ct.REPO, m.group(1))
-                if not os.path.exists(full):
-                    probs.append(f"{m.group(1)} does not exist")
-                    continue
-                text = ct.read(full)
-                for fl in ct.flags_after(tokens, k):
-                    if f'"{fl}"' not in text and f"'{fl}'" not in text:
-                        probs.append(f"{m.group(1)} defines no option {fl}")
+        probs.extend(ct.program_problems(tokens))
     return probs
 
 

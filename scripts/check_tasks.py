@@ -82,6 +82,14 @@ def check_line(where, secs, cmd, knobs_text, problems):
     except ValueError as e:
         problems.append(f"{where}: cannot tokenise: {e}")
         return
+    problems.extend(f"{where}: {q}" for q in program_problems(tokens))
+
+
+def program_problems(tokens):
+    """problems with the programs a tokenised command runs: build/<name> without a tests/ or bench/ source or a
+    Makefile rule, a --flag its source does not mention, a bench/ or scripts/ Python script that is missing or
+    defines no such --flag (also used by check_gpu_check.py on gpu_check.sh's steps)"""
+    out = []
     for k, t in enumerate(tokens):
         m = re.fullmatch(r"(?:\./)?build/([A-Za-z0-9_]+)", t)
         if m:
@@ -89,23 +97,24 @@ def check_line(where, secs, cmd, knobs_text, problems):
             src = binary_source(name)
             if src is None:
                 if not re.search(rf"\b{name}\b", read(os.path.join(REPO, "Makefile"))):
-                    problems.append(f"{where}: build/{name}: no tests/ or bench/ source and no Makefile rule")
+                    out.append(f"build/{name}: no tests/ or bench/ source and no Makefile rule")
                 continue
             text = read(src)
             for fl in flags_after(tokens, k):
                 if not re.search(rf"(?<![\w-]){re.escape(fl)}(?![\w-])", text):
-                    problems.append(f"{where}: build/{name} has no option {fl} ({os.path.relpath(src, REPO)})")
+                    out.append(f"build/{name} has no option {fl} ({os.path.relpath(src, REPO)})")
             continue
         m = re.fullmatch(r"(?:\./)?((?:bench|scripts)/[A-Za-z0-9_]+\.py)", t)
         if m and k > 0 and os.path.basename(tokens[k - 1]).startswith("python"):
             path = os.path.join(REPO, m.group(1))
             if not os.path.exists(path):
-                problems.append(f"{where}: {m.group(1)} does not exist")
+                out.append(f"{m.group(1)} does not exist")
                 continue
             text = read(path)
             for fl in flags_after(tokens, k):
                 if f'"{fl}"' not in text and f"'{fl}'" not in text:
-                    problems.append(f"{where}: {m.group(1)} defines no option {fl}")
+                    out.append(f"{m.group(1)} defines no option {fl}")
+    return out
 
 
 def main():
