@@ -12,7 +12,7 @@
  * the forward KL (FUSEDLOSS_DISTILL_STAGED=2: the JSD too); scripts/gpu_check.sh also runs this with
  * the ring on 3 clusters, with FUSEDLOSS_DISTILL_PIPE=0 and STAGED=2 + STAGED_GRID=3 (several rows per
  * cluster), and with PIPE=0 STAGED=0, the ticket kernel everywhere). Fresh random logits (normal, scale 3, some rows with a dominant
- * teacher class and logits of +-60), outputs poisoned before every call (NaN bytes); padding columns
+ * teacher class and logits of +-60, some with a dominant student class at +60), outputs poisoned before every call (NaN bytes); padding columns
  * of dstudent must stay poisoned, of an in-place student untouched. Plus: two runs bitwise equal
  * (determinism: the ticket order varies from run to run, the merge order does not), CUDA graph
  * capture + replay bitwise equal to eager, N = 0, unsupported teacher dtype, misaligned pointers.
@@ -92,6 +92,10 @@ static int run_case(const cfg_t* c, uint64_t seed, int graph) {
             const int64_t j = tu_int_in(&r, 0, V - 1);
             tu_store(ht, c->tdt, i * ld + j, 60.0f);
             tu_store(hs, c->sdt, (int64_t)c->soff + i * ld + (V - 1 - j), -60.0f);
+        }
+        if (i % 5 == 3) {   /* a student sure of one class (the lazy-reference statistics' rebase on the student side) */
+            const int64_t j = tu_int_in(&r, 0, V - 1);
+            tu_store(hs, c->sdt, (int64_t)c->soff + i * ld + j, 60.0f);
         }
         if ((i % 7 == 4 || (N < 7 && i == N - 1)) && V >= 64)   /* masked classes (header: -inf in the same columns of both), in runs of
                                       * 32 columns: whole vectors, and every thread's first vector in some rows */

@@ -453,6 +453,81 @@ __device__ __forceinline__ void dc_acc(Stat1& st, const uint4* sb, const uint4* 
     }
 }
 
+// LZ (FUSEDLOSS_DISTILL_PIPE_LAZY=1; session 29): dc_acc<FAST> with a LAZY reference, as the CE ring's
+// statistics (cross_entropy.cu, OnlineMS). dc_acc takes the vector's maxima first (two chains of VEC - 1
+// FMNMX), raises the running maxima, and only then forms the 2 VEC exponentials against them, so every
+// exponential of a vector waits for its maxima; the sums are chains of VEC adds. Here the exponentials
+// are taken against the references st.ms / st.mt as they are, the maxima (trees) only decide whether
+// to rebase (a vector max above its reference + DC_LZ_SLACK, log2 units: then the vector is redone after
+// raise1), and the sums are trees. Terms are then at most 2^DC_LZ_SLACK (a thread sums < 2^15 of them:
+// no overflow; u: |xt - xs| would have to exceed ~1e29). mx: the exact scaled maxima (student, teacher)
+// of the thread's vectors, to which dc_lz_finish moves both accumulators at the end of the row, so that
+// the merges and the log of the sums are those of exact-max pairs (as the CE's OnlineMS::finish). The
+// first vector of a row (reference -inf) takes dc_acc itself, so a row costs no redone vector.
+#define DC_LZ_SLACK 16.0f
+template <int VEC>
+__device__ __forceinline__ float dc_tree_max(const float* x) {
+    float m[VEC / 2];
+#pragma unroll
+    for (int v = 0; v < VEC / 2; v++) m[v] = fmaxf(x[2 * v], x[2 * v + 1]);
+#pragma unroll
+    for (int w = VEC / 4; w >= 1; w >>= 1)
+#pragma unroll
+        for (int v = 0; v < w; v++) m[v] = fmaxf(m[v], m[v + w]);
+    return m[0];
+}
+template <int VEC>
+__device__ __forceinline__ float dc_tree_sum(float* x) {
+#pragma unroll
+    for (int w = VEC / 2; w >= 1; w >>= 1)
+#pragma unroll
+        for (int v = 0; v < w; v++) x[v] += x[v + w];
+    return x[0];
+}
+template <typename TS, typename TT, int MODE>
+__device__ __forceinline__ void dc_acc_lz(Stat1& st, float2& mx, const uint4* sb, const uint4* tb, int q, float k2) {
+    constexpr int VEC = RpT<TS>::VEC;
+    if (st.ms == -INFINITY || st.mt == -INFINITY) {   // the row's first vector (or masked columns so far)
+        float xs[VEC], xt[VEC];
+        dc_unpack<TS, TT>(sb, tb, q, xs, xt);
+        mx.x = fmaxf(mx.x, dc_tree_max<VEC>(xs) * k2);
+        mx.y = fmaxf(mx.y, dc_tree_max<VEC>(xt) * k2);
+        dc_acc<TS, TT, MODE, true>(st, sb, tb, q, k2);
+        return;
+    }
+    float xs[VEC], xt[VEC], es[VEC], et[VEC], su[2] = {0.0f, 0.0f};
+    dc_unpack<TS, TT>(sb, tb, q, xs, xt);
+#pragma unroll
+    for (int v = 0; v < VEC; v++) {
+        es[v] = fexp2(fmaf(xs[v], k2, -st.ms));
+        et[v] = fexp2(fmaf(xt[v], k2, -st.mt));
+    }
+    const float gs = dc_tree_max<VEC>(xs) * k2, gt = dc_tree_max<VEC>(xt) * k2;   // k2 > 0
+    mx.x = fmaxf(mx.x, gs);
+    mx.y = fmaxf(mx.y, gt);
+    if (gs > st.ms + DC_LZ_SLACK || gt > st.mt + DC_LZ_SLACK) {   // rare past the row's first vector
+        raise1<MODE, true>(st, gs, gt);
+#pragma unroll
+        for (int v = 0; v < VEC; v++) {
+            es[v] = fexp2(fmaf(xs[v], k2, -st.ms));
+            et[v] = fexp2(fmaf(xt[v], k2, -st.mt));
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < VEC; v++) {
+        if (MODE == FL__DISTILL_FKL) su[v & 1] = fmaf(et[v], xt[v] - xs[v], su[v & 1]);
+        if (MODE == FL__DISTILL_RKL) su[v & 1] = fmaf(es[v], xs[v] - xt[v], su[v & 1]);
+    }
+    st.Ss += dc_tree_sum<VEC>(es);
+    st.St += dc_tree_sum<VEC>(et);
+    st.u = fmaf(su[0] + su[1], k2, st.u);
+}
+// both accumulators of a thread to its exact maxima (raise1 moves a -inf reference too: factor 0)
+template <int MODE>
+__device__ __forceinline__ void dc_lz_finish(Stat1& st, float2 mx) {
+    raise1<MODE, true>(st, mx.x, mx.y);
+}
+
 // a row's exchanged partials [rank][2] (ms, Ss, mt, St | u), merged in rank order: the same bits in
 // every thread and CTA
 template <int MODE>
@@ -834,7 +909,7 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, b
     }
 }
 
-template <typename TS, typename TT, int MODE, bool PST, bool HD, bool NB = false, bool TM = false>
+template <typename TS, typename TT, int MODE, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false>
 __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a, int cs, int per, int nv, int sub,
                                                                           int R, int Ts,
                                                                           const __grid_constant__ FlTmaps2 tm) {
@@ -904,7 +979,11 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             const int64_t xcol = HD ? w.extra(tid) : w.t0 + tid;
             const float xs_x = has_x ? rp_sload(srow + xcol) * k2 : 0.0f, xt_x = has_x ? rp_sload(trow + xcol) * k2 : 0.0f;
             Stat1 st = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f}, st1 = st;
-            auto acc = [&](Stat1& st, const uint4* sb, const uint4* tb, int q) { dc_acc<TS, TT, MODE, true>(st, sb, tb, q, k2); };
+            float2 mx = make_float2(-INFINITY, -INFINITY);   // LZ: the thread's exact scaled maxima
+            auto acc = [&](Stat1& st, const uint4* sb, const uint4* tb, int q) {
+                if constexpr (LZ) dc_acc_lz<TS, TT, MODE>(st, mx, sb, tb, q, k2);
+                else dc_acc<TS, TT, MODE, true>(st, sb, tb, q, k2);
+            };
             // c: this thread's next vector in chunk coordinates, carried across slots (balanced shares)
             int c = tid;
             for (int j = 0; j < nsub; j++, next_pos()) {
@@ -916,6 +995,10 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 const uint4* tb = dp_ring + (size_t)s * slot_vecs + sub - (size_t)v0 * NT;
                 for (; c + Ts < hi; c += 2 * Ts) { acc(st, sb, tb, c); acc(st1, sb, tb, c + Ts); }
                 if (c < hi) { acc(st, sb, tb, c); c += Ts; }
+            }
+            if constexpr (LZ) {
+                dc_lz_finish<MODE>(st, mx);
+                dc_lz_finish<MODE>(st1, mx);
             }
             st = combine1<MODE>(st, st1);
             if (!ign && (isnan(st.Ss) || isnan(st.St) || isnan(st.u))) {
@@ -1210,33 +1293,36 @@ struct DpPlan {
     FlTmaps2 maps;   // tm: the student's and teacher's maps; else zero. The kernel's last argument.
 };
 
-template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM = false>
+template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false>
 static const void* pick_pipe3(int mode) {
-    return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL, PST, HD, NB, TM>
-                                   : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_RKL, PST, HD, NB, TM>;
+    return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL, PST, HD, NB, TM, LZ>
+                                   : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_RKL, PST, HD, NB, TM, LZ>;
 }
 
 // (the unaligned-row kernels with default-cached stores only: _PLAIN_ST=0 on such rows takes the
 // kernels below the ring)
 // (NB, TM: the aligned kernels with default-cached stores only)
+// (LZ, the lazy-reference statistics: the default-cached kernels without NB / TM, aligned or not)
 template <typename TS, typename TT>
-static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm) {
+static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, bool lz) {
     if (tm) return pst && !hd && !nb ? pick_pipe3<TS, TT, true, false, false, true>(mode) : nullptr;
     if (nb) return pst && !hd ? pick_pipe3<TS, TT, true, false, true>(mode) : nullptr;
+    if (lz && pst) return hd ? pick_pipe3<TS, TT, true, true, false, false, true>(mode)
+                             : pick_pipe3<TS, TT, true, false, false, false, true>(mode);
     if (hd) return pst ? pick_pipe3<TS, TT, true, true>(mode) : nullptr;
     return pst ? pick_pipe3<TS, TT, true, false>(mode) : pick_pipe3<TS, TT, false, false>(mode);
 }
 
-static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst, bool hd, bool nb, bool tm) {
+static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst, bool hd, bool nb, bool tm, bool lz) {
     const bool t32 = tdt == FL_DTYPE_F32;
     switch (sdt) {
-        case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst, hd, nb, tm);
+        case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst, hd, nb, tm, lz);
         case FL_DTYPE_F16:
-            return t32 ? pick_pipe2<__half, float>(mode, pst, hd, nb, tm)
-                       : pick_pipe2<__half, __half>(mode, pst, hd, nb, tm);
+            return t32 ? pick_pipe2<__half, float>(mode, pst, hd, nb, tm, lz)
+                       : pick_pipe2<__half, __half>(mode, pst, hd, nb, tm, lz);
         default:
-            return t32 ? pick_pipe2<__nv_bfloat16, float>(mode, pst, hd, nb, tm)
-                       : pick_pipe2<__nv_bfloat16, __nv_bfloat16>(mode, pst, hd, nb, tm);
+            return t32 ? pick_pipe2<__nv_bfloat16, float>(mode, pst, hd, nb, tm, lz)
+                       : pick_pipe2<__nv_bfloat16, __nv_bfloat16>(mode, pst, hd, nb, tm, lz);
     }
 }
 
@@ -1321,7 +1407,10 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     const int64_t vb = 16 * (1 + NT);   // shared bytes per vector of the row
     const int64_t ring = (int64_t)ring_kb * 1024 / vb, ring_pick = (int64_t)pick_kb * 1024 / vb, subv = (int64_t)sub_kb * 1024 / vb > 0 ? (int64_t)sub_kb * 1024 / vb : 1;
     const int lo = force > 0 && force <= DC_MAX_CLUSTER ? force : 1, hi = force > 0 && force <= DC_MAX_CLUSTER ? force : DC_MAX_CLUSTER;
-    out->fn = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm);
+    // _PIPE_LAZY=1 (session 29, off until measured): the statistics group's exponentials against a lazy reference
+    // (dc_acc_lz above); not with _NBAR / _TMAP
+    const bool lz = !nb && !tm && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_LAZY", 0) != 0;
+    out->fn = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz);
     if (!out->fn) return 0;
     out->nv = (int)nv;
     out->T = T;
