@@ -453,18 +453,21 @@ __device__ __forceinline__ void dc_acc(Stat1& st, const uint4* sb, const uint4* 
     }
 }
 
-// LZ (FUSEDLOSS_DISTILL_PIPE_LAZY=1; session 29): dc_acc<FAST> with a LAZY reference, as the CE ring's
-// statistics (cross_entropy.cu, OnlineMS). dc_acc takes the vector's maxima first (two chains of VEC - 1
-// FMNMX), raises the running maxima, and only then forms the 2 VEC exponentials against them, so every
-// exponential of a vector waits for its maxima; the sums are chains of VEC adds. Here the exponentials
-// are taken against the references st.ms / st.mt as they are, the maxima (trees) only decide whether
-// to rebase (a vector max above its reference + DC_LZ_SLACK, log2 units: then the vector is redone after
-// raise1), and the sums are trees. Terms are then at most 2^DC_LZ_SLACK (a thread sums < 2^15 of them:
-// no overflow; u: |xt - xs| would have to exceed ~1e29). mx: the exact scaled maxima (student, teacher)
-// of the thread's vectors, to which dc_lz_finish moves both accumulators at the end of the row, so that
-// the merges and the log of the sums are those of exact-max pairs (as the CE's OnlineMS::finish). The
-// first vector of a row (reference -inf) takes dc_acc itself, so a row costs no redone vector.
-#define DC_LZ_SLACK 16.0f
+// LZ (FUSEDLOSS_DISTILL_PIPE_LAZY=1; session 29): dc_acc<FAST> with a LAZY reference and no maxima. dc_acc
+// takes each vector's maxima first (two chains of VEC - 1 FMNMX), raises the running maxima and only then
+// forms the 2 VEC exponentials, so every exponential waits for the maxima, and the maxima cost 2 (VEC - 1)
+// of the sweep's instructions a vector. Here the exponentials are taken against the references st.ms /
+// st.mt as they are and summed by trees; the vector is redone (its maxima, raise1, the exponentials again)
+// only when a sum exceeds 2^DC_LZ_LIM2, i.e. an element lies more than DC_LZ_LIM2 - log2(VEC) above its
+// reference (or the sum is +inf; NaN never rebases and reaches the guarded redo as before). Each
+// thread's first vector of a row (reference -inf) takes dc_acc itself, so the references are values
+// of the row and never more than DC_LZ_LIM2 below the thread's maxima: terms <= 2^DC_LZ_LIM2, a thread's
+// sums < 2^(DC_LZ_LIM2 + 11), log2 of a merged sum < 2^6 (an ulp of 2^-18 in L2s / L2t: inside the loss
+// and gradient tolerances of tests/test_distill_cuda.c). u: |xt - xs| would have to exceed ~1e28 to
+// overflow. Predicted from the sm_90 SASS: ~25 of the ~115 instructions of a vector fewer; the ncu source
+// profile of H200 s29 (bench/results/2026-12-06-h200-s29-run2) has the statistics group as the ring's
+// critical path (gradient warps waiting for its rows 32% of their samples).
+#define DC_LZ_LIM2 16.0f
 template <int VEC>
 __device__ __forceinline__ float dc_tree_max(const float* x) {
     float m[VEC / 2];
@@ -485,13 +488,9 @@ __device__ __forceinline__ float dc_tree_sum(float* x) {
     return x[0];
 }
 template <typename TS, typename TT, int MODE>
-__device__ __forceinline__ void dc_acc_lz(Stat1& st, float2& mx, const uint4* sb, const uint4* tb, int q, float k2) {
+__device__ __forceinline__ void dc_acc_lz(Stat1& st, const uint4* sb, const uint4* tb, int q, float k2) {
     constexpr int VEC = RpT<TS>::VEC;
     if (st.ms == -INFINITY || st.mt == -INFINITY) {   // the row's first vector (or masked columns so far)
-        float xs[VEC], xt[VEC];
-        dc_unpack<TS, TT>(sb, tb, q, xs, xt);
-        mx.x = fmaxf(mx.x, dc_tree_max<VEC>(xs) * k2);
-        mx.y = fmaxf(mx.y, dc_tree_max<VEC>(xt) * k2);
         dc_acc<TS, TT, MODE, true>(st, sb, tb, q, k2);
         return;
     }
@@ -502,30 +501,28 @@ __device__ __forceinline__ void dc_acc_lz(Stat1& st, float2& mx, const uint4* sb
         es[v] = fexp2(fmaf(xs[v], k2, -st.ms));
         et[v] = fexp2(fmaf(xt[v], k2, -st.mt));
     }
-    const float gs = dc_tree_max<VEC>(xs) * k2, gt = dc_tree_max<VEC>(xt) * k2;   // k2 > 0
-    mx.x = fmaxf(mx.x, gs);
-    mx.y = fmaxf(mx.y, gt);
-    if (gs > st.ms + DC_LZ_SLACK || gt > st.mt + DC_LZ_SLACK) {   // rare past the row's first vector
-        raise1<MODE, true>(st, gs, gt);
-#pragma unroll
-        for (int v = 0; v < VEC; v++) {
-            es[v] = fexp2(fmaf(xs[v], k2, -st.ms));
-            et[v] = fexp2(fmaf(xt[v], k2, -st.mt));
-        }
-    }
 #pragma unroll
     for (int v = 0; v < VEC; v++) {
         if (MODE == FL__DISTILL_FKL) su[v & 1] = fmaf(et[v], xt[v] - xs[v], su[v & 1]);
         if (MODE == FL__DISTILL_RKL) su[v & 1] = fmaf(es[v], xs[v] - xt[v], su[v & 1]);
     }
-    st.Ss += dc_tree_sum<VEC>(es);
-    st.St += dc_tree_sum<VEC>(et);
+    float ss = dc_tree_sum<VEC>(es), stt = dc_tree_sum<VEC>(et);
+    if (ss > exp2f(DC_LZ_LIM2) || stt > exp2f(DC_LZ_LIM2)) {   // rare past the row's first vector
+        raise1<MODE, true>(st, dc_tree_max<VEC>(xs) * k2, dc_tree_max<VEC>(xt) * k2);   // k2 > 0
+        su[0] = su[1] = 0.0f;
+#pragma unroll
+        for (int v = 0; v < VEC; v++) {
+            es[v] = fexp2(fmaf(xs[v], k2, -st.ms));
+            et[v] = fexp2(fmaf(xt[v], k2, -st.mt));
+            if (MODE == FL__DISTILL_FKL) su[v & 1] = fmaf(et[v], xt[v] - xs[v], su[v & 1]);
+            if (MODE == FL__DISTILL_RKL) su[v & 1] = fmaf(es[v], xs[v] - xt[v], su[v & 1]);
+        }
+        ss = dc_tree_sum<VEC>(es);
+        stt = dc_tree_sum<VEC>(et);
+    }
+    st.Ss += ss;
+    st.St += stt;
     st.u = fmaf(su[0] + su[1], k2, st.u);
-}
-// both accumulators of a thread to its exact maxima (raise1 moves a -inf reference too: factor 0)
-template <int MODE>
-__device__ __forceinline__ void dc_lz_finish(Stat1& st, float2 mx) {
-    raise1<MODE, true>(st, mx.x, mx.y);
 }
 
 // a row's exchanged partials [rank][2] (ms, Ss, mt, St | u), merged in rank order: the same bits in
@@ -979,9 +976,8 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             const int64_t xcol = HD ? w.extra(tid) : w.t0 + tid;
             const float xs_x = has_x ? rp_sload(srow + xcol) * k2 : 0.0f, xt_x = has_x ? rp_sload(trow + xcol) * k2 : 0.0f;
             Stat1 st = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f}, st1 = st;
-            float2 mx = make_float2(-INFINITY, -INFINITY);   // LZ: the thread's exact scaled maxima
             auto acc = [&](Stat1& st, const uint4* sb, const uint4* tb, int q) {
-                if constexpr (LZ) dc_acc_lz<TS, TT, MODE>(st, mx, sb, tb, q, k2);
+                if constexpr (LZ) dc_acc_lz<TS, TT, MODE>(st, sb, tb, q, k2);
                 else dc_acc<TS, TT, MODE, true>(st, sb, tb, q, k2);
             };
             // c: this thread's next vector in chunk coordinates, carried across slots (balanced shares)
@@ -995,10 +991,6 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 const uint4* tb = dp_ring + (size_t)s * slot_vecs + sub - (size_t)v0 * NT;
                 for (; c + Ts < hi; c += 2 * Ts) { acc(st, sb, tb, c); acc(st1, sb, tb, c + Ts); }
                 if (c < hi) { acc(st, sb, tb, c); c += Ts; }
-            }
-            if constexpr (LZ) {
-                dc_lz_finish<MODE>(st, mx);
-                dc_lz_finish<MODE>(st1, mx);
             }
             st = combine1<MODE>(st, st1);
             if (!ign && (isnan(st.Ss) || isnan(st.St) || isnan(st.u))) {
