@@ -384,7 +384,13 @@ static __global__ void __launch_bounds__(LM_THREADS) lm_warp_kernel(LmArgs a) {
  * already landed and the next row's reads overlap this row's stores and math (today pass 1 waits on
  * its own loads, 2 x 16 bytes a thread in flight). Ignored / out-of-range rows read nothing: their
  * prefetched copy is waited for, then the next row's is issued. */
-template <typename T, bool VEC16, bool STAGE, bool PF = false>
+/* AS (STAGE and VEC16 only, not with PF; FUSEDLOSS_LM_ASYNC=1, session 29): the row's own groups copied into
+ * stage[] by cp.async at the top of pass 1, all of them before the first wait, then read back from shared
+ * memory. Why: the ncu source profile of this kernel (H100 s29 run 3, 8192x32000 bf16) has 41% of its warp
+ * samples on pass 1's global loads (long scoreboard): two 16-byte loads a thread in flight at a time, four
+ * round trips a row at 32000 bf16 columns, against one with every copy issued first, and no registers held
+ * for them (3 CTAs an SM at 40 registers; PF's 58 registers took it to 2, which may be why it did not pay). */
+template <typename T, bool VEC16, bool STAGE, bool PF = false, bool AS = false>
 static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a) {
     constexpr int VEC = 16 / (int)sizeof(T);
     extern __shared__ uint4 stage[];
@@ -419,17 +425,21 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
         /* x_y by thread 0 before barrier A: in place, the owner's gradient store (after barrier B)
          * overwrites it */
         const float xy = tid == 0 ? to_float(x[y]) : 0.0f;
+        if constexpr (AS) {   /* this thread's groups of the row (its previous row's reads of them are done) */
+            for (int64_t q = tid; q < nvec; q += LM_CTA_THREADS) cp_async16(stage + q, x + q * VEC);
+            cp_commit();
+        }
         LmStat st;
         st.m = -INFINITY;
         st.s = st.w = st.b = st.n = 0.0f;
         /* two groups per step, both loads issued before either is processed (bytes in flight; a
          * plain `#pragma unroll 2` made ptxas spill on sm_80): the groups are still taken in the
          * order q, q + 512, q + 1024, ... */
-        if constexpr (PF) cp_wait(0);   /* this thread's copies of the row have landed */
+        if constexpr (PF || AS) cp_wait(0);   /* this thread's copies of the row have landed */
         for (int64_t q = tid; q < nvec; q += 2 * LM_CTA_THREADS) {
             const bool two = q + LM_CTA_THREADS < nvec;
             float v0[VEC], v1[VEC];
-            if constexpr (PF) {   /* copied by this thread during the previous row's pass 2 */
+            if constexpr (PF || AS) {   /* copied by this thread (PF: during the previous row's pass 2) */
                 rp_unpack<T>(stage[q], v0);
                 rp_unpack<T>(two ? stage[q + LM_CTA_THREADS] : stage[q], v1);
             } else if (STAGE) {  /* read once: evict first, kept for pass 2 */
@@ -679,13 +689,17 @@ typedef void (*lm_fn)(LmArgs);
 
 /* FUSEDLOSS_LM_PREFETCH=1: the staged CTA kernel with the next row's cp.async prefetch (PF above) */
 static int lm_prefetch(void) { return rp_env_flag("FUSEDLOSS_LM_PREFETCH", 0) != 0; }
+/* FUSEDLOSS_LM_ASYNC=1: the staged CTA kernel with the row's own copies issued first (AS above) */
+static int lm_async(void) { return rp_env_flag("FUSEDLOSS_LM_ASYNC", 0) != 0; }
 
 template <typename T>
 static lm_fn lm_pick_t(int64_t C, bool vec16, bool head, bool stage) {
     constexpr int VEC = 16 / (int)sizeof(T);
     const int64_t G = ((C + VEC - 1) / VEC + 31) / 32;   /* groups per lane */
     if (C > 1024 && head) return stage ? lm_cta_head_kernel<T, true> : lm_cta_head_kernel<T, false>;
-    if (C > 1024 && stage) return lm_prefetch() ? lm_cta_kernel<T, true, true, true> : lm_cta_kernel<T, true, true>;
+    if (C > 1024 && stage)
+        return lm_prefetch() ? lm_cta_kernel<T, true, true, true>
+                             : lm_async() ? lm_cta_kernel<T, true, true, false, true> : lm_cta_kernel<T, true, true>;
     if (C > 1024) return vec16 ? lm_cta_kernel<T, true, false> : lm_cta_kernel<T, false, false>;
     if (G <= 1) return vec16 ? lm_warp_kernel<T, 1, true> : lm_warp_kernel<T, 1, false>;
     if (G <= 2) return vec16 ? lm_warp_kernel<T, 2, true> : lm_warp_kernel<T, 2, false>;
