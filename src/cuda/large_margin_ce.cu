@@ -8,8 +8,9 @@
  *   C >  1024 : lm_cta_kernel, one 512-thread CTA per row: pass 1 gathers the row's statistics,
  *               pass 2 writes the gradient (lm_cta_head_kernel for rows not all 16-byte aligned,
  *               below). Fused and vectorised with rows up to 72 KB (STAGE, lm_cuda): pass 1 keeps
- *               the row in shared memory (rowpass.cuh), so it is read once, as many CTAs per SM as
- *               fit; otherwise pass 2 reads it again from L2 (at most 2 rows per SM in flight).
+ *               the row in shared memory (rowpass.cuh; copied there by cp.async before the statistics
+ *               since session 29, AS), so it is read once, as many CTAs per SM as fit; otherwise pass 2
+ *               reads it again from L2 (at most 2 rows per SM in flight).
  *   16-byte vectors when the rows (and dlogits) are 16-byte aligned; otherwise the same groups
  *   element by element (the same values and summation order, hence the same results) except for
  *   C > 1024 with logits and dlogits of the same 16-byte phase (e.g. odd C): lm_cta_head_kernel,
@@ -384,7 +385,7 @@ static __global__ void __launch_bounds__(LM_THREADS) lm_warp_kernel(LmArgs a) {
  * already landed and the next row's reads overlap this row's stores and math (today pass 1 waits on
  * its own loads, 2 x 16 bytes a thread in flight). Ignored / out-of-range rows read nothing: their
  * prefetched copy is waited for, then the next row's is issued. */
-/* AS (STAGE and VEC16 only, not with PF; FUSEDLOSS_LM_ASYNC=1, session 29): the row's own groups copied into
+/* AS (STAGE and VEC16 only, not with PF; FUSEDLOSS_LM_ASYNC, the default since session 29): the row's own groups copied into
  * stage[] by cp.async at the top of pass 1, all of them before the first wait, then read back from shared
  * memory. Why: the ncu source profile of this kernel (H100 s29 run 3, 8192x32000 bf16) has 41% of its warp
  * samples on pass 1's global loads (long scoreboard): two 16-byte loads a thread in flight at a time, four
@@ -535,7 +536,9 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
  * lm_cta_kernel (x_y by thread 0 before barrier A; every column, head and tail included, written
  * by the thread that read it). Its body is a copy of lm_cta_kernel's with the heads added: a change
  * to one belongs in the other (see tc_cta_head_kernel). */
-template <typename T, bool STAGE>
+/* AS (STAGE only; as lm_cta_kernel's): the row's vectors (from its first 16-byte boundary) copied into stage[]
+ * by cp.async before the statistics. */
+template <typename T, bool STAGE, bool AS = false>
 static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmArgs a) {
     constexpr int VEC = 16 / (int)sizeof(T);
     extern __shared__ uint4 stage[];
@@ -559,6 +562,11 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmAr
         /* x_y by thread 0 before barrier A: in place, the owner's gradient store (after barrier B)
          * overwrites it */
         const float xy = tid == 0 ? to_float(x[y]) : 0.0f;
+        if constexpr (AS) {   /* this thread's vectors of the row (its previous row's reads of them are done) */
+            for (int64_t q = tid; q < nvec; q += LM_CTA_THREADS) cp_async16(stage + q, xb + q * VEC);
+            cp_commit();
+            cp_wait(0);
+        }
         LmStat st;
         st.m = -INFINITY;
         st.s = st.w = st.b = st.n = 0.0f;
@@ -566,7 +574,10 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmAr
         for (int64_t q = tid; q < nvec; q += 2 * LM_CTA_THREADS) {
             const bool two = q + LM_CTA_THREADS < nvec;
             float v0[VEC], v1[VEC];
-            if (STAGE) {  /* read once: evict first, kept for pass 2 */
+            if constexpr (AS) {   /* copied by this thread above */
+                rp_unpack<T>(stage[q], v0);
+                rp_unpack<T>(two ? stage[q + LM_CTA_THREADS] : stage[q], v1);
+            } else if (STAGE) {  /* read once: evict first, kept for pass 2 */
                 const uint4 u0 = FL_LDCS((const uint4*)(xb + q * VEC));
                 const uint4 u1 = two ? FL_LDCS((const uint4*)(xb + (q + LM_CTA_THREADS) * VEC)) : u0;
                 stage[q] = u0;
@@ -689,14 +700,20 @@ typedef void (*lm_fn)(LmArgs);
 
 /* FUSEDLOSS_LM_PREFETCH=1: the staged CTA kernel with the next row's cp.async prefetch (PF above) */
 static int lm_prefetch(void) { return rp_env_flag("FUSEDLOSS_LM_PREFETCH", 0) != 0; }
-/* FUSEDLOSS_LM_ASYNC=1: the staged CTA kernel with the row's own copies issued first (AS above) */
-static int lm_async(void) { return rp_env_flag("FUSEDLOSS_LM_ASYNC", 0) != 0; }
+/* FUSEDLOSS_LM_ASYNC (default 1 since session 29; 0: the register loads): the staged CTA kernels with the row's own
+ * copies issued first (AS above). H100 s29 run 4, bench_taylor lm_vocab 8192x32000 bf16, graph step, two
+ * alternations: 0.448 / 0.447 ms -> 0.415 / 0.414 ms (1.28x -> 1.18-1.19x that card's floor); tests 4661/0,
+ * memcheck 0, racecheck 0. (The head kernel's AS, for rows not 16-byte aligned such as 50257 columns, came after
+ * that run.) */
+static int lm_async(void) { return rp_env_flag("FUSEDLOSS_LM_ASYNC", 1) != 0; }
 
 template <typename T>
 static lm_fn lm_pick_t(int64_t C, bool vec16, bool head, bool stage) {
     constexpr int VEC = 16 / (int)sizeof(T);
     const int64_t G = ((C + VEC - 1) / VEC + 31) / 32;   /* groups per lane */
-    if (C > 1024 && head) return stage ? lm_cta_head_kernel<T, true> : lm_cta_head_kernel<T, false>;
+    if (C > 1024 && head)
+        return stage ? (lm_async() ? lm_cta_head_kernel<T, true, true> : lm_cta_head_kernel<T, true>)
+                     : lm_cta_head_kernel<T, false>;
     if (C > 1024 && stage)
         return lm_prefetch() ? lm_cta_kernel<T, true, true, true>
                              : lm_async() ? lm_cta_kernel<T, true, true, false, true> : lm_cta_kernel<T, true, true>;
