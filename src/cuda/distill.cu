@@ -464,9 +464,10 @@ __device__ __forceinline__ void dc_acc(Stat1& st, const uint4* sb, const uint4* 
 // of the row and never more than DC_LZ_LIM2 below the thread's maxima: terms <= 2^DC_LZ_LIM2, a thread's
 // sums < 2^(DC_LZ_LIM2 + 11), log2 of a merged sum < 2^6 (an ulp of 2^-18 in L2s / L2t: inside the loss
 // and gradient tolerances of tests/test_distill_cuda.c). u: |xt - xs| would have to exceed ~1e28 to
-// overflow. Predicted from the sm_90 SASS: ~25 of the ~115 instructions of a vector fewer; the ncu source
-// profile of H200 s29 (bench/results/2026-12-06-h200-s29-run2) has the statistics group as the ring's
-// critical path (gradient warps waiting for its rows 32% of their samples).
+// overflow. sm_90 SASS (bf16 / bf16 FKL): ~100 instead of ~118 instructions a vector on the sweep's hot path.
+// Why: the ncu source profile of H200 s29 (bench/results/2026-12-06-h200-s29-run2) has the statistics group as
+// the ring's critical path (gradient warps waiting for its rows 32% of their samples). A first version that kept
+// maxima trees for the rebase test and an exact-max finish tied (H200 s29 run 2): the maxima were the cost.
 #define DC_LZ_LIM2 16.0f
 template <int VEC>
 __device__ __forceinline__ float dc_tree_max(const float* x) {
