@@ -3,7 +3,7 @@
  * long-double reference, finite differences and pytorch-loss's formulation by
  * tests/test_large_margin_ce.c). Modelled on tests/test_taylor_ce_cuda.c.
  *
- * Grid: N in {1, 7, 129, 1031} x C in {2, 3, 7, 32, 33, 100, 1000, 1024, 1025, 5000, 32000} (the
+ * Grid: N in {1, 7, 129, 1031} x C in {2, 3, 7, 32, 33, 100, 1000, 1024, 1025, 5000, 32000, 20000, 20001} (the
  * backend takes one warp per row up to C = 1024 and one CTA per row beyond: both sides of the
  * switch; C = 2: one non-target class), N * C capped at 8M (1031 x 32000 is the big graph case
  * instead), 8 variants per shape up to N * C = 2^20, 4 beyond; each variant draws, through
@@ -1044,12 +1044,14 @@ int main(int argc, char** argv) {
     const fl_reduction reds[3] = {FL_REDUCTION_NONE, FL_REDUCTION_SUM, FL_REDUCTION_MEAN};
     const float lams[3] = {0.0f, 0.3f, 1.0f};
     static const int64_t Ns[4] = {1, 7, 129, 1031};
-    static const int64_t Cs[11] = {2, 3, 7, 32, 33, 100, 1000, 1024, 1025, 5000, 32000};
+    /* 20000 / 20001 (appended, so the other cases keep their variants): fp32 rows of 80 KB, staged only with
+     * FUSEDLOSS_LM_STAGE_KB > 78 (aligned and head kernels), bf16 / fp16 rows of 40 KB staged by default */
+    static const int64_t Cs[13] = {2, 3, 7, 32, 33, 100, 1000, 1024, 1025, 5000, 32000, 20000, 20001};
     static const int pads[6] = {0, 0, 1, 7, 0, 3};
     uint64_t seed = 31;
     long cases = 0, bad = 0, k = 0;
     for (int si = 0; si < 4; si++)
-        for (int ci = 0; ci < 11; ci++) {
+        for (int ci = 0; ci < 13; ci++) {
             const int64_t N = Ns[si], C = Cs[ci], NC = N * C;
             if (NC > NC_CAP) continue;   /* 1031 x 32000: the big graph case below */
             const int V = NC <= ((int64_t)1 << 20) ? 8 : 4;

@@ -792,7 +792,12 @@ static fl_status lm_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
         FL_CUDA_TRY(rl_end(w, loss, N, stream));
         return FL_OK;
     }
-    const size_t smem = rl_stage_bytes(C, es, vec16 || head, fused, 72 * 1024);
+    /* FUSEDLOSS_LM_STAGE_KB (default 72, at most RL_STAGE_MAX_BYTES = 100): the largest staged row. Session 29's
+     * cp.async row copies (AS) may change s10's verdict on 2 CTAs an SM (e.g. 8192x50257 bf16, 98 KB rows, re-read
+     * from L2 today): a knob for that A/B, not yet run. */
+    int64_t stage_kb = rp_env_i64("FUSEDLOSS_LM_STAGE_KB", 72);
+    if (stage_kb < 1 || stage_kb > RL_STAGE_MAX_BYTES / 1024) stage_kb = 72;
+    const size_t smem = rl_stage_bytes(C, es, vec16 || head, fused, stage_kb * 1024);
     const lm_fn kfn = lm_pick(dtype, C, vec16, head, smem > 0);
     unsigned grid = 0;
     if (smem > 0) FL_CUDA_TRY(rl_stage_grid((const void*)kfn, LM_CTA_THREADS, smem, N, &grid));
