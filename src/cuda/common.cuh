@@ -49,6 +49,18 @@ __device__ __forceinline__ float fexp2(float x) {
     return y;
 }
 
+// VEC values added pairwise (a tree of depth log2 VEC; e is overwritten): a dependency chain of one add
+// per vector instead of one per element on the caller's accumulator (the sweeps are latency-bound on
+// their accumulator chains, ncu CE run 4). Fixed order: deterministic.
+template <int VEC>
+__device__ __forceinline__ float tree_sum(float (&e)[VEC]) {
+#pragma unroll
+    for (int w = VEC / 2; w > 0; w /= 2)
+#pragma unroll
+        for (int v = 0; v < w; v++) e[v] += e[v + w];
+    return e[0];
+}
+
 // log2(x) on the SFU alone (lg2.approx.ftz: MUFU.LG2): absolute error <= 2^-22 for x in [0.5, 2],
 // 2 ulp elsewhere (CUDA's __log2f); subnormal x flushed to 0 (-> -inf), so callers that may pass one
 // clamp first. log2f is a software polynomial in SASS (no MUFU.LG2: ~20 instructions).

@@ -465,17 +465,7 @@ __device__ __forceinline__ float vec_max(const CeArgs& a, const Pack<T>& x, int 
     return m;
 }
 
-// The exponentials of a vector are added pairwise (a tree of depth log2 VEC), then to s: a
-// dependency chain of one add per vector instead of one per element (the sweeps are latency-bound
-// on their accumulator chains, ncu run 4). Fixed order: deterministic.
-template <int VEC>
-__device__ __forceinline__ float tree_sum(float (&e)[VEC]) {
-#pragma unroll
-    for (int w = VEC / 2; w > 0; w /= 2)
-#pragma unroll
-        for (int v = 0; v < w; v++) e[v] += e[v + w];
-    return e[0];
-}
+// (a vector's exponentials are added by tree_sum, common.cuh: one add per vector on s's chain)
 
 // A vector's exponentials against mL as a tree sum (returned), z w summed into wz when WZ (the
 // re-referenced second evaluation of a vector must not add it twice); vm (if not NULL): the vector's

@@ -480,14 +480,6 @@ __device__ __forceinline__ float dc_tree_max(const float* x) {
         for (int v = 0; v < w; v++) m[v] = fmaxf(m[v], m[v + w]);
     return m[0];
 }
-template <int VEC>
-__device__ __forceinline__ float dc_tree_sum(float* x) {
-#pragma unroll
-    for (int w = VEC / 2; w >= 1; w >>= 1)
-#pragma unroll
-        for (int v = 0; v < w; v++) x[v] += x[v + w];
-    return x[0];
-}
 template <typename TS, typename TT, int MODE>
 __device__ __forceinline__ void dc_acc_lz(Stat1& st, const uint4* sb, const uint4* tb, int q, float k2) {
     constexpr int VEC = RpT<TS>::VEC;
@@ -507,8 +499,9 @@ __device__ __forceinline__ void dc_acc_lz(Stat1& st, const uint4* sb, const uint
         if (MODE == FL__DISTILL_FKL) su[v & 1] = fmaf(et[v], xt[v] - xs[v], su[v & 1]);
         if (MODE == FL__DISTILL_RKL) su[v & 1] = fmaf(es[v], xs[v] - xt[v], su[v & 1]);
     }
-    float ss = dc_tree_sum<VEC>(es), stt = dc_tree_sum<VEC>(et);
+    float ss = tree_sum<VEC>(es), stt = tree_sum<VEC>(et);
     if (ss > exp2f(DC_LZ_LIM2) || stt > exp2f(DC_LZ_LIM2)) {   // rare past the row's first vector
+        // (the same formulas again, inline: a shared lambda made ptxas schedule the hot path differently, unmeasured)
         raise1<MODE, true>(st, dc_tree_max<VEC>(xs) * k2, dc_tree_max<VEC>(xt) * k2);   // k2 > 0
         su[0] = su[1] = 0.0f;
 #pragma unroll
@@ -518,8 +511,8 @@ __device__ __forceinline__ void dc_acc_lz(Stat1& st, const uint4* sb, const uint
             if (MODE == FL__DISTILL_FKL) su[v & 1] = fmaf(et[v], xt[v] - xs[v], su[v & 1]);
             if (MODE == FL__DISTILL_RKL) su[v & 1] = fmaf(es[v], xs[v] - xt[v], su[v & 1]);
         }
-        ss = dc_tree_sum<VEC>(es);
-        stt = dc_tree_sum<VEC>(et);
+        ss = tree_sum<VEC>(es);
+        stt = tree_sum<VEC>(et);
     }
     st.Ss += ss;
     st.St += stt;
