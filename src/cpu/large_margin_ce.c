@@ -8,6 +8,8 @@
  *           exp(x_k - m'), q_k = exp(x_k - lse'), A = sum q_k x_k, B = sum x_k;
  *           sum_{k != y} (q_k - c) log q_k = (A - lse') - c (B - (C - 1) lse'), c = 1 / (C - 1);
  *           l = lse - x_y + (lambda / 2) that;
+ *           (lse - x_y and 1 - p_y from m' and the non-target sum: log1p(t) and t / (1 + t), t = s' e^(m' - x_y),
+ *           when the target dominates; so no cancellation);
  *   grad  : dx_y = g (p_y - 1), dx_j = g (p_j + (lambda / 2) (q_j (x_j + 1 - A) - c)) (every x read
  *           before the row's dx is written: in place works); ignored rows: loss 0, gradient 0;
  *   reduce: SUM / MEAN in double in row order (MEAN over the rows not ignored; NaN if none).
@@ -71,7 +73,25 @@ static fl_status lm_cpu(const char* fn, const fl__large_margin_params* p, float*
         }
         const double xy = ld_x(p, x, r0, y);
         const double reg = (A - lseo) - c * (B - (double)(C - 1) * lseo);
-        const double l = lse - xy + half * reg;
+        /* lse - x_y and 1 - p_y from the non-target sum so (finite m', x_y): m + log s, with the target's 1
+         * inside s, leaves an absolute error of ~u sqrt(C) in lse, i.e. in p_y - 1, which is tiny when the
+         * target dominates (x_y = m' + 30 at C = 32000: 1 - p_y ~ 5e-10 came out 1.4e-4 off, H100 2026-12-06
+         * s30 run 1, test_large_margin_ce_cuda). Non-finite rows keep m + log s (inf - inf gives NaN). */
+        double ce = lse - xy, omp = 1.0 - exp(xy - lse), lsef = lse;
+        if (isfinite(xy) && isfinite(mo)) {
+            const double dd = mo - xy;
+            if (dd >= 0.0) {
+                const double den = so + exp(-dd);
+                ce = dd + log(den);
+                omp = so / den;
+            } else {
+                const double t = so * exp(dd);
+                ce = log1p(t);
+                omp = t / (1.0 + t);
+            }
+            lsef = xy + ce;
+        }
+        const double l = ce + half * reg;
         if (none && loss) loss[i] = (float)l;
         total += l;
         if (dlogits) {
@@ -79,8 +99,8 @@ static fl_status lm_cpu(const char* fn, const fl__large_margin_params* p, float*
             if (p->reduction == FL_REDUCTION_MEAN) g /= (double)D;
             for (int64_t j = 0; j < C; j++) {
                 const double v = ld_x(p, x, r0, j);   /* read, then write */
-                const double pj = exp(v - lse);
-                const double d = j == y ? pj - 1.0 : pj + half * (exp(v - lseo) * (v + 1.0 - A) - c);
+                const double pj = exp(v - lsef);
+                const double d = j == y ? -omp : pj + half * (exp(v - lseo) * (v + 1.0 - A) - c);
                 fl__store_f32(dlogits, p->dtype, r0 + j, (float)(g * d));
             }
         }
