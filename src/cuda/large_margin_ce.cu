@@ -781,9 +781,9 @@ static fl_status lm_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
     const bool vec16 = rl_vec16(logits, dlogits, fused, ld, es);
     const bool head = !vec16 && C > 1024 && (uintptr_t)logits % es == 0 &&
                       (!fused || ((uintptr_t)logits - (uintptr_t)dlogits) % 16 == 0);
-    /* staged only where 3 CTAs fit an SM (rows <= 72 KB): the kernel is bound by its exponentials,
-     * not by the re-read, and with 2 per SM staging lost (H200 s10 run 2, fwd+bwd in a CUDA graph:
-     * 8192x32000 bf16 0.635 ms staged vs 0.638 re-read; 8192x20000 fp32, 80 KB rows, 0.551 vs 0.533) */
+    /* staged up to the stage limit below (rows of <= 72 KB until s30: with register loads the kernel was bound
+     * by its exponentials, not by the re-read, and with 2 per SM staging lost: H200 s10 run 2, fwd+bwd in a
+     * CUDA graph, 8192x32000 bf16 0.635 ms staged vs 0.638 re-read; 8192x20000 fp32, 80 KB rows, 0.551 vs 0.533) */
     RrPlan lp;
     if (const void* pfn = rr_plan<LmRing>("FUSEDLOSS_LM_PIPE", 0, "pipelined large-margin kernel", dtype, N, C,
                                           vec16 || head, fused, logits, ld, &lp)) {
@@ -792,11 +792,12 @@ static fl_status lm_cuda(const char* fn, fl__pass pass, float* loss, void* dlogi
         FL_CUDA_TRY(rl_end(w, loss, N, stream));
         return FL_OK;
     }
-    /* FUSEDLOSS_LM_STAGE_KB (default 72, at most RL_STAGE_MAX_BYTES = 100): the largest staged row. Session 29's
-     * cp.async row copies (AS) may change s10's verdict on 2 CTAs an SM (e.g. 8192x50257 bf16, 98 KB rows, re-read
-     * from L2 today): a knob for that A/B, not yet run. */
-    int64_t stage_kb = rp_env_i64("FUSEDLOSS_LM_STAGE_KB", 72);
-    if (stage_kb < 1 || stage_kb > RL_STAGE_MAX_BYTES / 1024) stage_kb = 72;
+    /* FUSEDLOSS_LM_STAGE_KB (default 100 = RL_STAGE_MAX_BYTES since s30; 72 = the old cap): the largest staged row.
+     * With s29's cp.async row copies (AS) staging at 2 CTAs an SM wins, unlike s10's register loads above: H100
+     * s30 run 1, graph step, 72 / 100, two alternations: 8192x50257 bf16 (98 KB rows) 0.852, 0.849 / 0.675, 0.683
+     * ms (1.55x -> 1.22x); 8192x20000 fp32 (80 KB) 0.618, 0.614 / 0.503, 0.504 ms (1.41x -> 1.14x). */
+    int64_t stage_kb = rp_env_i64("FUSEDLOSS_LM_STAGE_KB", 100);
+    if (stage_kb < 1 || stage_kb > RL_STAGE_MAX_BYTES / 1024) stage_kb = 100;
     const size_t smem = rl_stage_bytes(C, es, vec16 || head, fused, stage_kb * 1024);
     const lm_fn kfn = lm_pick(dtype, C, vec16, head, smem > 0);
     unsigned grid = 0;

@@ -75,7 +75,9 @@ static __global__ void __launch_bounds__(RR_MAX_THREADS, 1) rr_kernel(typename L
     /* (16-byte alignment is all the bulk copies need; a larger one would move the dynamic shared memory
      * of every kernel of the including file; TM aligns its ring itself) */
     extern __shared__ __align__(16) uint4 rr_dyn[];
-    uint4* const rr_ring = TM ? (uint4*)(((uintptr_t)rr_dyn + 127) & ~(uintptr_t)127) : rr_dyn;   /* [R][sub] */
+    /* [R][sub]; TM: from the first 128-byte boundary, as an offset from rr_dyn (a pointer rebuilt from an integer
+     * lost the shared window: the slots were read with generic LD.E.128, not LDS.128, ncu / SASS s29) */
+    uint4* const rr_ring = rr_dyn + (TM ? ((128u - (smem_addr(rr_dyn) & 127u)) & 127u) / 16u : 0u);
     __shared__ __align__(8) uint64_t full[RR_MAX_SLOTS];    /* slot s's sub-chunk landed */
     __shared__ __align__(8) uint64_t empty[RR_MAX_SLOTS];   /* every gradient warp is done with slot s */
     __shared__ __align__(8) uint64_t xbar[RR_XSLOTS];       /* exchange slot x's coefficients written */
