@@ -54,8 +54,8 @@
  *   unshifted in double, which cancels for large logits (lse - x_y and p_y - 1 take the GPU's
  *   log1p / -sum p_k forms when the target dominates since s30: with the target's 1 inside the
  *   sum, the CPU's p_y - 1 was 1.4e-4 off at 1 - p_y = 5e-10, C = 32000, the first time a seed
- *   drew that row, while the GPU was right to 6e-7 of a 40-digit sum; the bounds stay as they were): loss U64 (4 (|lse| + |x_y| + 2) + (lambda / 2)
- *   (8 + 2 sqrt(C)) 2 (max |x| + |lse'|)); dlogits[y] |g| U64 (4 + 2 p_y (|x_y| + |lse| + 2));
+ *   drew that row, while the GPU was right to 6e-7 of a 40-digit sum; the bounds stay as they
+ *   were): loss U64 (4 (|lse| + |x_y| + 2) + (lambda / 2) (8 + 2 sqrt(C)) 2 (max |x| + |lse'|)); dlogits[y] |g| U64 (4 + 2 p_y (|x_y| + |lse| + 2));
  *   dlogits[j] |g| U64 (p_j (|x_j| + |lse| + 4) + (lambda / 2)(q_j (|x_j| + 1 + |A|)(|x_j| + |lse'| + 6)
  *   + 2 / (C - 1))).
  *   SAFETY = 2, K_SUM = 2, K_E = 6 (the kernels' per-element exp is ex2.approx.ftz of d log2(e):
@@ -1045,8 +1045,9 @@ int main(int argc, char** argv) {
     const fl_reduction reds[3] = {FL_REDUCTION_NONE, FL_REDUCTION_SUM, FL_REDUCTION_MEAN};
     const float lams[3] = {0.0f, 0.3f, 1.0f};
     static const int64_t Ns[4] = {1, 7, 129, 1031};
-    /* 20000 / 20001 (appended, so the other cases keep their variants, not their seeds): fp32 rows of 80 KB, staged only with
-     * a stage limit > 78 KB (default since s30; aligned and head kernels), bf16 / fp16 rows of 40 KB staged at any limit */
+    /* 20000 / 20001 (appended, so the other cases keep their variants, not their seeds): fp32 rows of 80 KB,
+     * staged only with a stage limit > 78 KB (default since s30; aligned and head kernels), bf16 / fp16 rows of
+     * 40 KB staged at any limit */
     static const int64_t Cs[13] = {2, 3, 7, 32, 33, 100, 1000, 1024, 1025, 5000, 32000, 20000, 20001};
     static const int pads[6] = {0, 0, 1, 7, 0, 3};
     uint64_t seed = 31;
