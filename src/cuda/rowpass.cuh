@@ -426,14 +426,6 @@ static inline cudaError_t rl_stage_grid(const void* fn, int threads, size_t smem
     if (e == cudaSuccess) e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, RL_STAGE_MAX_BYTES);
     if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, threads, smem);
     if (e != cudaSuccess) return e;
-    /* FUSEDLOSS_ROW_STAGE_OCC (A/B, s30, not yet run): at most this many CTAs an SM in the grid (the large-margin
-     * head kernel at 8192x32001 bf16, 64 KB rows at 3 an SM, measured 1.35x against 1.21x at 8192x50257, 98 KB
-     * rows at 2 an SM, H100 s30) */
-    {
-        const char* v = getenv("FUSEDLOSS_ROW_STAGE_OCC");
-        const int oc = (v && *v) ? atoi(v) : 0;
-        if (oc > 0 && occ > oc) occ = oc;
-    }
     const int64_t cap = (int64_t)(sms > 0 ? sms : 1) * (occ > 0 ? occ : 1);
     *grid = (unsigned)(N < cap ? N : cap);
     return cudaSuccess;
