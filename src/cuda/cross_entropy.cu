@@ -2076,7 +2076,8 @@ __global__ void __launch_bounds__(32) ce_reduce_final_kernel(CeArgs a, const dou
 // kernels are no-ops when a kernel is launched without the PDL attribute (the default).
 struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync;
                int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_maxcs, pipe_cs, pipe_ring, pdl,
-               plain_st, two_stage_rows, pdl_chain, pipe_nbar, pipe_tmap, pipe_dn, pipe_dn_rows, pipe_dn_fold; };
+               plain_st, two_stage_rows, pdl_chain, pipe_nbar, pipe_tmap, pipe_dn, pipe_dn_rows, pipe_dn_fold;
+               int off_pipe, off_kb; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -2139,6 +2140,11 @@ static const Knobs* knobs(void) {
         if (n.pipe_nbuf < 2 || n.pipe_nbuf > 4) n.pipe_nbuf = 3;
         n.pipe_stats = env_int("FUSEDLOSS_CE_PIPE_STATS", 0);  // 0: 3/8 of the CTA (pipe_threads_for)
         if (n.pipe_stats < 32 || n.pipe_stats % 32) n.pipe_stats = 0;
+        // a fused call with a logit offset (s30): the staged kernel, chunks of <= _OFF_KB, instead of the ring
+        // (_OFF_PIPE=1: the ring as before); see ce_launch
+        n.off_pipe = env_int("FUSEDLOSS_CE_OFF_PIPE", 0) != 0;
+        n.off_kb = env_int("FUSEDLOSS_CE_OFF_KB", 64);
+        if (n.off_kb < 1 || n.off_kb > 200) n.off_kb = 64;
         const int ct = n.chunk_threads;
         if (ct != 64 && ct != 128 && ct != 256 && ct != 512) n.chunk_threads = 0;
         if (n.small_rows < 0) n.small_rows = 0;
@@ -2327,6 +2333,8 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  free ring space beside a row's chunk (KB; default per
 //                                                  variant), the cluster size (0 = the smallest that
 //                                                  fits), ring bytes (KB, 220)
+//   FUSEDLOSS_CE_OFF_PIPE=0|1, FUSEDLOSS_CE_OFF_KB     fused with a logit offset: the ring as for other calls (1) or
+//                                                  the staged kernel in chunks of <= _OFF_KB (default 0, 64 KB)
 //   FUSEDLOSS_CE_PIPE_TMAP=0|1                     its producer's copies as raw bulk copies / tensor-map
 //                                                  (descriptor) TMA loads (default 1 since s21: racecheck
 //                                                  sees no thread write a slot; cluster.cuh, FlTmaps)
@@ -2384,14 +2392,14 @@ struct TmaPlan { int cs, per, ns, T; size_t smem; };
 
 // Whether (and how) the staged one-read kernel takes this call: sm_90, rows longer than one
 // register-resident CTA (> 512 vectors), a row split over <= 16 CTAs of <= kb KB each.
-static int tma_plan(int pass, int cc_major, int64_t N, int64_t V, int esize, int sms, TmaPlan* p) {
+static int tma_plan(int pass, int cc_major, int64_t N, int64_t V, int esize, int sms, int kb, TmaPlan* p) {
     const Knobs* k = knobs();
     if (cc_major < 9 || !k->on) return 0;
     if (pass == PASS_BACKWARD && !k->bwd) return 0;
     if (pass == PASS_FORWARD && !k->fwd) return 0;
     const int64_t nv = V / (16 / esize) + 1;  // upper bound of a row's aligned vectors
     if (nv <= 512) return 0;
-    const int64_t chunk = (int64_t)k->kb * 1024 / 16;
+    const int64_t chunk = (int64_t)kb * 1024 / 16;
     int cs = 1;
     while ((int64_t)cs * chunk < nv && cs < TMA_MAX_CLUSTER) cs *= 2;
     if ((int64_t)cs * chunk < nv) return 0;
@@ -2942,12 +2950,21 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
         // between run 6 and run 31 of 2026-12-01; its K = 8 fused variant now spills 8 bytes)
         // against the staged kernel's 1.58x (run 10: 2048x32000 f16 / bf16 1.58 / 1.59x vs 1.86
         // / 1.88x, 4096x32000 bf16 1.42x vs 1.78x). The staged kernel takes them now.
+        // A logit offset (z = ... + o_j, F_ZMAP) makes every 16-byte vector of a sweep read 32 (16-bit logits) or 16
+        // (fp32) bytes of the [V] offsets, from L2 in both sweeps: the ring (one CTA an SM, ~30 KB of L1 left beside
+        // it) re-reads a CTA's whole slice every row. The staged kernel with chunks of <= 64 KB (several CTAs an SM)
+        // measured 20-27% faster, H100 s30 run 9, fused x floor, ring / staged (FUSEDLOSS_CE_TMA_KB=100) / staged 64
+        // KB, two alternations: 8192x128256 bf16 2.92, 2.91 / 2.32, 2.32 / 2.32, 2.32; 8192x32000 bf16 3.15, 3.10 /
+        // 2.31, 2.31 / 2.33, 2.31; 16384x32000 bf16 3.06, 3.20 / 2.31, 2.30 / 2.31, 2.32; 4096x50257 f32 1.91, 1.90 /
+        // 2.21, 2.21 / 1.70, 1.70. Still 1.7-2.3x: the offsets' reads, not the logits', bound it (NOTES s30).
+        const int off = a.offset != NULL && pass == PASS_FUSED && !knobs()->off_pipe;
         TmaPlan tp;
-        if (tma_plan(pass, d.cc_major, N, V, (int)fl__dtype_size(dt), d.sms, &tp)) {
+        if (tma_plan(pass, d.cc_major, N, V, (int)fl__dtype_size(dt), d.sms, off ? knobs()->off_kb : knobs()->kb, &tp)) {
             c.tma = 1; c.sms = d.sms; c.tcs = tp.cs; c.tper = tp.per; c.tns = tp.ns; c.tT = tp.T; c.tsmem = tp.smem;
         }
         c.sms = d.sms;
-        pipe_plan(pass, d.cc_major, V, (int)fl__dtype_size(dt), flags, &c);
+        if (!off || !c.tma) pipe_plan(pass, d.cc_major, V, (int)fl__dtype_size(dt), flags, &c);  // (rows too long
+        // for 16 CTAs of _OFF_KB keep the ring)
         // ce_pipe_kernel's DN (FUSEDLOSS_CE_PIPE_DN, default): an unweighted fused MEAN's denominators counted in the
         // pipe kernel itself, no setup kernel (launch_main runs the setup if the pipe kernel does not run)
         const Knobs* kn = knobs();
