@@ -2140,8 +2140,8 @@ static const Knobs* knobs(void) {
         if (n.pipe_nbuf < 2 || n.pipe_nbuf > 4) n.pipe_nbuf = 3;
         n.pipe_stats = env_int("FUSEDLOSS_CE_PIPE_STATS", 0);  // 0: 3/8 of the CTA (pipe_threads_for)
         if (n.pipe_stats < 32 || n.pipe_stats % 32) n.pipe_stats = 0;
-        // a fused call with a logit offset (s30): the staged kernel, chunks of <= _OFF_KB, instead of the ring
-        // (_OFF_PIPE=1: the ring as before); see ce_launch
+        // a fused or forward call with a logit offset (s30): the staged kernel, chunks of <= _OFF_KB, instead of
+        // the ring / the streaming kernel (_OFF_PIPE=1: those as before); see ce_launch
         n.off_pipe = env_int("FUSEDLOSS_CE_OFF_PIPE", 0) != 0;
         n.off_kb = env_int("FUSEDLOSS_CE_OFF_KB", 64);
         if (n.off_kb < 1 || n.off_kb > 200) n.off_kb = 64;
@@ -2333,8 +2333,9 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  free ring space beside a row's chunk (KB; default per
 //                                                  variant), the cluster size (0 = the smallest that
 //                                                  fits), ring bytes (KB, 220)
-//   FUSEDLOSS_CE_OFF_PIPE=0|1, FUSEDLOSS_CE_OFF_KB     fused with a logit offset: the ring as for other calls (1) or
-//                                                  the staged kernel in chunks of <= _OFF_KB (default 0, 64 KB)
+//   FUSEDLOSS_CE_OFF_PIPE=0|1, FUSEDLOSS_CE_OFF_KB     fused / forward with a logit offset: the plans of other calls
+//                                                  (1: the ring / the streaming kernel) or the staged kernel in
+//                                                  chunks of <= _OFF_KB (default 0, 64 KB)
 //   FUSEDLOSS_CE_PIPE_TMAP=0|1                     its producer's copies as raw bulk copies / tensor-map
 //                                                  (descriptor) TMA loads (default 1 since s21: racecheck
 //                                                  sees no thread write a slot; cluster.cuh, FlTmaps)
@@ -2392,11 +2393,12 @@ struct TmaPlan { int cs, per, ns, T; size_t smem; };
 
 // Whether (and how) the staged one-read kernel takes this call: sm_90, rows longer than one
 // register-resident CTA (> 512 vectors), a row split over <= 16 CTAs of <= kb KB each.
-static int tma_plan(int pass, int cc_major, int64_t N, int64_t V, int esize, int sms, int kb, TmaPlan* p) {
+// off: a call with a logit offset (ce_launch), whose forward takes the staged kernel too
+static int tma_plan(int pass, int cc_major, int64_t N, int64_t V, int esize, int sms, int kb, int off, TmaPlan* p) {
     const Knobs* k = knobs();
     if (cc_major < 9 || !k->on) return 0;
     if (pass == PASS_BACKWARD && !k->bwd) return 0;
-    if (pass == PASS_FORWARD && !k->fwd) return 0;
+    if (pass == PASS_FORWARD && !k->fwd && !off) return 0;
     const int64_t nv = V / (16 / esize) + 1;  // upper bound of a row's aligned vectors
     if (nv <= 512) return 0;
     const int64_t chunk = (int64_t)kb * 1024 / 16;
@@ -2957,9 +2959,13 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
         // KB, two alternations: 8192x128256 bf16 2.92, 2.91 / 2.32, 2.32 / 2.32, 2.32; 8192x32000 bf16 3.15, 3.10 /
         // 2.31, 2.31 / 2.33, 2.31; 16384x32000 bf16 3.06, 3.20 / 2.31, 2.30 / 2.31, 2.32; 4096x50257 f32 1.91, 1.90 /
         // 2.21, 2.21 / 1.70, 1.70. Still 1.7-2.3x: the offsets' reads, not the logits', bound it (NOTES s30).
-        const int off = a.offset != NULL && pass == PASS_FUSED && !knobs()->off_pipe;
+        // The forward likewise, instead of the streaming kernel (run 11, forward x floor, streaming / staged 64 KB,
+        // two alternations: 8192x128256 bf16 2.92, 2.90 / 1.92, 1.90; 8192x32000 bf16 2.88, 2.86 / 2.04, 2.04;
+        // 4096x50257 f32 1.96, 1.95 / 1.83, 1.81).
+        const int off = a.offset != NULL && (pass == PASS_FUSED || pass == PASS_FORWARD) && !knobs()->off_pipe;
         TmaPlan tp;
-        if (tma_plan(pass, d.cc_major, N, V, (int)fl__dtype_size(dt), d.sms, off ? knobs()->off_kb : knobs()->kb, &tp)) {
+        if (tma_plan(pass, d.cc_major, N, V, (int)fl__dtype_size(dt), d.sms, off ? knobs()->off_kb : knobs()->kb, off,
+                     &tp)) {
             c.tma = 1; c.sms = d.sms; c.tcs = tp.cs; c.tper = tp.per; c.tns = tp.ns; c.tT = tp.T; c.tsmem = tp.smem;
         }
         c.sms = d.sms;
