@@ -2077,7 +2077,7 @@ __global__ void __launch_bounds__(32) ce_reduce_final_kernel(CeArgs a, const dou
 struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync;
                int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_maxcs, pipe_cs, pipe_ring, pdl,
                plain_st, two_stage_rows, pdl_chain, pipe_nbar, pipe_tmap, pipe_dn, pipe_dn_rows, pipe_dn_fold;
-               int off_pipe, off_kb; };
+               int off_pipe, off_kb, off_fwd; };
 
 static int env_int(const char* name, int def) {
     const char* e = getenv(name);
@@ -2144,6 +2144,7 @@ static const Knobs* knobs(void) {
         // the ring / the streaming kernel (_OFF_PIPE=1: those as before); see ce_launch
         n.off_pipe = env_int("FUSEDLOSS_CE_OFF_PIPE", 0) != 0;
         n.off_kb = env_int("FUSEDLOSS_CE_OFF_KB", 64);
+        n.off_fwd = env_int("FUSEDLOSS_CE_OFF_FWD", 0) != 0;   // the forward too (s30: measured, not yet tested)
         if (n.off_kb < 1 || n.off_kb > 200) n.off_kb = 64;
         const int ct = n.chunk_threads;
         if (ct != 64 && ct != 128 && ct != 256 && ct != 512) n.chunk_threads = 0;
@@ -2333,9 +2334,9 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  free ring space beside a row's chunk (KB; default per
 //                                                  variant), the cluster size (0 = the smallest that
 //                                                  fits), ring bytes (KB, 220)
-//   FUSEDLOSS_CE_OFF_PIPE=0|1, FUSEDLOSS_CE_OFF_KB     fused / forward with a logit offset: the plans of other calls
-//                                                  (1: the ring / the streaming kernel) or the staged kernel in
-//                                                  chunks of <= _OFF_KB (default 0, 64 KB)
+//   FUSEDLOSS_CE_OFF_PIPE=0|1, FUSEDLOSS_CE_OFF_KB     fused (and with _OFF_FWD=1, forward) with a logit offset:
+//                                                  the plans of other calls (1: the ring / the streaming kernel)
+//                                                  or the staged kernel in chunks of <= _OFF_KB (default 0, 64 KB)
 //   FUSEDLOSS_CE_PIPE_TMAP=0|1                     its producer's copies as raw bulk copies / tensor-map
 //                                                  (descriptor) TMA loads (default 1 since s21: racecheck
 //                                                  sees no thread write a slot; cluster.cuh, FlTmaps)
@@ -2959,10 +2960,12 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
         // KB, two alternations: 8192x128256 bf16 2.92, 2.91 / 2.32, 2.32 / 2.32, 2.32; 8192x32000 bf16 3.15, 3.10 /
         // 2.31, 2.31 / 2.33, 2.31; 16384x32000 bf16 3.06, 3.20 / 2.31, 2.30 / 2.31, 2.32; 4096x50257 f32 1.91, 1.90 /
         // 2.21, 2.21 / 1.70, 1.70. Still 1.7-2.3x: the offsets' reads, not the logits', bound it (NOTES s30).
-        // The forward likewise, instead of the streaming kernel (run 11, forward x floor, streaming / staged 64 KB,
-        // two alternations: 8192x128256 bf16 2.92, 2.90 / 1.92, 1.90; 8192x32000 bf16 2.88, 2.86 / 2.04, 2.04;
-        // 4096x50257 f32 1.96, 1.95 / 1.83, 1.81).
-        const int off = a.offset != NULL && (pass == PASS_FUSED || pass == PASS_FORWARD) && !knobs()->off_pipe;
+        // FUSEDLOSS_CE_OFF_FWD=1 (opt-in: timed, its default plan not yet run through the test): the forward
+        // likewise, instead of the streaming kernel (run 11, forward x floor, streaming / staged 64 KB, two
+        // alternations: 8192x128256 bf16 2.92, 2.90 / 1.92, 1.90; 8192x32000 bf16 2.88, 2.86 / 2.04, 2.04;
+        // 4096x50257 f32 1.96, 1.95 / 1.83, 1.81). next-s30-run12.txt tests it.
+        const int off = a.offset != NULL && !knobs()->off_pipe &&
+                        (pass == PASS_FUSED || (pass == PASS_FORWARD && knobs()->off_fwd));
         TmaPlan tp;
         if (tma_plan(pass, d.cc_major, N, V, (int)fl__dtype_size(dt), d.sms, off ? knobs()->off_kb : knobs()->kb, off,
                      &tp)) {
