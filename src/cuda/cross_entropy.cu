@@ -2140,8 +2140,8 @@ static const Knobs* knobs(void) {
         if (n.pipe_nbuf < 2 || n.pipe_nbuf > 4) n.pipe_nbuf = 3;
         n.pipe_stats = env_int("FUSEDLOSS_CE_PIPE_STATS", 0);  // 0: 3/8 of the CTA (pipe_threads_for)
         if (n.pipe_stats < 32 || n.pipe_stats % 32) n.pipe_stats = 0;
-        // a fused or forward call with a logit offset (s30): the staged kernel, chunks of <= _OFF_KB, instead of
-        // the ring / the streaming kernel (_OFF_PIPE=1: those as before); see ce_launch
+        // a fused call with a logit offset (s30; a forward too with _OFF_FWD=1): the staged kernel, chunks of <=
+        // _OFF_KB, instead of the ring (the streaming kernel); _OFF_PIPE=1: those as before. See ce_launch
         n.off_pipe = env_int("FUSEDLOSS_CE_OFF_PIPE", 0) != 0;
         n.off_kb = env_int("FUSEDLOSS_CE_OFF_KB", 64);
         n.off_fwd = env_int("FUSEDLOSS_CE_OFF_FWD", 0) != 0;   // the forward too (s30: measured, not yet tested)
