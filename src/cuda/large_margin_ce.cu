@@ -7,7 +7,7 @@
  *               so the logits are read once and dlogits written once;
  *   C >  1024 : lm_cta_kernel, one 512-thread CTA per row: pass 1 gathers the row's statistics,
  *               pass 2 writes the gradient (lm_cta_head_kernel for rows not all 16-byte aligned,
- *               below). Fused and vectorised with rows up to 72 KB (STAGE, lm_cuda): pass 1 keeps
+ *               below). Fused and vectorised with rows up to 100 KB (72 KB until s30; STAGE, lm_cuda): pass 1 keeps
  *               the row in shared memory (rowpass.cuh; copied there by cp.async before the statistics
  *               since session 29, AS), so it is read once, as many CTAs per SM as fit; otherwise pass 2
  *               reads it again from L2 (at most 2 rows per SM in flight).
