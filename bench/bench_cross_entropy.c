@@ -27,10 +27,11 @@
  *   buffer runs on gradient values: the memory traffic and the arithmetic are the same, so the
  *   timing is unaffected; they run last so that the other passes see the random logits.
  *
- * Usage: bench_cross_entropy [--case N V dtype]... [--ignore F] [--smoothing F] [--offset]
+ * Usage: bench_cross_entropy [--case N V dtype]... [--ignore F] [--smoothing F] [--offset] [--weight]
  *                            [--reps R] [--warmup W] [--csv FILE] [--no-graph]
  *   dtype: f32 | f16 | bf16. --case (repeatable) replaces the default grid; --ignore,
- *   --smoothing and --offset (random per-class logit offsets) apply to the --case entries. --csv appends one row per (case, pass):
+ *   --smoothing, --offset (random per-class logit offsets) and --weight (random class weights in [0.5, 1.5):
+ *   with --smoothing every element's weight is read, as every element's offset is) apply to the --case entries. --csv appends one row per (case, pass):
  *   op,pass,dtype,N,V,options,ms,ratio_to_floor,gbps,copy_gbps,gpu,commit,date
  *   (commit from $FL_COMMIT, else "unknown"; date UTC ISO-8601).
  */
@@ -58,6 +59,7 @@ typedef struct {
     double ignore;  /* fraction of rows with target = ignore_index */
     float eps;      /* label smoothing */
     int offset;     /* per-class logit offsets (opts->logit_offset, values in [-2, 2)) */
+    int weight;     /* class weights (opts->weight, values in [0.5, 1.5)) */
 } bcase;
 
 /* P_COPY ("copy_same", not an API call): cudaMemcpyAsync of this case's logits into its dlogits buffer, the
@@ -179,6 +181,7 @@ static void options_str(const bcase* b, char* s, size_t n) {
     if (b->ignore > 0) k += snprintf(s + k, n - (size_t)k, ";ignore=%g", b->ignore);
     if (b->eps > 0) k += snprintf(s + k, n - (size_t)k, ";smoothing=%g", (double)b->eps);
     if (b->offset) k += snprintf(s + k, n - (size_t)k, ";logit_offset");
+    if (b->weight) k += snprintf(s + k, n - (size_t)k, ";weight");
 }
 
 /* returns 0 if the case could not run (memory) */
@@ -248,6 +251,16 @@ static int run_case(const bcase* b, double copy_gbps, result_t res[NPASS]) {
         free(h);
         o.logit_offset = d_off;
     }
+    float* d_w = NULL;
+    if (b->weight) {
+        float* h = (float*)malloc((size_t)b->V * 4);
+        for (int64_t j = 0; j < b->V; j++) h[j] = (float)((double)(mix64((uint64_t)j ^ 0x3e16ULL) >> 11) *
+                                                         (1.0 / 9007199254740992.0) + 0.5);
+        CK(cudaMalloc((void**)&d_w, (size_t)b->V * 4));
+        CK(cudaMemcpy(d_w, h, (size_t)b->V * 4, cudaMemcpyHostToDevice));
+        free(h);
+        o.weight = d_w;
+    }
     c.o = o;
     FLK(fl_cross_entropy_workspace_size(&c.ws_bytes, b->N, b->V, b->dt, &c.o));
     CK(cudaMalloc(&c.ws, c.ws_bytes ? c.ws_bytes : 256));
@@ -271,13 +284,14 @@ static int run_case(const bcase* b, double copy_gbps, result_t res[NPASS]) {
     CK(cudaFree(c.x)); CK(cudaFree(c.dl)); CK(cudaFree(c.tgt)); CK(cudaFree(c.loss)); CK(cudaFree(c.lse));
     CK(cudaFree(c.ws));
     if (d_off) CK(cudaFree(d_off));
+    if (d_w) CK(cudaFree(d_w));
     return 1;
 }
 
 /* ------------------------------------------------------------------------------------------ */
 static void usage(void) {
     fprintf(stderr,
-            "usage: bench_cross_entropy [--case N V dtype]... [--ignore F] [--smoothing F] [--offset]\n"
+            "usage: bench_cross_entropy [--case N V dtype]... [--ignore F] [--smoothing F] [--offset] [--weight]\n"
             "                           [--reps R] [--warmup W] [--csv FILE] [--no-graph]\n");
 }
 
@@ -286,7 +300,7 @@ int main(int argc, char** argv) {
     int ncases = 0;
     double ignore = 0.0;
     float eps = 0.0f;
-    int offset = 0;
+    int offset = 0, weight = 0;
     const char* csv = NULL;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--case") && a + 3 < argc && ncases < 64) {
@@ -294,12 +308,13 @@ int main(int argc, char** argv) {
             b->N = atoll(argv[a + 1]);
             b->V = atoll(argv[a + 2]);
             if (b->N < 1 || b->V < 1 || !parse_dt(argv[a + 3], &b->dt)) { usage(); return 2; }
-            b->ignore = 0.0; b->eps = 0.0f; b->offset = 0;
+            b->ignore = 0.0; b->eps = 0.0f; b->offset = 0; b->weight = 0;
             ncases++;
             a += 3;
         } else if (!strcmp(argv[a], "--ignore") && a + 1 < argc) ignore = atof(argv[++a]);
         else if (!strcmp(argv[a], "--smoothing") && a + 1 < argc) eps = (float)atof(argv[++a]);
         else if (!strcmp(argv[a], "--offset")) offset = 1;
+        else if (!strcmp(argv[a], "--weight")) weight = 1;
         else if (!strcmp(argv[a], "--reps") && a + 1 < argc) g_reps = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--warmup") && a + 1 < argc) g_warmup = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--csv") && a + 1 < argc) csv = argv[++a];
@@ -320,11 +335,11 @@ int main(int argc, char** argv) {
             {2097152, 19, FL_DTYPE_F32, 0.1, 0.0f, 0},   {1000000, 10, FL_DTYPE_BF16, 0.0, 0.0f, 0}};
         for (size_t i = 0; i < sizeof def / sizeof def[0]; i++) {
             cases[ncases].N = def[i].N; cases[ncases].V = def[i].V; cases[ncases].dt = def[i].dt;
-            cases[ncases].ignore = def[i].ign; cases[ncases].eps = def[i].eps; cases[ncases].offset = def[i].off;
+            cases[ncases].ignore = def[i].ign; cases[ncases].eps = def[i].eps; cases[ncases].offset = def[i].off; cases[ncases].weight = 0;
             ncases++;
         }
     } else {
-        for (int i = 0; i < ncases; i++) { cases[i].ignore = ignore; cases[i].eps = eps; cases[i].offset = offset; }
+        for (int i = 0; i < ncases; i++) { cases[i].ignore = ignore; cases[i].eps = eps; cases[i].offset = offset; cases[i].weight = weight; }
     }
 
     struct cudaDeviceProp prop;

@@ -2964,7 +2964,10 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
         // likewise, instead of the streaming kernel (run 11, forward x floor, streaming / staged 64 KB, two
         // alternations: 8192x128256 bf16 2.92, 2.90 / 1.92, 1.90; 8192x32000 bf16 2.88, 2.86 / 2.04, 2.04;
         // 4096x50257 f32 1.96, 1.95 / 1.83, 1.81). next-s30-run12.txt tests it.
-        const int off = a.offset != NULL && !knobs()->off_pipe &&
+        // Class weights with label smoothing read weight[j] per element in both sweeps (the smoothing term's w_j): the
+        // same [V]-vector L2 pattern, so the same routing (s31; FUSEDLOSS_CE_OFF_PIPE=1 keeps both on the ring).
+        const int vecread = a.offset != NULL || (a.weight != NULL && (flags & F_SMOOTH));
+        const int off = vecread && !knobs()->off_pipe &&
                         (pass == PASS_FUSED || (pass == PASS_FORWARD && knobs()->off_fwd));
         TmaPlan tp;
         if (tma_plan(pass, d.cc_major, N, V, (int)fl__dtype_size(dt), d.sms, off ? knobs()->off_kb : knobs()->kb, off,
