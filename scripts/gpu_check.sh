@@ -263,9 +263,9 @@ if want test-knobs && have build/test_cross_entropy_cuda test-knobs; then
             build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_TMA=0 FUSEDLOSS_CE_STREAM=0"
         FUSEDLOSS_CE_TMA=0 FUSEDLOSS_CE_STREAM=0 build/test_cross_entropy_cuda --no-big || rc=1
-        echo "### logit offsets (s30): the ring as before (OFF_PIPE=1), and the forward on the staged kernel (OFF_FWD=1, opt-in)"
+        echo "### logit offsets (s30): the ring as before (OFF_PIPE=1), and the forward on the streaming kernel (OFF_FWD=0; staged by default since s31)"
         FUSEDLOSS_CE_OFF_PIPE=1 build/test_cross_entropy_cuda --filter off || rc=1
-        FUSEDLOSS_CE_OFF_FWD=1 build/test_cross_entropy_cuda --filter off || rc=1
+        FUSEDLOSS_CE_OFF_FWD=0 build/test_cross_entropy_cuda --filter off || rc=1
         exit $rc
     '
     KEY[test-knobs]=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/test-knobs.log" | awk '{p+=$1; f+=$3} END {printf "%d passed, %d failed (%d runs)", p, f, NR}')

@@ -2140,11 +2140,12 @@ static const Knobs* knobs(void) {
         if (n.pipe_nbuf < 2 || n.pipe_nbuf > 4) n.pipe_nbuf = 3;
         n.pipe_stats = env_int("FUSEDLOSS_CE_PIPE_STATS", 0);  // 0: 3/8 of the CTA (pipe_threads_for)
         if (n.pipe_stats < 32 || n.pipe_stats % 32) n.pipe_stats = 0;
-        // a fused call with a logit offset (s30; a forward too with _OFF_FWD=1): the staged kernel, chunks of <=
-        // _OFF_KB, instead of the ring (the streaming kernel); _OFF_PIPE=1: those as before. See ce_launch
+        // a fused call or a forward with a logit offset (s30, the forward since s31; _OFF_FWD=0: the forward on the
+        // streaming kernel): the staged kernel, chunks of <= _OFF_KB, instead of the ring (the streaming kernel);
+        // _OFF_PIPE=1: both as before. See ce_launch
         n.off_pipe = env_int("FUSEDLOSS_CE_OFF_PIPE", 0) != 0;
         n.off_kb = env_int("FUSEDLOSS_CE_OFF_KB", 64);
-        n.off_fwd = env_int("FUSEDLOSS_CE_OFF_FWD", 0) != 0;   // the forward too (s30: measured, not yet tested)
+        n.off_fwd = env_int("FUSEDLOSS_CE_OFF_FWD", 1) != 0;   // the forward too (s31: tested, default)
         if (n.off_kb < 1 || n.off_kb > 200) n.off_kb = 64;
         const int ct = n.chunk_threads;
         if (ct != 64 && ct != 128 && ct != 256 && ct != 512) n.chunk_threads = 0;
@@ -2334,7 +2335,7 @@ struct Config { int T, K, C; int tma; int sms; int tcs, tper, tns, tT; size_t ts
 //                                                  free ring space beside a row's chunk (KB; default per
 //                                                  variant), the cluster size (0 = the smallest that
 //                                                  fits), ring bytes (KB, 220)
-//   FUSEDLOSS_CE_OFF_PIPE=0|1, FUSEDLOSS_CE_OFF_KB     fused (and with _OFF_FWD=1, forward) with a logit offset:
+//   FUSEDLOSS_CE_OFF_PIPE=0|1, FUSEDLOSS_CE_OFF_KB     fused and (_OFF_FWD=1, default) forward with a logit offset:
 //                                                  the plans of other calls (1: the ring / the streaming kernel)
 //                                                  or the staged kernel in chunks of <= _OFF_KB (default 0, 64 KB)
 //   FUSEDLOSS_CE_PIPE_TMAP=0|1                     its producer's copies as raw bulk copies / tensor-map
@@ -2960,14 +2961,16 @@ static fl_status ce_launch(const char* fn, int pass, CeArgs& a, const fl__ce_par
         // KB, two alternations: 8192x128256 bf16 2.92, 2.91 / 2.32, 2.32 / 2.32, 2.32; 8192x32000 bf16 3.15, 3.10 /
         // 2.31, 2.31 / 2.33, 2.31; 16384x32000 bf16 3.06, 3.20 / 2.31, 2.30 / 2.31, 2.32; 4096x50257 f32 1.91, 1.90 /
         // 2.21, 2.21 / 1.70, 1.70. Still 1.7-2.3x: the offsets' reads, not the logits', bound it (NOTES s30).
-        // FUSEDLOSS_CE_OFF_FWD=1 (opt-in: timed, its default plan not yet run through the test): the forward
-        // likewise, instead of the streaming kernel (run 11, forward x floor, streaming / staged 64 KB, two
-        // alternations: 8192x128256 bf16 2.92, 2.90 / 1.92, 1.90; 8192x32000 bf16 2.88, 2.86 / 2.04, 2.04;
-        // 4096x50257 f32 1.96, 1.95 / 1.83, 1.81). next-s30-run12.txt tests it.
-        // Class weights with label smoothing read weight[j] per element in both sweeps (the smoothing term's w_j): the
-        // same [V]-vector L2 pattern, so the same routing (s31; FUSEDLOSS_CE_OFF_PIPE=1 keeps both on the ring).
-        const int vecread = a.offset != NULL || (a.weight != NULL && (flags & F_SMOOTH));
-        const int off = vecread && !knobs()->off_pipe &&
+        // The forward likewise (FUSEDLOSS_CE_OFF_FWD, default 1 since s31; 0: the streaming kernel), s30 run 11,
+        // forward x floor, streaming / staged 64 KB, two alternations: 8192x128256 bf16 2.92, 2.90 / 1.92, 1.90;
+        // 8192x32000 bf16 2.88, 2.86 / 2.04, 2.04; 4096x50257 f32 1.96, 1.95 / 1.83, 1.81. Tested in s31 run 2
+        // (CE 223/0, offset memcheck 0, linear CE 520/0, vocab-parallel 1973/0).
+        // Class weights with label smoothing read weight[j] per element too (scalar loads), but the same route
+        // did not pay for them (s31 run 2, H100, --smoothing 0.1 --weight, fused x floor, ring / staged 64 KB, two
+        // alternations: 8192x128256 bf16 2.07, 2.07 / 2.05, 2.05; 8192x32000 bf16 2.12, 2.11 / 2.05, 2.05;
+        // 4096x50257 f32 1.39, 1.39 / 1.48, 1.44; forward staged 1.73 -> 2.08, 2.03 -> 2.16, 1.19 -> 1.52): they
+        // stay on the ring and the streaming forward.
+        const int off = a.offset != NULL && !knobs()->off_pipe &&
                         (pass == PASS_FUSED || (pass == PASS_FORWARD && knobs()->off_fwd));
         TmaPlan tp;
         if (tma_plan(pass, d.cc_major, N, V, (int)fl__dtype_size(dt), d.sms, off ? knobs()->off_kb : knobs()->kb, off,
