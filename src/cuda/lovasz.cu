@@ -420,6 +420,15 @@ static __device__ __forceinline__ double lv_dk(int fg, u32 r, double Gs, double 
     if (r == 0) return 1.0 / (Gs + 1.0);
     return (Gs - A) / ((Gs + B) * (Gs + B - 1.0));
 }
+/* lv_dk with one division (lv_jaccard2's H path): the operands selected first, so the same operations on the
+ * same values (at r = 0 a bg item has A = 0, B = 1: Gs + B is the Gs + 1.0 above), bit for bit, without three
+ * division sequences behind branches in each of the pass's unrolled items */
+static __device__ __forceinline__ double lv_dk1(int fg, u32 r, double Gs, double A) {
+    const double B = (double)(r + 1) - A;
+    const double GB = Gs + B;
+    const bool bg2 = !fg && r != 0;
+    return (bg2 ? Gs - A : 1.0) / (bg2 ? GB * (GB - 1.0) : GB);
+}
 
 /* the gradient gv of (segment s, pixel j of its set): to dinput (probabilities) or to gp [C][P] fp32
  * (logits); 32-bit index arithmetic, every index < E < 2^31 */
@@ -532,8 +541,63 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_prep(LvTileState ts, int
  * latency-bound at 28% of DRAM (s21 run 3: 226 us for a ~93 us floor); SG aims at <= 64 (4 blocks).
  * Measured (H100 s23 run 1): 64 registers, the kernel 227.5 / 227.8 -> 214.4 / 216.0 us alternated, bench_lovasz
  * probas 8.7 -> 8.9x rows, logits 7.9 -> 8.1x; tests 7118/0 with buckets everywhere, memcheck and racecheck 0. */
-template <typename T, bool BKT, bool PK = false, bool SG = false>
-static __global__ void __launch_bounds__(LV_THREADS, SG ? 4 : 0) lv_jaccard2(LvArgs a, const u32* keys, const u32* vals,
+/* H (FUSEDLOSS_LOVASZ_JAC2_HOIST, SG kernels; s31): a thread whose LV_ITEMS positions lie in one segment and
+ * before E (all but the threads that straddle a segment boundary or the end) reads the segment's V, G, base and
+ * weights once instead of at every item, knows every position valid, and forms D with one division (lv_dk1):
+ * the same operations on the same values, bit for bit. Why: the item loop is ~160 SASS instructions an item
+ * with 5 dependent global loads and three branchy double divisions (sm_90 SASS, s31), and ncu (s21) found the
+ * pass issue-latency bound at 28% of DRAM. */
+template <typename T, bool BKT, bool SG, bool ONE>
+static __device__ __forceinline__ void lv_j2_items(const LvArgs& a, const u32 (&kk)[LV_ITEMS], const u32 (&vv)[LV_ITEMS],
+                                                   u32 p0, u32 E, u32 L, u32 s_lo, int jb, const LvBkt& bk,
+                                                   const int* G, const int* base, const int* Vs, const double* lw,
+                                                   const double* gw, float* gp, int& run, double& acc,
+                                                   float (&gvr)[BKT && !SG ? LV_ITEMS : 1],
+                                                   u32 (&lbr)[BKT ? LV_ITEMS : 1], float* st_gv, u16* st_jl,
+                                                   int* b_cnt) {
+    u32 s = p0 / L, r = p0 - s * L;
+    int nv = 0;   /* ONE: items i < nv are valid (r0 + i < V) */
+    double hG = 0.0, hlw = 0.0, hgw = 0.0;
+    if constexpr (ONE) {
+        nv = Vs[s] - (int)r; run -= base[s]; hG = (double)G[s]; hlw = lw[s]; hgw = gw[s];   /* run: A from here */
+    }
+#pragma unroll
+    for (int i = 0; i < LV_ITEMS; i++) {
+        if (BKT) lbr[i] = 0xFFFFFFFFu;
+        const u32 pos = p0 + i;
+        const int fg = (int)(vv[i] & 1u);
+        run += fg;   /* inclusive: fg bits up to and including pos */
+        if (ONE ? i < nv : (pos < E && (int)r < Vs[s])) {   /* else past the end, or an ignored pixel (sorted last) */
+            /* A: fg up to and including k */
+            const double D = ONE ? lv_dk1(fg, r, hG, (double)run) : lv_dk(fg, r, (double)G[s], (double)(run - base[s]));
+            const float e = __uint_as_float(0x7FFFFFFFu - kk[i]);
+            acc += (ONE ? hlw : lw[s]) * (double)e * D;
+            if (a.fused) {
+                const float gv = (float)((ONE ? hgw : gw[s]) * D * (fg ? -1.0 : 1.0));
+                const u32 j = (vv[i] >> 1) & ((1u << jb) - 1u);
+                if (BKT) {
+                    const u32 lb = (s - s_lo) * bk.nb + (j >> bk.bits);
+                    if constexpr (SG) {   /* [i][thread]: conflict-free; read back by this thread only */
+                        st_gv[i * LV_THREADS + threadIdx.x] = gv;
+                        st_jl[i * LV_THREADS + threadIdx.x] = (u16)(j & ((1u << bk.bits) - 1u));
+                    } else {
+                        gvr[i] = gv;
+                    }
+                    lbr[i] = (lb << 16) | (u32)atomicAdd(&b_cnt[lb], 1);
+                } else {
+                    lv_store_grad<T>(a, gp, s, j, gv);
+                }
+            }
+        }
+        if (++r == L) {
+            r = 0;
+            s++;
+        }
+    }
+}
+
+template <typename T, bool BKT, bool PK = false, bool SG = false, int H = 0>
+static __global__ void __launch_bounds__(LV_THREADS, SG ? (H == 2 ? 3 : 4) : 0) lv_jaccard2(LvArgs a, const u32* keys, const u32* vals,
                                                                  LvTileState ts, const int* G, const int* base,
                                                                  const int* Vs, const double* lw, const double* gw,
                                                                  float* gp, double* part, int jb, LvBkt bk) {
@@ -610,39 +674,12 @@ static __global__ void __launch_bounds__(LV_THREADS, SG ? 4 : 0) lv_jaccard2(LvA
     double acc = 0.0;
     float gvr[BKT && !SG ? LV_ITEMS : 1];
     u32 lbr[BKT ? LV_ITEMS : 1];   /* (local bucket << 16) | rank in it, 0xFFFFFFFF: no entry */
-    u32 s = p0 / L, r = p0 - s * L;
-#pragma unroll
-    for (int i = 0; i < LV_ITEMS; i++) {
-        if (BKT) lbr[i] = 0xFFFFFFFFu;
-        const u32 pos = p0 + i;
-        const int fg = (int)(vv[i] & 1u);
-        run += fg;   /* inclusive: fg bits up to and including pos */
-        if (pos < E && (int)r < Vs[s]) {   /* else past the end, or an ignored pixel (sorted last) */
-            const double D = lv_dk(fg, r, (double)G[s], (double)(run - base[s]));   /* A: fg up to and including k */
-            const float e = __uint_as_float(0x7FFFFFFFu - kk[i]);
-            acc += lw[s] * (double)e * D;
-            if (a.fused) {
-                const float gv = (float)(gw[s] * D * (fg ? -1.0 : 1.0));
-                const u32 j = (vv[i] >> 1) & ((1u << jb) - 1u);
-                if (BKT) {
-                    const u32 lb = (s - s_lo) * bk.nb + (j >> bk.bits);
-                    if constexpr (SG) {   /* [i][thread]: conflict-free; read back by this thread only */
-                        st_gv[i * LV_THREADS + threadIdx.x] = gv;
-                        st_jl[i * LV_THREADS + threadIdx.x] = (u16)(j & ((1u << bk.bits) - 1u));
-                    } else {
-                        gvr[i] = gv;
-                    }
-                    lbr[i] = (lb << 16) | (u32)atomicAdd(&b_cnt[lb], 1);
-                } else {
-                    lv_store_grad<T>(a, gp, s, j, gv);
-                }
-            }
-        }
-        if (++r == L) {
-            r = 0;
-            s++;
-        }
-    }
+    if (H != 0 && p0 + LV_ITEMS <= E && (p0 + LV_ITEMS - 1) / L == p0 / L)
+        lv_j2_items<T, BKT, SG, true>(a, kk, vv, p0, E, L, s_lo, jb, bk, G, base, Vs, lw, gw, gp, run, acc, gvr, lbr,
+                                      st_gv, st_jl, b_cnt);
+    else
+        lv_j2_items<T, BKT, SG, false>(a, kk, vv, p0, E, L, s_lo, jb, bk, G, base, Vs, lw, gw, gp, run, acc, gvr, lbr,
+                                       st_gv, st_jl, b_cnt);
     if constexpr (BKT) if (a.fused) {
         __syncthreads();   /* every count in */
         /* runs' offsets in the staging arrays (exclusive scan of the counts, 2 buckets a thread) and
@@ -1185,6 +1222,7 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
             bk.cur = (int*)(ws + pl.off_cur);
         }
         const int64_t ncur = bkt ? pl.S * nb : 0;
+        const int hoist = lv_env_int("FUSEDLOSS_LOVASZ_JAC2_HOIST", 1);   /* lv_jaccard2's H: 0 off, 1, 2 */
         lv_prep<<<(unsigned)((pl.ntiles + LV_THREADS - 1) / LV_THREADS), LV_THREADS, 0, stream>>>(
             ts, (int)pl.ntiles, bk.cur, ncur, G, pl.nsets, p->C, a.all, p->per_image, p->N, grad_loss, grad_scale,
             base, Vs, lw, gw);
@@ -1194,6 +1232,12 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         else if (pk)
             lv_jaccard2<T, false, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
+                ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
+        else if (bkt && lv_env_int("FUSEDLOSS_LOVASZ_JAC2_SG", 1) != 0 && hoist == 2)   /* H above, 3 blocks an SM */
+            lv_jaccard2<T, true, false, true, 2><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
+                ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
+        else if (bkt && lv_env_int("FUSEDLOSS_LOVASZ_JAC2_SG", 1) != 0 && hoist == 1)   /* H above, 4 blocks an SM */
+            lv_jaccard2<T, true, false, true, 1><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         else if (bkt && lv_env_int("FUSEDLOSS_LOVASZ_JAC2_SG", 1) != 0)   /* SG above: H100 s23 run 1 227.5 -> 215 us */
             lv_jaccard2<T, true, false, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
