@@ -748,7 +748,10 @@ static __global__ void __launch_bounds__(LV_THREADS, SG ? (H == 2 ? 3 : 4) : 0) 
  * the same window slots, so the output is bit for bit the same. H100 s23 run 3, alternated twice: 120.6 / 120.7
  * -> 107.5 / 107.9 us; tests 7158/0 (bitwise A/B row), memcheck 0. */
 #define LV_FB 8
-template <typename T, bool BL = false>
+/* H (with lv_jaccard2's, FUSEDLOSS_LOVASZ_JAC2_HOIST != 0; s31): the window's destination formed once (its set
+ * and class, and its image when the window lies in one) instead of two integer divisions a pixel in
+ * lv_store_grad (~50 sm_90 instructions a pixel in the write-out loop); the same values to the same places. */
+template <typename T, bool BL = false, bool H = false>
 static __global__ void __launch_bounds__(LV_THREADS) lv_flush(LvArgs a, LvBkt bk, float* gp) {
     __shared__ float win[1 << LV_BB_MAX];
     __shared__ u32 msk[(1 << LV_BB_MAX) / 32];
@@ -786,6 +789,24 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_flush(LvArgs a, LvBkt bk
         }
     }
     __syncthreads();
+    if constexpr (H) {
+        const u32 C32 = (u32)a.C, d32 = (u32)a.d;
+        const u32 set = s / C32, c = s - set * C32;
+        const u32 i0 = a.per_image ? set * d32 + lo : lo;   /* the window's first pixel (lv_store_grad's i) */
+        if (a.from_logits) {
+            float* dst = gp + (size_t)c * (u32)a.P + i0;
+            for (u32 q = threadIdx.x; q < npx; q += LV_THREADS)
+                if ((msk[q >> 5] >> (q & 31)) & 1u) dst[q] = win[q];
+            return;
+        }
+        const u32 n0 = i0 / d32, k0 = i0 - n0 * d32;
+        if (k0 + npx <= d32) {   /* one image: consecutive pixels at consecutive addresses */
+            T* dst = (T*)a.dx + (int64_t)n0 * a.ld + (int64_t)c * d32 + k0;
+            for (u32 q = threadIdx.x; q < npx; q += LV_THREADS)
+                if ((msk[q >> 5] >> (q & 31)) & 1u) dst[q] = from_float<T>(win[q]);
+            return;
+        }
+    }
     for (u32 q = threadIdx.x; q < npx; q += LV_THREADS)
         if ((msk[q >> 5] >> (q & 31)) & 1u) lv_store_grad<T>(a, gp, s, lo + q, win[q]);
 }
@@ -1250,7 +1271,9 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         FL_CUDA_TRY(cudaGetLastError());
         if (bkt) {
-            if (lv_env_int("FUSEDLOSS_LOVASZ_FLUSH_BATCH", 1) != 0)   /* BL above */
+            if (lv_env_int("FUSEDLOSS_LOVASZ_FLUSH_BATCH", 1) != 0 && hoist != 0)   /* BL and H above */
+                lv_flush<T, true, true><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(ag, bk, gp);
+            else if (lv_env_int("FUSEDLOSS_LOVASZ_FLUSH_BATCH", 1) != 0)   /* BL above */
                 lv_flush<T, true><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(ag, bk, gp);
             else
                 lv_flush<T><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(ag, bk, gp);
