@@ -541,12 +541,13 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_prep(LvTileState ts, int
  * latency-bound at 28% of DRAM (s21 run 3: 226 us for a ~93 us floor); SG aims at <= 64 (4 blocks).
  * Measured (H100 s23 run 1): 64 registers, the kernel 227.5 / 227.8 -> 214.4 / 216.0 us alternated, bench_lovasz
  * probas 8.7 -> 8.9x rows, logits 7.9 -> 8.1x; tests 7118/0 with buckets everywhere, memcheck and racecheck 0. */
-/* H (FUSEDLOSS_LOVASZ_JAC2_HOIST, SG kernels; s31): a thread whose LV_ITEMS positions lie in one segment and
+/* H (FUSEDLOSS_LOVASZ_JAC2_HOIST=1 or 2, SG kernels; s31, opt-in until its test has run on a GPU): a thread whose LV_ITEMS positions lie in one segment and
  * before E (all but the threads that straddle a segment boundary or the end) reads the segment's V, G, base and
  * weights once instead of at every item, knows every position valid, and forms D with one division (lv_dk1):
  * the same operations on the same values, bit for bit. Why: the item loop is ~160 SASS instructions an item
  * with 5 dependent global loads and three branchy double divisions (sm_90 SASS, s31), and ncu (s21) found the
- * pass issue-latency bound at 28% of DRAM. */
+ * pass issue-latency bound at 28% of DRAM. sm_90: H 1 ~88 instructions an item at 64 registers (84 bytes of
+ * spill stores), H 2 ~84 at 76 registers (3 blocks an SM, no spills); H 0 the s23 kernel (SASS identical). */
 template <typename T, bool BKT, bool SG, bool ONE>
 static __device__ __forceinline__ void lv_j2_items(const LvArgs& a, const u32 (&kk)[LV_ITEMS], const u32 (&vv)[LV_ITEMS],
                                                    u32 p0, u32 E, u32 L, u32 s_lo, int jb, const LvBkt& bk,
@@ -1243,7 +1244,9 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
             bk.cur = (int*)(ws + pl.off_cur);
         }
         const int64_t ncur = bkt ? pl.S * nb : 0;
-        const int hoist = lv_env_int("FUSEDLOSS_LOVASZ_JAC2_HOIST", 1);   /* lv_jaccard2's H: 0 off, 1, 2 */
+        /* lv_jaccard2's and lv_flush's H: 0 off (default), 1, 2 (3 blocks an SM). Opt-in: built in s31 with no device
+         * time left to run its test (scripts/tasks/next-s31-run5.txt is that test and the A/B) */
+        const int hoist = lv_env_int("FUSEDLOSS_LOVASZ_JAC2_HOIST", 0);
         lv_prep<<<(unsigned)((pl.ntiles + LV_THREADS - 1) / LV_THREADS), LV_THREADS, 0, stream>>>(
             ts, (int)pl.ntiles, bk.cur, ncur, G, pl.nsets, p->C, a.all, p->per_image, p->N, grad_loss, grad_scale,
             base, Vs, lw, gw);
