@@ -429,8 +429,8 @@ static int build_cases(ce_case* cs, int cap) {
         c.red = FL_REDUCTION_SUM; c.ldpad = 3; ADD(c);
         c = base_case(128, 1000, dt); c.offset = 1; c.ignore_frac = 0.3; ADD(c);
         c = base_case(7, 50257, dt); c.offset = 1; c.softcap = 20.0f; ADD(c);
-        /* class weights with smoothing read weight[j] per element: the staged kernel's route, as the offsets' (s31),
-         * at a length --small keeps (and its sanitizer runs, --filter " w") */
+        /* class weights with smoothing read weight[j] per element, as the offsets do (s31 measured them on the
+         * offsets' staged route and kept the ring): a length --small keeps, for its sanitizer runs (--filter " w") */
         c = base_case(7, 50257, dt); c.eps = 0.1f; c.weights = 1; c.ignore_frac = 0.3; ADD(c);
         /* many short rows (>= 512 rows of <= 64 vectors): row groups of 8 / 16 lanes, several
          * rows per warp (segmentation's 19 classes, V = 1, 3, 100; V = 250 at fp32 would need 32
