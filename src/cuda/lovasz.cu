@@ -1246,7 +1246,10 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
         const int64_t ncur = bkt ? pl.S * nb : 0;
         /* lv_jaccard2's and lv_flush's H: 0 off (default), 1, 2 (3 blocks an SM). Opt-in: built in s31 with no device
          * time left to run its test (scripts/tasks/next-s31-run5.txt is that test and the A/B) */
-        const int hoist = lv_env_int("FUSEDLOSS_LOVASZ_JAC2_HOIST", 0);
+        int hoist = lv_env_int("FUSEDLOSS_LOVASZ_JAC2_HOIST", 0);
+        if (hoist != 1 && hoist != 2) hoist = 0;
+        const int sg = lv_env_int("FUSEDLOSS_LOVASZ_JAC2_SG", 1) != 0;
+        const int fbatch = lv_env_int("FUSEDLOSS_LOVASZ_FLUSH_BATCH", 1) != 0;
         lv_prep<<<(unsigned)((pl.ntiles + LV_THREADS - 1) / LV_THREADS), LV_THREADS, 0, stream>>>(
             ts, (int)pl.ntiles, bk.cur, ncur, G, pl.nsets, p->C, a.all, p->per_image, p->N, grad_loss, grad_scale,
             base, Vs, lw, gw);
@@ -1257,13 +1260,13 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
         else if (pk)
             lv_jaccard2<T, false, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
-        else if (bkt && lv_env_int("FUSEDLOSS_LOVASZ_JAC2_SG", 1) != 0 && hoist == 2)   /* H above, 3 blocks an SM */
+        else if (bkt && sg && hoist == 2)   /* H above, 3 blocks an SM */
             lv_jaccard2<T, true, false, true, 2><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
-        else if (bkt && lv_env_int("FUSEDLOSS_LOVASZ_JAC2_SG", 1) != 0 && hoist == 1)   /* H above, 4 blocks an SM */
+        else if (bkt && sg && hoist == 1)   /* H above, 4 blocks an SM */
             lv_jaccard2<T, true, false, true, 1><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
-        else if (bkt && lv_env_int("FUSEDLOSS_LOVASZ_JAC2_SG", 1) != 0)   /* SG above: H100 s23 run 1 227.5 -> 215 us */
+        else if (bkt && sg)   /* SG above: H100 s23 run 1 227.5 -> 215 us */
             lv_jaccard2<T, true, false, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         else if (bkt)
@@ -1274,9 +1277,9 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         FL_CUDA_TRY(cudaGetLastError());
         if (bkt) {
-            if (lv_env_int("FUSEDLOSS_LOVASZ_FLUSH_BATCH", 1) != 0 && hoist != 0)   /* BL and H above */
+            if (fbatch && hoist != 0)   /* BL and H above */
                 lv_flush<T, true, true><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(ag, bk, gp);
-            else if (lv_env_int("FUSEDLOSS_LOVASZ_FLUSH_BATCH", 1) != 0)   /* BL above */
+            else if (fbatch)   /* BL above */
                 lv_flush<T, true><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(ag, bk, gp);
             else
                 lv_flush<T><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(ag, bk, gp);
