@@ -541,13 +541,16 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_prep(LvTileState ts, int
  * latency-bound at 28% of DRAM (s21 run 3: 226 us for a ~93 us floor); SG aims at <= 64 (4 blocks).
  * Measured (H100 s23 run 1): 64 registers, the kernel 227.5 / 227.8 -> 214.4 / 216.0 us alternated, bench_lovasz
  * probas 8.7 -> 8.9x rows, logits 7.9 -> 8.1x; tests 7118/0 with buckets everywhere, memcheck and racecheck 0. */
-/* H (FUSEDLOSS_LOVASZ_JAC2_HOIST=1 or 2, SG kernels; s31, opt-in until its test has run on a GPU): a thread whose LV_ITEMS positions lie in one segment and
+/* H (SG kernels; s31, the default since s32; FUSEDLOSS_LOVASZ_JAC2_HOIST=0: the s23 kernels): a thread whose LV_ITEMS positions lie in one segment and
  * before E (all but the threads that straddle a segment boundary or the end) reads the segment's V, G, base and
  * weights once instead of at every item, knows every position valid, and forms D with one division (lv_dk1):
  * the same operations on the same values, bit for bit. Why: the item loop is ~160 SASS instructions an item
  * with 5 dependent global loads and three branchy double divisions (sm_90 SASS, s31), and ncu (s21) found the
- * pass issue-latency bound at 28% of DRAM. sm_90: H 1 ~88 instructions an item at 64 registers (84 bytes of
- * spill stores), H 2 ~84 at 76 registers (3 blocks an SM, no spills); H 0 the s23 kernel (SASS identical). */
+ * pass issue-latency bound at 28% of DRAM. sm_90: ~84 instructions an item at 76 registers (3 blocks an SM, no
+ * spills); H 0 the s23 kernel (SASS identical). Measured (H100 s32 run 1, profile_lovasz 4x19x512x512 fp32,
+ * alternated): lv_jaccard2 216.3 / 215.6 -> 207.5 us, lv_flush 106 -> 98 us, the step's kernels 1.335 -> 1.322 ms:
+ * ~1%, far less than the instruction count promised (so the pass is not issue-bound after all). Bounded to 4
+ * blocks an SM (64 registers, 84 bytes of spills; s31's H 1) it was slower than H 0: 223-225 us, removed. */
 template <typename T, bool BKT, bool SG, bool ONE>
 static __device__ __forceinline__ void lv_j2_items(const LvArgs& a, const u32 (&kk)[LV_ITEMS], const u32 (&vv)[LV_ITEMS],
                                                    u32 p0, u32 E, u32 L, u32 s_lo, int jb, const LvBkt& bk,
@@ -598,7 +601,7 @@ static __device__ __forceinline__ void lv_j2_items(const LvArgs& a, const u32 (&
 }
 
 template <typename T, bool BKT, bool PK = false, bool SG = false, int H = 0>
-static __global__ void __launch_bounds__(LV_THREADS, SG ? (H == 2 ? 3 : 4) : 0) lv_jaccard2(LvArgs a, const u32* keys, const u32* vals,
+static __global__ void __launch_bounds__(LV_THREADS, SG ? (H ? 3 : 4) : 0) lv_jaccard2(LvArgs a, const u32* keys, const u32* vals,
                                                                  LvTileState ts, const int* G, const int* base,
                                                                  const int* Vs, const double* lw, const double* gw,
                                                                  float* gp, double* part, int jb, LvBkt bk) {
@@ -1244,10 +1247,8 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
             bk.cur = (int*)(ws + pl.off_cur);
         }
         const int64_t ncur = bkt ? pl.S * nb : 0;
-        /* lv_jaccard2's and lv_flush's H: 0 off (default), 1, 2 (3 blocks an SM). Opt-in: built in s31 with no device
-         * time left to run its test (scripts/tasks/next-s31-run5.txt is that test and the A/B) */
-        int hoist = lv_env_int("FUSEDLOSS_LOVASZ_JAC2_HOIST", 0);
-        if (hoist != 1 && hoist != 2) hoist = 0;
+        /* lv_jaccard2's and lv_flush's H (default 1; 0: the s23 kernels): s32 run 1 (H100), kernels 1.335 -> 1.322 ms */
+        const int hoist = lv_env_int("FUSEDLOSS_LOVASZ_JAC2_HOIST", 1) != 0;
         const int sg = lv_env_int("FUSEDLOSS_LOVASZ_JAC2_SG", 1) != 0;
         const int fbatch = lv_env_int("FUSEDLOSS_LOVASZ_FLUSH_BATCH", 1) != 0;
         lv_prep<<<(unsigned)((pl.ntiles + LV_THREADS - 1) / LV_THREADS), LV_THREADS, 0, stream>>>(
@@ -1260,10 +1261,7 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
         else if (pk)
             lv_jaccard2<T, false, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
-        else if (bkt && sg && hoist == 2)   /* H above, 3 blocks an SM */
-            lv_jaccard2<T, true, false, true, 2><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
-                ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
-        else if (bkt && sg && hoist == 1)   /* H above, 4 blocks an SM */
+        else if (bkt && sg && hoist)   /* H above, 3 blocks an SM */
             lv_jaccard2<T, true, false, true, 1><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         else if (bkt && sg)   /* SG above: H100 s23 run 1 227.5 -> 215 us */
@@ -1277,7 +1275,7 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         FL_CUDA_TRY(cudaGetLastError());
         if (bkt) {
-            if (fbatch && hoist != 0)   /* BL and H above */
+            if (fbatch && hoist)   /* BL and H above */
                 lv_flush<T, true, true><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(ag, bk, gp);
             else if (fbatch)   /* BL above */
                 lv_flush<T, true><<<(unsigned)ncur, LV_THREADS, 0, stream>>>(ag, bk, gp);
