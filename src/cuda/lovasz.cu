@@ -544,9 +544,9 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_prep(LvTileState ts, int
 /* H (SG kernels; s31, the default since s32; FUSEDLOSS_LOVASZ_JAC2_HOIST=0: the s23 kernels): a thread whose LV_ITEMS positions lie in one segment and
  * before E (all but the threads that straddle a segment boundary or the end) reads the segment's V, G, base and
  * weights once instead of at every item, knows every position valid, and forms D with one division (lv_dk1):
- * the same operations on the same values, bit for bit. Why: the item loop is ~160 SASS instructions an item
- * with 5 dependent global loads and three branchy double divisions (sm_90 SASS, s31), and ncu (s21) found the
- * pass issue-latency bound at 28% of DRAM. sm_90: ~84 instructions an item at 76 registers (3 blocks an SM, no
+ * the same operations on the same values, bit for bit. Why (s31's reading): the item loop is ~160 SASS
+ * instructions an item with 5 dependent global loads and three branchy double divisions, and ncu (s21) found the
+ * pass latency-bound at 28% of DRAM. sm_90: ~84 instructions an item at 76 registers (3 blocks an SM, no
  * spills); H 0 the s23 kernel (SASS identical). Measured (H100 s32 run 1, profile_lovasz 4x19x512x512 fp32,
  * alternated): lv_jaccard2 216.3 / 215.6 -> 207.5 us, lv_flush 106 -> 98 us, the step's kernels 1.335 -> 1.322 ms:
  * ~1%, far less than the instruction count promised (so the pass is not issue-bound after all). Bounded to 4
@@ -600,7 +600,7 @@ static __device__ __forceinline__ void lv_j2_items(const LvArgs& a, const u32 (&
     }
 }
 
-template <typename T, bool BKT, bool PK = false, bool SG = false, int H = 0>
+template <typename T, bool BKT, bool PK = false, bool SG = false, bool H = false>
 static __global__ void __launch_bounds__(LV_THREADS, SG ? (H ? 3 : 4) : 0) lv_jaccard2(LvArgs a, const u32* keys, const u32* vals,
                                                                  LvTileState ts, const int* G, const int* base,
                                                                  const int* Vs, const double* lw, const double* gw,
@@ -678,7 +678,7 @@ static __global__ void __launch_bounds__(LV_THREADS, SG ? (H ? 3 : 4) : 0) lv_ja
     double acc = 0.0;
     float gvr[BKT && !SG ? LV_ITEMS : 1];
     u32 lbr[BKT ? LV_ITEMS : 1];   /* (local bucket << 16) | rank in it, 0xFFFFFFFF: no entry */
-    if (H != 0 && p0 + LV_ITEMS <= E && (p0 + LV_ITEMS - 1) / L == p0 / L)
+    if (H && p0 + LV_ITEMS <= E && (p0 + LV_ITEMS - 1) / L == p0 / L)
         lv_j2_items<T, BKT, SG, true>(a, kk, vv, p0, E, L, s_lo, jb, bk, G, base, Vs, lw, gw, gp, run, acc, gvr, lbr,
                                       st_gv, st_jl, b_cnt);
     else
@@ -752,7 +752,7 @@ static __global__ void __launch_bounds__(LV_THREADS, SG ? (H ? 3 : 4) : 0) lv_ja
  * the same window slots, so the output is bit for bit the same. H100 s23 run 3, alternated twice: 120.6 / 120.7
  * -> 107.5 / 107.9 us; tests 7158/0 (bitwise A/B row), memcheck 0. */
 #define LV_FB 8
-/* H (with lv_jaccard2's, FUSEDLOSS_LOVASZ_JAC2_HOIST != 0; s31): the window's destination formed once (its set
+/* H (with lv_jaccard2's, FUSEDLOSS_LOVASZ_JAC2_HOIST, default 1 since s32): the window's destination formed once (its set
  * and class, and its image when the window lies in one) instead of two integer divisions a pixel in
  * lv_store_grad (~50 sm_90 instructions a pixel in the write-out loop); the same values to the same places. */
 template <typename T, bool BL = false, bool H = false>
@@ -1262,7 +1262,7 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
             lv_jaccard2<T, false, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         else if (bkt && sg && hoist)   /* H above, 3 blocks an SM */
-            lv_jaccard2<T, true, false, true, 1><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
+            lv_jaccard2<T, true, false, true, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
                 ag, (const u32*)keys, vals, ts, G, base, Vs, lw, gw, gp, part, pl.jbits, bk);
         else if (bkt && sg)   /* SG above: H100 s23 run 1 227.5 -> 215 us */
             lv_jaccard2<T, true, false, true><<<(unsigned)pl.ntiles, LV_THREADS, 0, stream>>>(
