@@ -55,6 +55,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cub/agent/agent_radix_sort_histogram.cuh>
+#include <cub/agent/agent_radix_sort_onesweep.cuh>
 #include <cub/agent/single_pass_scan_operators.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
@@ -939,6 +941,126 @@ static cudaError_t lv_sort_packed(int R, void* temp, size_t& tb, cub::DoubleBuff
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* FUSEDLOSS_LOVASZ_SEGSORT (s33): the 32-bit path's sort without pass B                        */
+/*                                                                                            */
+/* The 8-byte-pair path sorts all E error keys as one array (pass A, 4 onesweep passes) and then */
+/* stably by segment (pass B: one more onesweep pass, a histogram kernel, two memsets): H100 s33  */
+/* run 1, 4x19x512x512, pass B is ~151 us of onesweep + ~42 us of histogram + ~6 us of small ops  */
+/* of the 1.327 ms of kernels. But the keys are laid out segment by segment already (position    */
+/* s L + j), so each segment can be sorted on its own by its 32 error-key bits: the same order    */
+/* (an LSD radix sort is stable and the input is in increasing j), with no segment pass at all.   */
+/* Here that is one onesweep sort a segment, all segments in the same four launches: CUB's       */
+/* onesweep and histogram agents (the library's own ranking, look-back and scatter) under thin    */
+/* kernels that give each block its segment's pointers: keys + s L, the segment's digit offsets   */
+/* (s L + the exclusive sum of its histogram), its own tile counter and look-back rows. A block's */
+/* tile within its segment comes from the agent's atomic counter, so the look-back only waits on  */
+/* blocks that already run (the forward-progress argument of CUB's own kernel). The look-back    */
+/* rows alternate between two regions: each block of pass p zeroes one row of the region pass   */
+/* p + 1 uses (pass p - 1's, finished), so one memset before the sort is all the zeroing.        */
+/* The tile shape is CUB's sm_90 tuning for 4-byte keys with 4-byte values and int offsets       */
+/* (384 x 23, what pass A runs today on sm_90).                                                  */
+#define LV_SEG_THREADS 384
+#define LV_SEG_ITEMS 23
+#define LV_SEG_TILE (LV_SEG_THREADS * LV_SEG_ITEMS)
+#define LV_SEG_HTHREADS 128   /* the histogram agent's shape: CUB's sm_90 tuning for 4-byte keys */
+#define LV_SEG_HITEMS 16
+#define LV_SEG_LMAX (1 << 28) /* a segment is one onesweep portion (CUB's portion size) */
+typedef cub::AgentRadixSortOnesweepPolicy<LV_SEG_THREADS, LV_SEG_ITEMS, u32, 1, cub::RADIX_RANK_MATCH_EARLY_COUNTS_ANY,
+                                          cub::BLOCK_SCAN_RAKING_MEMOIZE, cub::RADIX_SORT_STORE_DIRECT, 8>
+    LvSegPolicy;
+typedef cub::detail::radix_sort::AgentRadixSortOnesweep<LvSegPolicy, false, u32, u32, u32, int> LvSegAgent;
+typedef cub::AgentRadixSortHistogramPolicy<LV_SEG_HTHREADS, LV_SEG_HITEMS, 1, u32, 8> LvSegHistPolicy;
+typedef cub::detail::radix_sort::AgentRadixSortHistogram<LvSegHistPolicy, false, u32, u32> LvSegHistAgent;
+static_assert(LvSegAgent::TILE_ITEMS == LV_SEG_TILE, "the onesweep tile the host plans with");
+
+/* the four 8-bit digit histograms of every segment: hist[s][pass][256] (zeroed before); blockIdx.y
+ * is the segment, blockIdx.x strides over its keys */
+__global__ void __launch_bounds__(LV_SEG_HTHREADS) lv_seg_hist(u32* hist, const u32* keys, int L) {
+    __shared__ typename LvSegHistAgent::TempStorage ts;
+    LvSegHistAgent ag(ts, hist + (size_t)blockIdx.y * 1024, keys + (int64_t)blockIdx.y * L, (u32)L, 0, 32);
+    ag.Process();
+}
+
+/* bins[s][pass][b] = s L + the exclusive sum of hist[s][pass][0, b): where digit b of segment s
+ * starts in the pass's output. One block of 256 a (segment, pass). */
+__global__ void __launch_bounds__(256) lv_seg_bins(const u32* hist, u32* bins, int L) {
+    typedef cub::BlockScan<u32, 256> Scan;
+    __shared__ typename Scan::TempStorage ts;
+    const size_t i = (size_t)blockIdx.x * 256 + threadIdx.x;
+    u32 ex;
+    Scan(ts).ExclusiveSum(hist[i], ex);
+    bins[i] = (u32)((uint64_t)(blockIdx.x >> 2) * (u32)L + ex);
+}
+
+/* one onesweep pass (bits [bit, bit + 8)) over every segment: block b works in segment b / tps;
+ * lb: this pass's look-back rows ([segment][tile][256], zero), lb_zero: the next pass's (zeroed
+ * here for this block's tile) or NULL; ctr: this pass's tile counters [S] (zero); bins: this
+ * pass's digit starts (bins[s * 1024 + b]); keys / values in at s L, out at the absolute starts */
+__global__ void __launch_bounds__(LV_SEG_THREADS) lv_seg_onesweep(int* lb, int* lb_zero, int* ctr, const u32* bins,
+                                                                  u32* ko, const u32* ki, u32* vo, const u32* vi,
+                                                                  int L, int tps, int bit, int nbits) {
+    __shared__ typename LvSegAgent::TempStorage ts;
+    /* the next pass's rows: one a block (rows s tps + t and blocks s tps + t are the same S tps) */
+    if (lb_zero && threadIdx.x < 256) lb_zero[(size_t)blockIdx.x * 256 + threadIdx.x] = 0;
+    const int s = (int)(blockIdx.x / (unsigned)tps);
+    const int64_t so = (int64_t)s * L;
+    LvSegAgent ag(ts, lb + (int64_t)s * tps * 256, ctr + s, nullptr, bins + (size_t)s * 1024, ko, ki + so, vo,
+                  vi + so, L, bit, nbits);
+    ag.Process();
+}
+
+/* the scratch of lv_seg_sort: hist | bins | counters | look-back region 0 | region 1 */
+static size_t lv_seg_bytes(int64_t S, int64_t L, size_t* off_bins, size_t* off_ctr, size_t* off_lb0, size_t* off_lb1) {
+    const int64_t tps = (L + LV_SEG_TILE - 1) / LV_SEG_TILE;
+    const size_t h = ((size_t)S * 4096 + 255) & ~(size_t)255;
+    const size_t c = ((size_t)S * 16 + 255) & ~(size_t)255;
+    const size_t lb = ((size_t)(S * tps) * 1024 + 255) & ~(size_t)255;
+    if (off_bins) {
+        *off_bins = h;
+        *off_ctr = 2 * h;
+        *off_lb0 = 2 * h + c;
+        *off_lb1 = 2 * h + c + lb;
+    }
+    return 2 * h + c + 2 * lb;
+}
+
+#define LV_CU_TRY(expr)                          \
+    do {                                          \
+        const cudaError_t lv__e_ = (expr);        \
+        if (lv__e_ != cudaSuccess) return lv__e_; \
+    } while (0)
+
+/* the 32-bit pairs (k, v: E = S L each, segment s at s L) sorted by key within each segment, stably;
+ * k / v flipped as CUB's DoubleBuffer (four passes: Current() ends where it began) */
+static cudaError_t lv_seg_sort(char* tmp, cub::DoubleBuffer<u32>& k, cub::DoubleBuffer<u32>& v, int64_t S, int64_t L,
+                               int sms, cudaStream_t stream) {
+    size_t ob, oc, o0, o1;
+    lv_seg_bytes(S, L, &ob, &oc, &o0, &o1);
+    const int tps = (int)((L + LV_SEG_TILE - 1) / LV_SEG_TILE);
+    u32* hist = (u32*)tmp;
+    u32* bins = (u32*)(tmp + ob);
+    int* ctr = (int*)(tmp + oc);
+    int* lb[2] = {(int*)(tmp + o0), (int*)(tmp + o1)};
+    LV_CU_TRY(cudaMemsetAsync(tmp, 0, o1, stream));   /* hist, bins, counters, region 0 */
+    int64_t hx = ((int64_t)sms * 12 + S - 1) / S;        /* ~12 blocks an SM in all (CUB: occupancy x SMs) */
+    const int64_t ht = (L + LV_SEG_HTHREADS * LV_SEG_HITEMS - 1) / (LV_SEG_HTHREADS * LV_SEG_HITEMS);
+    if (hx > ht) hx = ht;
+    lv_seg_hist<<<dim3((unsigned)hx, (unsigned)S), LV_SEG_HTHREADS, 0, stream>>>(hist, k.Current(), (int)L);
+    LV_CU_TRY(cudaGetLastError());
+    lv_seg_bins<<<(unsigned)(S * 4), 256, 0, stream>>>(hist, bins, (int)L);
+    LV_CU_TRY(cudaGetLastError());
+    for (int p = 0; p < 4; p++) {
+        lv_seg_onesweep<<<(unsigned)(S * tps), LV_SEG_THREADS, 0, stream>>>(
+            lb[p & 1], p < 3 ? lb[(p + 1) & 1] : nullptr, ctr + p * S, bins + p * 256, k.Alternate(), k.Current(),
+            v.Alternate(), v.Current(), (int)L, tps, 8 * p, 8);
+        LV_CU_TRY(cudaGetLastError());
+        k.selector ^= 1;
+        v.selector ^= 1;
+    }
+    return cudaSuccess;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* workspace plan                                                                             */
 
 typedef struct {
@@ -1036,6 +1158,12 @@ static cudaError_t lv_plan(int64_t N, int64_t C, int64_t d, int per_image, int f
             if (e != cudaSuccess) return e;
             if (t2 > t_scan) t_scan = t2;
         }
+    }
+    /* SEGSORT's scratch (lv_seg_sort) shares the CUB scratch's place: planned where the path is possible
+     * (the 32-bit path with segments of <= LV_SEG_LMAX), whatever the knob says */
+    if (pl->E > 0 && pl->sbits > 0 && 1 + pl->jbits + pl->sbits <= 32 && pl->L <= LV_SEG_LMAX && pl->S <= 65535) {
+        const size_t t_seg = lv_seg_bytes(pl->S, pl->L, NULL, NULL, NULL, NULL);
+        if (t_seg > t_sort) t_sort = t_seg;
     }
     pl->temp_bytes = al256(t_sort > t_scan ? t_sort : t_scan);
     pl->total = o + pl->temp_bytes;
@@ -1194,8 +1322,18 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
         bucket_gv = (float*)(ws + pl.off_vals1);
     } else if (k32) {
         cub::DoubleBuffer<u32> eb((u32*)(ws + pl.off_keys0), (u32*)(ws + pl.off_keys1));
-        FL_CUDA_TRY(cub::DeviceRadixSort::SortPairs((void*)(ws + pl.off_temp), tb, eb, vb, (int)pl.E, 0, 32, stream));
-        if (pl.sbits > 0) {
+        /* FUSEDLOSS_LOVASZ_SEGSORT (s33, default 0 until measured): each segment sorted on its own by its
+         * error keys (lv_seg_sort), for segments of >= FUSEDLOSS_LOVASZ_SEGSORT_MIN pixels (default 65536):
+         * the same order as pass A + pass B, without pass B */
+        const int segsort = pl.sbits > 0 && pl.L <= LV_SEG_LMAX && pl.S <= 65535 &&
+                            lv_env_int("FUSEDLOSS_LOVASZ_SEGSORT", 0) != 0 &&
+                            pl.L >= (int64_t)lv_env_int("FUSEDLOSS_LOVASZ_SEGSORT_MIN", 65536);
+        if (segsort) {
+            FL_CUDA_TRY(lv_seg_sort(ws + pl.off_temp, eb, vb, pl.S, pl.L, sms, stream));
+        } else {
+            FL_CUDA_TRY(cub::DeviceRadixSort::SortPairs((void*)(ws + pl.off_temp), tb, eb, vb, (int)pl.E, 0, 32, stream));
+        }
+        if (pl.sbits > 0 && !segsort) {
             cub::DoubleBuffer<u32> pk(vb.Current(), vb.Alternate()), pe(eb.Current(), eb.Alternate());
             tb = pl.temp_bytes;
             FL_CUDA_TRY(cub::DeviceRadixSort::SortPairs((void*)(ws + pl.off_temp), tb, pk, pe, (int)pl.E,
