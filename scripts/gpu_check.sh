@@ -547,8 +547,8 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                     env $kv timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 done
             fi
-            if [ "$t" = test_lovasz_cuda ]; then   # the v2 Jaccard pass of s19 (look-back scan, bucketed gradient): direct stores, then buckets of 32 / 64 pixels on every shape (also with the s23 kernels: SG 0, HOIST 0)
-                for kv in "FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET=0" "FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5" "FUSEDLOSS_LOVASZ_JAC2_SG=0 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5" "FUSEDLOSS_LOVASZ_JAC2_HOIST=0 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5" "FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=6"; do
+            if [ "$t" = test_lovasz_cuda ]; then   # the v2 Jaccard pass of s19 (look-back scan, bucketed gradient): direct stores, then buckets of 32 / 64 pixels on every shape (also with the s23 kernels: SG 0, HOIST 0; with the s33 per-segment sort on every shape, SEGSORT_MIN=1, and without it, SEGSORT=0)
+                for kv in "FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET=0" "FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5 FUSEDLOSS_LOVASZ_SEGSORT_MIN=1" "FUSEDLOSS_LOVASZ_SEGSORT=0 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5" "FUSEDLOSS_LOVASZ_JAC2_SG=0 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5" "FUSEDLOSS_LOVASZ_JAC2_HOIST=0 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5" "FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=6"; do
                     echo "### $kv $t"
                     env $kv timeout 150 build/$t 2>&1 | grep -E -m20 "FAIL|passed|failed" || rc=1
                 done
@@ -560,8 +560,8 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                 FUSEDLOSS_LOVASZ_JAC=1 FUSEDLOSS_LOVASZ_KEYS4=0 timeout 150 build/$t 2>&1 | grep -E -m20 "FAIL|passed|failed" || rc=1
                 if [ -n "$SANITIZER" ]; then
                     for tool in memcheck racecheck synccheck; do
-                        echo "### $tool FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5 $t --small"
-                        FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5 timeout 90 "$SANITIZER" --tool $tool --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
+                        echo "### $tool FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5 FUSEDLOSS_LOVASZ_SEGSORT_MIN=1 $t --small"
+                        FUSEDLOSS_LOVASZ_JAC=2 FUSEDLOSS_LOVASZ_BUCKET_MIN=1 FUSEDLOSS_LOVASZ_BUCKET_BITS=5 FUSEDLOSS_LOVASZ_SEGSORT_MIN=1 timeout 90 "$SANITIZER" --tool $tool --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
                     done
                     echo "### memcheck FUSEDLOSS_LOVASZ_SORT=3 FUSEDLOSS_LOVASZ_KEYS4=1 $t --small"
                     FUSEDLOSS_LOVASZ_SORT=3 FUSEDLOSS_LOVASZ_KEYS4=1 timeout 90 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
