@@ -960,8 +960,8 @@ static cudaError_t lv_sort_packed(int R, void* temp, size_t& tb, cub::DoubleBuff
 /* blocks that already run (the forward-progress argument of CUB's own kernel). The look-back    */
 /* rows alternate between two regions: each block of pass p zeroes one row of the region pass   */
 /* p + 1 uses (pass p - 1's, finished), so one memset before the sort is all the zeroing.        */
-/* The tile shape is CUB's sm_90 tuning for 4-byte keys with 4-byte values and int offsets       */
-/* (384 x 23, what pass A runs today on sm_90).                                                  */
+/* The tile shape is CUB's sm_90 tuning for 4-byte keys with 4-byte values and 32-bit offsets    */
+/* (384 x 23, what pass A ran on sm_90).                                                         */
 #define LV_SEG_THREADS 384
 #define LV_SEG_ITEMS 23
 #define LV_SEG_TILE (LV_SEG_THREADS * LV_SEG_ITEMS)
@@ -978,7 +978,7 @@ static_assert(LvSegAgent::TILE_ITEMS == LV_SEG_TILE, "the onesweep tile the host
 
 /* the four 8-bit digit histograms of every segment: hist[s][pass][256] (zeroed before); blockIdx.y
  * is the segment, blockIdx.x strides over its keys */
-__global__ void __launch_bounds__(LV_SEG_HTHREADS) lv_seg_hist(u32* hist, const u32* keys, int L) {
+static __global__ void __launch_bounds__(LV_SEG_HTHREADS) lv_seg_hist(u32* hist, const u32* keys, int L) {
     __shared__ typename LvSegHistAgent::TempStorage ts;
     LvSegHistAgent ag(ts, hist + (size_t)blockIdx.y * 1024, keys + (int64_t)blockIdx.y * L, (u32)L, 0, 32);
     ag.Process();
@@ -986,7 +986,7 @@ __global__ void __launch_bounds__(LV_SEG_HTHREADS) lv_seg_hist(u32* hist, const 
 
 /* bins[s][pass][b] = s L + the exclusive sum of hist[s][pass][0, b): where digit b of segment s
  * starts in the pass's output. One block of 256 a (segment, pass). */
-__global__ void __launch_bounds__(256) lv_seg_bins(const u32* hist, u32* bins, int L) {
+static __global__ void __launch_bounds__(256) lv_seg_bins(const u32* hist, u32* bins, int L) {
     typedef cub::BlockScan<u32, 256> Scan;
     __shared__ typename Scan::TempStorage ts;
     const size_t i = (size_t)blockIdx.x * 256 + threadIdx.x;
@@ -995,13 +995,15 @@ __global__ void __launch_bounds__(256) lv_seg_bins(const u32* hist, u32* bins, i
     bins[i] = (u32)((uint64_t)(blockIdx.x >> 2) * (u32)L + ex);
 }
 
-/* one onesweep pass (bits [bit, bit + 8)) over every segment: block b works in segment b / tps;
- * lb: this pass's look-back rows ([segment][tile][256], zero), lb_zero: the next pass's (zeroed
- * here for this block's tile) or NULL; ctr: this pass's tile counters [S] (zero); bins: this
- * pass's digit starts (bins[s * 1024 + b]); keys / values in at s L, out at the absolute starts */
-__global__ void __launch_bounds__(LV_SEG_THREADS) lv_seg_onesweep(int* lb, int* lb_zero, int* ctr, const u32* bins,
-                                                                  u32* ko, const u32* ki, u32* vo, const u32* vi,
-                                                                  int L, int tps, int bit, int nbits) {
+/* one onesweep pass (bits [bit, bit + nbits), nbits = 8: an argument, as in CUB's kernel; a literal
+ * 8 took ptxas to 110 registers, one block an SM) over every segment: block b works in segment
+ * b / tps; lb: this pass's look-back rows ([segment][tile][256], zero), lb_zero: the next pass's
+ * (block b zeroes row b) or NULL; ctr: this pass's tile counters [S] (zero); bins: this pass's
+ * digit starts (bins[s * 1024 + b]); keys / values in at s L, out at the absolute starts */
+static __global__ void __launch_bounds__(LV_SEG_THREADS) lv_seg_onesweep(int* lb, int* lb_zero, int* ctr,
+                                                                         const u32* bins, u32* ko, const u32* ki,
+                                                                         u32* vo, const u32* vi, int L, int tps,
+                                                                         int bit, int nbits) {
     __shared__ typename LvSegAgent::TempStorage ts;
     /* the next pass's rows: one a block (rows s tps + t and blocks s tps + t are the same S tps) */
     if (lb_zero && threadIdx.x < 256) lb_zero[(size_t)blockIdx.x * 256 + threadIdx.x] = 0;
