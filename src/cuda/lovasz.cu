@@ -845,7 +845,19 @@ static __global__ void __launch_bounds__(LV_THREADS) lv_flush(LvArgs a, LvBkt bk
 static __global__ void lv_final(const double* part, int nparts, const int* bad, float* loss) {
     __shared__ double sh[LV_THREADS / 32];
     double acc = 0.0;
-    for (int k = threadIdx.x; k < nparts; k += blockDim.x) acc += part[k];
+    /* the same additions in the same order (k = tid, tid + blockDim, ...), 8 loads in flight before them
+     * (s33: 9.2 us a step at 4x19x512x512, 4880 partials, when each load waited for the last add) */
+    for (int k0 = threadIdx.x; k0 < nparts; k0 += 8 * (int)blockDim.x) {
+        double v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int k = k0 + u * (int)blockDim.x;
+            v[u] = k < nparts ? part[k] : 0.0;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (k0 + u * (int)blockDim.x < nparts) acc += v[u];
+    }
     const double t = lv_block_sum(acc, sh);
     if (threadIdx.x == 0) loss[0] = *bad ? NAN : (float)t;
 }
