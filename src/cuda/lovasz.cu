@@ -242,23 +242,6 @@ static __device__ __forceinline__ void lv_load4(const T* p, float* v) {
     }
 }
 
-/* lv_load4 through the read-only path (ld.global.nc): lets nvcc issue later classes' loads before this
- * class's stores (which it cannot prove do not alias x). Safe where no thread reads an element of x after
- * any thread wrote it in the same kernel (lv_keys4: the only writes into x's storage, in place, are the
- * ignored pixels' dinput, each after that thread's own last read of it) */
-template <typename T>
-static __device__ __forceinline__ void lv_load4nc(const T* p, float* v) {
-    if constexpr (sizeof(T) == 4) {
-        const float4 f = __ldg((const float4*)p);
-        v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
-    } else {
-        const uint2 u = __ldg((const uint2*)p);
-        const T* h = (const T*)&u;
-#pragma unroll
-        for (int k = 0; k < 4; k++) v[k] = to_float(h[k]);
-    }
-}
-
 /* lv_keys<T, true> four pixels a thread (FUSEDLOSS_LOVASZ_KEYS4, default 1 since s20: 155 -> 140 us on H100): per class one
  * 16-byte (fp32; 8-byte 16-bit) load of the 4 pixels and one 16-byte store each of their keys and
  * values, instead of 4-byte accesses, so each of the 19 + 38 streams a warp touches moves 512 bytes
@@ -267,15 +250,14 @@ static __device__ __forceinline__ void lv_load4nc(const T* p, float* v) {
  * order; then the keys), so the same keys, values and lse bit for bit; the logits' three sweeps over
  * the classes reload the pixels' values (from L1 / L2) instead of holding 4 C of them. Needs d, ld
  * and x 4-element aligned (lv_run_t checks), so the 4 pixels share an image and L % 4 == 0. */
+/* (s33: the class loads through ld.global.nc, two in flight instead of one, measured 138.8 / 139.6 against
+ * 135.7 / 136.4 us on the H100, run 3: removed; s21's four in flight lost too, so more loads in flight is
+ * not this kernel's lever despite ncu's 89% long-scoreboard samples) */
 /* MB (the default since s23, FUSEDLOSS_LOVASZ_KEYS4_MINB=0: no bound): the same code bounded to 4 blocks an SM
  * (64 registers, no spills; unbounded it takes 72, 3 blocks: ncu s21 run 3 found it occupancy-bound, 61.5% of
  * DRAM, 136 us for a ~80 us floor). H100 s23 run 3, alternated twice: 139.7 / 139.8 -> 135.4 / 135.9 us; tests
  * 7158/0, bitwise against MB 0 (A/B row). A bound of 1 would change the code (NOTES "SASS"): 0 = none. */
-/* NC (FUSEDLOSS_LOVASZ_KEYS4_NC=1, s33, opt-in until measured): the class loop's loads through lv_load4nc, so
- * that a class's load is issued before the previous class's stores (sm_90 SASS of <float, false, 4>: two
- * loads in flight instead of one, 64 registers, no spills; ncu s33 run 1: 89% of the kernel's warp samples
- * wait on a global load). The same values, so the same keys bit for bit. */
-template <typename T, bool PK = false, int MB = 0, bool NC = false>
+template <typename T, bool PK = false, int MB = 0>
 static __global__ void __launch_bounds__(LV_THREADS, MB) lv_keys4(LvArgs a, int jb) {
     const T* x = (const T*)a.x;
     T* dx = (T*)a.dx;
@@ -323,8 +305,7 @@ static __global__ void __launch_bounds__(LV_THREADS, MB) lv_keys4(LvArgs a, int 
             const int64_t sc = set * a.C + c;
             const int64_t pos = sc * a.L + j0;
             float v[4];
-            if constexpr (NC) lv_load4nc<T>(x + e0 + c * a.d, v);
-            else lv_load4<T>(x + e0 + c * a.d, v);
+            lv_load4<T>(x + e0 + c * a.d, v);
             u32 kq[4], vq[4];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
@@ -1331,10 +1312,7 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
     if (keys4 && pk) {
         lv_keys4<T, true><<<lv_grid(pl.P / 4, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
     } else if (keys4 && lv_env_int("FUSEDLOSS_LOVASZ_KEYS4_MINB", 4) == 4) {   /* MB above */
-        if (lv_env_int("FUSEDLOSS_LOVASZ_KEYS4_NC", 0) != 0)   /* NC above */
-            lv_keys4<T, false, 4, true><<<lv_grid(pl.P / 4, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
-        else
-            lv_keys4<T, false, 4><<<lv_grid(pl.P / 4, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
+        lv_keys4<T, false, 4><<<lv_grid(pl.P / 4, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
     } else if (keys4) {
         lv_keys4<T><<<lv_grid(pl.P / 4, cap), LV_THREADS, 0, stream>>>(a, pl.jbits);
     } else if (pk) {
