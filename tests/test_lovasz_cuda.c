@@ -51,10 +51,9 @@
  * small-d probabilities gradient, FUSEDLOSS_LOVASZ_PC 0 <-> 1, and one on the other key kernel,
  * FUSEDLOSS_LOVASZ_KEYS4 1 <-> 0: bitwise; three on the packed-key sort, FUSEDLOSS_LOVASZ_SORT 2 <-> 3 with
  * digits of the automatic width, 8 and 10 bits: bitwise; four on the v2 pass's staging, flush, keys and H,
- * FUSEDLOSS_LOVASZ_JAC2_SG 1 <-> 0, FLUSH_BATCH 1 <-> 0, KEYS4_MINB 4 <-> 0, JAC2_HOIST 1 <-> 0: bitwise; two on the
- * per-segment sort, FUSEDLOSS_LOVASZ_SEGSORT_MIN 65536 <-> 1, SEGSORT 1 <-> 0 and SEGHIST_PARTS 1 <-> 4: bitwise) and CUDA
- * graph
- * capture on a non-blocking stream + replay bitwise equal to eager (also after grad_loss changes on the device); the big case
+ * FUSEDLOSS_LOVASZ_JAC2_SG 1 <-> 0, FLUSH_BATCH 1 <-> 0, KEYS4_MINB 4 <-> 0, JAC2_HOIST 1 <-> 0: bitwise; three on
+ * the per-segment sort, FUSEDLOSS_LOVASZ_SEGSORT_MIN 65536 <-> 1, SEGSORT 1 <-> 0 and SEGHIST_PARTS 1 <-> 4: bitwise)
+ * and CUDA graph capture on a non-blocking stream + replay bitwise equal to eager (also after grad_loss changes on the device); the big case
  * N = 4, C = 19, d = 512 x 512 (f32 probabilities and grid logits, fused: loss and gradient); bad
  * arguments (status, the function named, nothing written); the size query's 2^31 - 1 limit; N = 0.
  *
