@@ -1105,6 +1105,12 @@ typedef struct {
     size_t tile_bytes, temp_bytes, total;
 } LvPlan;
 
+/* where lv_seg_sort can take the sort (the 32-bit path with S > 1, segments of one onesweep portion, S within a
+ * grid's y extent): lv_plan plans its scratch there and lv_run_t may take it (FUSEDLOSS_LOVASZ_SEGSORT) */
+static int lv_seg_possible(const LvPlan* pl) {
+    return pl->E > 0 && pl->sbits > 0 && 1 + pl->jbits + pl->sbits <= 32 && pl->L <= LV_SEG_LMAX && pl->S <= 65535;
+}
+
 /* an integer knob, read on every call (an A/B within one process) */
 static int lv_env_int(const char* name, int dflt) {
     const char* e = getenv(name);
@@ -1191,9 +1197,9 @@ static cudaError_t lv_plan(int64_t N, int64_t C, int64_t d, int per_image, int f
             if (t2 > t_scan) t_scan = t2;
         }
     }
-    /* SEGSORT's scratch (lv_seg_sort) shares the CUB scratch's place: planned where the path is possible
-     * (the 32-bit path with segments of <= LV_SEG_LMAX), whatever the knob says */
-    if (pl->E > 0 && pl->sbits > 0 && 1 + pl->jbits + pl->sbits <= 32 && pl->L <= LV_SEG_LMAX && pl->S <= 65535) {
+    /* SEGSORT's scratch (lv_seg_sort) shares the CUB scratch's place: planned where the path is possible,
+     * whatever the knob says */
+    if (lv_seg_possible(pl)) {
         const size_t t_seg = lv_seg_bytes(pl->S, pl->L, NULL, NULL, NULL, NULL);
         if (t_seg > t_sort) t_sort = t_seg;
     }
@@ -1358,8 +1364,7 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
          * its error keys (lv_seg_sort), for segments of >= FUSEDLOSS_LOVASZ_SEGSORT_MIN pixels (default
          * 65536): the same order as pass A + pass B, without pass B. H100 s33 run 2, 4x19x512x512 fp32
          * probabilities: kernels 1.326 -> 1.110 ms, the synchronised step 1.44 -> 1.22 ms */
-        const int segsort = pl.sbits > 0 && pl.L <= LV_SEG_LMAX && pl.S <= 65535 &&
-                            lv_env_int("FUSEDLOSS_LOVASZ_SEGSORT", 1) != 0 &&
+        const int segsort = lv_seg_possible(&pl) && lv_env_int("FUSEDLOSS_LOVASZ_SEGSORT", 1) != 0 &&
                             pl.L >= (int64_t)lv_env_int("FUSEDLOSS_LOVASZ_SEGSORT_MIN", 65536);
         if (segsort) {
             FL_CUDA_TRY(lv_seg_sort(ws + pl.off_temp, eb, vb, pl.S, pl.L, sms,
