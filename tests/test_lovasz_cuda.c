@@ -51,8 +51,8 @@
  * small-d probabilities gradient, FUSEDLOSS_LOVASZ_PC 0 <-> 1, and one on the other key kernel,
  * FUSEDLOSS_LOVASZ_KEYS4 1 <-> 0: bitwise; three on the packed-key sort, FUSEDLOSS_LOVASZ_SORT 2 <-> 3 with
  * digits of the automatic width, 8 and 10 bits: bitwise; four on the v2 pass's staging, flush, keys and H,
- * FUSEDLOSS_LOVASZ_JAC2_SG 1 <-> 0, FLUSH_BATCH 1 <-> 0, KEYS4_MINB 4 <-> 0, JAC2_HOIST 1 <-> 0: bitwise; three on
- * the per-segment sort, FUSEDLOSS_LOVASZ_SEGSORT_MIN 65536 <-> 1, SEGSORT 1 <-> 0 and SEGHIST_PARTS 1 <-> 4: bitwise)
+ * FUSEDLOSS_LOVASZ_JAC2_SG 1 <-> 0, FLUSH_BATCH 1 <-> 0, KEYS4_MINB 4 <-> 0, JAC2_HOIST 1 <-> 0: bitwise; two on
+ * the per-segment sort, FUSEDLOSS_LOVASZ_SEGSORT_MIN 65536 <-> 1 and SEGSORT 1 <-> 0: bitwise)
  * and CUDA graph capture on a non-blocking stream + replay bitwise equal to eager (also after grad_loss changes on the device); the big case
  * N = 4, C = 19, d = 512 x 512 (f32 probabilities and grid logits, fused: loss and gradient); bad
  * arguments (status, the function named, nothing written); the size query's 2^31 - 1 limit; N = 0.
@@ -811,8 +811,6 @@ static void test_determinism_graph(const cfg_t* c, uint64_t seed) {
      *   FUSEDLOSS_LOVASZ_SEGSORT_MIN 65536 <-> 1 and FUSEDLOSS_LOVASZ_SEGSORT 1 <-> 0: each segment sorted on
      *                                   its own by its error keys (no pass B; s33, the default for segments of
      *                                   >= 65536 pixels) against pass A + pass B, for segments of every size
-     *   FUSEDLOSS_LOVASZ_SEGHIST_PARTS 1 <-> 4 (with SEGSORT_MIN=1) the per-segment histogram with 4 private
-     *                                   copies of each bin
      * all bitwise the same gradient, and the same loss but for JAC's summation order */
     {
         static const struct {
@@ -831,8 +829,7 @@ static void test_determinism_graph(const cfg_t* c, uint64_t seed) {
                   {"FUSEDLOSS_LOVASZ_KEYS4_MINB", "4", "0", 0, NULL, NULL},
                   {"FUSEDLOSS_LOVASZ_JAC2_HOIST", "1", "0", 0, NULL, NULL},
                   {"FUSEDLOSS_LOVASZ_SEGSORT_MIN", "65536", "1", 0, NULL, NULL},
-                  {"FUSEDLOSS_LOVASZ_SEGSORT", "1", "0", 0, NULL, NULL},
-                  {"FUSEDLOSS_LOVASZ_SEGHIST_PARTS", "1", "4", 0, "FUSEDLOSS_LOVASZ_SEGSORT_MIN", "1"}};
+                  {"FUSEDLOSS_LOVASZ_SEGSORT", "1", "0", 0, NULL, NULL}};
         for (size_t q = 0; q < sizeof ab / sizeof ab[0]; q++) {
             zt_env_saved sv, sv2;
             if (ab[q].knob2) {

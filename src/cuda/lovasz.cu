@@ -987,23 +987,17 @@ typedef cub::AgentRadixSortOnesweepPolicy<LV_SEG_THREADS, LV_SEG_ITEMS, u32, 1, 
                                           cub::BLOCK_SCAN_RAKING_MEMOIZE, cub::RADIX_SORT_STORE_DIRECT, 8>
     LvSegPolicy;
 typedef cub::detail::radix_sort::AgentRadixSortOnesweep<LvSegPolicy, false, u32, u32, u32, int> LvSegAgent;
-/* PARTS: private copies of each bin in shared memory, lane % PARTS picking one (CUB's own knob; its sm_90 tuning
- * takes 1 for 4-byte keys). FUSEDLOSS_LOVASZ_SEGHIST_PARTS=4 (s33, opt-in until measured): an error key's top
- * byte takes few values (softmax probabilities of one class cluster in a few binades), so most of a warp adds
- * to one shared counter for pass 3; 4 copies make that a 8-way conflict instead of 32-way. 48 us a step on the
- * H100 (s33 run 2) for 80 MB of keys: ~1.7 TB/s, below the card's copy rate. */
-template <int PARTS>
-using LvSegHistPolicy = cub::AgentRadixSortHistogramPolicy<LV_SEG_HTHREADS, LV_SEG_HITEMS, PARTS, u32, 8>;
-template <int PARTS>
-using LvSegHistAgent = cub::detail::radix_sort::AgentRadixSortHistogram<LvSegHistPolicy<PARTS>, false, u32, u32>;
+/* the histogram agent with CUB's sm_90 setting for 4-byte keys (1 private copy of each bin); 4 copies
+ * (s33's FUSEDLOSS_LOVASZ_SEGHIST_PARTS=4) tied on the H100 (s34 run 1: 46.8 vs 46.9-47.1 us) and were removed */
+typedef cub::AgentRadixSortHistogramPolicy<LV_SEG_HTHREADS, LV_SEG_HITEMS, 1, u32, 8> LvSegHistPolicy;
+typedef cub::detail::radix_sort::AgentRadixSortHistogram<LvSegHistPolicy, false, u32, u32> LvSegHistAgent;
 static_assert(LvSegAgent::TILE_ITEMS == LV_SEG_TILE, "the onesweep tile the host plans with");
 
 /* the four 8-bit digit histograms of every segment: hist[s][pass][256] (zeroed before); blockIdx.y
  * is the segment, blockIdx.x strides over its keys */
-template <int PARTS>
 static __global__ void __launch_bounds__(LV_SEG_HTHREADS) lv_seg_hist(u32* hist, const u32* keys, int L) {
-    __shared__ typename LvSegHistAgent<PARTS>::TempStorage ts;
-    LvSegHistAgent<PARTS> ag(ts, hist + (size_t)blockIdx.y * 1024, keys + (int64_t)blockIdx.y * L, (u32)L, 0, 32);
+    __shared__ typename LvSegHistAgent::TempStorage ts;
+    LvSegHistAgent ag(ts, hist + (size_t)blockIdx.y * 1024, keys + (int64_t)blockIdx.y * L, (u32)L, 0, 32);
     ag.Process();
 }
 
@@ -1059,10 +1053,9 @@ static size_t lv_seg_bytes(int64_t S, int64_t L, size_t* off_bins, size_t* off_c
     } while (0)
 
 /* the 32-bit pairs (k, v: E = S L each, segment s at s L) sorted by key within each segment, stably;
- * k / v flipped as CUB's DoubleBuffer (four passes: Current() ends where it began); hparts: the
- * histogram's private copies (1 or 4) */
+ * k / v flipped as CUB's DoubleBuffer (four passes: Current() ends where it began) */
 static cudaError_t lv_seg_sort(char* tmp, cub::DoubleBuffer<u32>& k, cub::DoubleBuffer<u32>& v, int64_t S, int64_t L,
-                               int sms, int hparts, cudaStream_t stream) {
+                               int sms, cudaStream_t stream) {
     size_t ob, oc, o0, o1;
     lv_seg_bytes(S, L, &ob, &oc, &o0, &o1);
     const int tps = (int)((L + LV_SEG_TILE - 1) / LV_SEG_TILE);
@@ -1074,10 +1067,7 @@ static cudaError_t lv_seg_sort(char* tmp, cub::DoubleBuffer<u32>& k, cub::Double
     int64_t hx = ((int64_t)sms * 12 + S - 1) / S;        /* ~12 blocks an SM in all (CUB: occupancy x SMs) */
     const int64_t ht = (L + LV_SEG_HTHREADS * LV_SEG_HITEMS - 1) / (LV_SEG_HTHREADS * LV_SEG_HITEMS);
     if (hx > ht) hx = ht;
-    if (hparts == 4)   /* PARTS above */
-        lv_seg_hist<4><<<dim3((unsigned)hx, (unsigned)S), LV_SEG_HTHREADS, 0, stream>>>(hist, k.Current(), (int)L);
-    else
-        lv_seg_hist<1><<<dim3((unsigned)hx, (unsigned)S), LV_SEG_HTHREADS, 0, stream>>>(hist, k.Current(), (int)L);
+    lv_seg_hist<<<dim3((unsigned)hx, (unsigned)S), LV_SEG_HTHREADS, 0, stream>>>(hist, k.Current(), (int)L);
     LV_CU_TRY(cudaGetLastError());
     lv_seg_bins<<<(unsigned)(S * 4), 256, 0, stream>>>(hist, bins, (int)L);
     LV_CU_TRY(cudaGetLastError());
@@ -1367,8 +1357,7 @@ static fl_status lv_run_t(const char* fn, const fl__lovasz_params* p, const LvPl
         const int segsort = lv_seg_possible(&pl) && lv_env_int("FUSEDLOSS_LOVASZ_SEGSORT", 1) != 0 &&
                             pl.L >= (int64_t)lv_env_int("FUSEDLOSS_LOVASZ_SEGSORT_MIN", 65536);
         if (segsort) {
-            FL_CUDA_TRY(lv_seg_sort(ws + pl.off_temp, eb, vb, pl.S, pl.L, sms,
-                                    lv_env_int("FUSEDLOSS_LOVASZ_SEGHIST_PARTS", 1), stream));
+            FL_CUDA_TRY(lv_seg_sort(ws + pl.off_temp, eb, vb, pl.S, pl.L, sms, stream));
         } else {
             FL_CUDA_TRY(cub::DeviceRadixSort::SortPairs((void*)(ws + pl.off_temp), tb, eb, vb, (int)pl.E, 0, 32, stream));
         }
