@@ -519,14 +519,14 @@ __device__ __forceinline__ void dc_acc_lz(Stat1& st, const uint4* sb, const uint
     st.u = fmaf(su[0] + su[1], k2, st.u);
 }
 
-// a row's exchanged partials [rank][2] (ms, Ss, mt, St | u), merged in rank order: the same bits in
-// every thread and CTA
+// a row's exchanged partials by rank (ms, Ss, mt, St | u), merged in rank order: the same bits in every
+// thread and CTA
 template <int MODE>
-__device__ __forceinline__ Stat1 dc_merge(const float4 (*p)[2], int cs) {
+__device__ __forceinline__ Stat1 dc_merge(const float4* p4, const float* pu, int cs) {
     Stat1 m = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
     for (int c = 0; c < cs; c++) {
-        const float4 p0 = p[c][0], p1 = p[c][1];
-        const Stat1 o = {p0.x, p0.y, p0.z, p0.w, p1.x};
+        const float4 p0 = p4[c];
+        const Stat1 o = {p0.x, p0.y, p0.z, p0.w, pu[c]};
         m = c == 0 ? o : combine1<MODE>(m, o);
     }
     return m;
@@ -835,6 +835,7 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
 #define DP_XSLOTS 8
 #define DP_MAX_THREADS 768   // plans above 672 threads (FUSEDLOSS_DISTILL_PIPE_THREADS); 24 warps keep the 80-register cap (800 would cap at 72)
 #define DP_PIECE 256   // vectors per bulk copy (4 KB); the producer's lanes issue the pieces
+#define DP_WX_MAX 32   // partials an xslot holds (WX: cs Ts / 32 of them, one a lane of the gradient warps' merge)
 
 __device__ __forceinline__ void dp_bar(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 // NB (FUSEDLOSS_DISTILL_PIPE_NBAR=1; not yet run): slot s released through hardware barrier NB_BASE + s
@@ -857,6 +858,30 @@ __device__ __forceinline__ Stat1 dp_group_reduce1(Stat1 v, Stat1* sm, int n) {
         for (int k = 1; k < (n >> 5); k++) v = combine1<MODE>(v, sm[k]);
     dp_bar(1, n);   // why: sm is rewritten by the next row's reduction
     return v;
+}
+
+// WX (FUSEDLOSS_DISTILL_PIPE_WX): a warp's Stat1 partials combined, the result in every lane, bitwise the same:
+// the maxima first (xor trees of fmaxf: exact), then each lane's sums rescaled to them once (two exponentials
+// in parallel, not one a tree level as combine1's tree) and added by xor trees (every lane adds the same two
+// operands at each level, in either order: IEEE addition commutes, so the lanes agree bit for bit)
+template <int MODE>
+__device__ __forceinline__ Stat1 dp_warp_reduce1(const Stat1& v) {
+    float ms = v.ms, mt = v.mt;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, off));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, off));
+    }
+    const float as = rp_rescale(v.ms, ms), at = rp_rescale(v.mt, mt);
+    float Ss = v.Ss * as, St = v.St * at;
+    float u = MODE == FL__DISTILL_FKL ? v.u * at : MODE == FL__DISTILL_RKL ? v.u * as : 0.0f;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        Ss += __shfl_xor_sync(0xffffffffu, Ss, off);
+        St += __shfl_xor_sync(0xffffffffu, St, off);
+        u += __shfl_xor_sync(0xffffffffu, u, off);
+    }
+    return Stat1{ms, Ss, mt, St, u};
 }
 
 // the producer warp: position (row r, sub-chunk j) of this CTA's chunk [lo, lo + n) into slot buffer
@@ -902,7 +927,7 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, b
 
 template <typename TS, typename TT, int MODE, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false>
 __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a, int cs, int per, int nv, int sub,
-                                                                          int R, int Ts,
+                                                                          int R, int Ts, int wx,
                                                                           const __grid_constant__ FlTmaps2 tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int VEC = RpT<TS>::VEC;
@@ -911,7 +936,10 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
     __shared__ __align__(8) uint64_t full[DP_MAX_SLOTS];         // slot s's sub-chunk landed
     __shared__ __align__(8) uint64_t empty[DP_MAX_SLOTS];        // every gradient warp is done with slot s
     __shared__ __align__(8) uint64_t xbar[DP_XSLOTS];            // xslot x's cs partials landed
-    __shared__ float4 sl[DP_XSLOTS][DC_MAX_CLUSTER][2];          // the partials by rank
+    // the partials of each xslot (ms, Ss, mt, St | u): one a rank, or (wx) one a statistics warp of each rank
+    // (rank-major: rank * Ts / 32 + warp; the host keeps cs Ts / 32 <= DP_WX_MAX)
+    __shared__ float4 sl4[DP_XSLOTS][DP_WX_MAX];
+    __shared__ float slu[DP_XSLOTS][DP_WX_MAX];
     __shared__ Stat1 sm1[DP_MAX_THREADS / 32];
     const int tid = (int)threadIdx.x;
     const int ngw = ((int)blockDim.x - Ts - 32) >> 5;   // gradient warps
@@ -929,7 +957,8 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             mbar_init(&full[k], 1u);
             mbar_init(&empty[k], (uint32_t)ngw);
         }
-        for (int k = 0; k < DP_XSLOTS; k++) mbar_init(&xbar[k], 1u);
+        // one arrival a phase (the expect_tx of the partials' bytes), or (wx, cs 1) one a statistics warp
+        for (int k = 0; k < DP_XSLOTS; k++) mbar_init(&xbar[k], wx && cs == 1 ? (uint32_t)(Ts >> 5) : 1u);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();   // why: barriers initialised before any copy is issued or waited on
@@ -997,22 +1026,36 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 for (int q = tid; q < wn; q += Ts) dc_acc<TS, TT, MODE, false>(st, gsb, gtb, q, k2);
             }
             if (has_x) st = combine1<MODE>(st, dc_one<MODE>(xs_x, xt_x));
-            st = dp_group_reduce1<MODE>(st, sm1, Ts);
-            if (tid == 0) {
+            // WX (FUSEDLOSS_DISTILL_PIPE_WX, s34): each statistics warp sends its own partial to every rank, and the
+            // gradient warps merge the cs Ts / 32 of them (dp_warp_reduce1 over the lanes). Why: the group
+            // reduction held every statistics warp at two named barriers a row, the second while thread 0 combined
+            // the warps' partials one after another (combine1: four exponentials each); the ncu source profile of
+            // H200 s29 run 2 has 4.7% of all the kernel's samples (~10% of the statistics warps') at those barriers,
+            // on the ring's critical path (the gradient warps wait for the exchange 43% of their samples).
+            int pidx = rank;   // this thread's partial slot (lane 0 of a warp, or thread 0)
+            bool sender = tid == 0;
+            if (wx) {
+                st = dp_warp_reduce1<MODE>(st);
+                pidx = rank * (Ts >> 5) + (tid >> 5);
+                sender = (tid & 31) == 0;
+            } else {
+                st = dp_group_reduce1<MODE>(st, sm1, Ts);
+            }
+            if (sender) {
                 const int x = (int)(it % DP_XSLOTS);
-                const float4 v0 = make_float4(st.ms, st.Ss, st.mt, st.St), v1 = make_float4(st.u, 0.0f, 0.0f, 0.0f);
+                const float4 v0 = make_float4(st.ms, st.Ss, st.mt, st.St);
                 if (cs > 1) {
-                    // arm for the cs partials (a remote one may land first: the tx count then goes
-                    // negative until this expect_tx)
-                    mbar_arrive_tx(&xbar[x], (uint32_t)cs * 32u);
-                    const uint32_t ls = smem_addr(&sl[x][rank][0]), lb = smem_addr(&xbar[x]);
+                    // arm for the partials of every rank (a remote one may land first: the tx count then goes
+                    // negative until this expect_tx); one arrival a phase: thread 0's
+                    if (tid == 0) mbar_arrive_tx(&xbar[x], (uint32_t)(wx ? cs * (Ts >> 5) : cs) * 20u);
+                    const uint32_t l4 = smem_addr(&sl4[x][pidx]), lu = smem_addr(&slu[x][pidx]), lb = smem_addr(&xbar[x]);
                     for (int cc = 0; cc < cs; cc++) {
-                        st_async_f4(mapa_shared(ls, cc), v0, mapa_shared(lb, cc));
-                        st_async_f4(mapa_shared(ls + 16u, cc), v1, mapa_shared(lb, cc));
+                        st_async_f4(mapa_shared(l4, cc), v0, mapa_shared(lb, cc));
+                        st_async_f32(mapa_shared(lu, cc), st.u, mapa_shared(lb, cc));
                     }
                 } else {
-                    sl[x][0][0] = v0;
-                    sl[x][0][1] = v1;
+                    sl4[x][pidx] = v0;
+                    slu[x][pidx] = st.u;
                     mbar_arrive(&xbar[x]);   // release: the stores above are visible to the waiters
                 }
             }
@@ -1058,7 +1101,19 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             if (cs > 1) mbar_wait_cluster(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
             else mbar_wait(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
             float L2s, L2t;
-            float l = dc_kl<MODE>(dc_merge<MODE>(sl[x], cs), L2s, L2t);
+            Stat1 mg;
+            if (wx) {   // lane k takes partial k (cs Ts / 32 <= 32): every lane, warp and CTA the same bits
+                const int P = cs * (Ts >> 5);
+                Stat1 v = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
+                if (lane < P) {
+                    const float4 p4 = sl4[x][lane];
+                    v = Stat1{p4.x, p4.y, p4.z, p4.w, slu[x][lane]};
+                }
+                mg = dp_warp_reduce1<MODE>(v);
+            } else {
+                mg = dc_merge<MODE>(sl4[x], slu[x], cs);
+            }
+            float l = dc_kl<MODE>(mg, L2s, L2t);
             if (ign) l = 0.0f;
             if (rank == 0 && gt == 0) {
                 if (a.none) { if (a.loss) a.loss[r] = l * a.loss_scale; }
@@ -1273,7 +1328,7 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
 // _PIPE_TMAP=1 (off; session 19, not yet run): the producer through tensor maps (TM above; aligned rows,
 // _PLAIN_ST=1, not with _NBAR), slots rounded to 8 vectors.
 struct DpPlan {
-    int cs, per, nv, sub, R, T, Ts, tm;
+    int cs, per, nv, sub, R, T, Ts, wx, tm;
     size_t smem;
     const void* fn;
     FlTmaps2 maps;   // tm: the student's and teacher's maps; else zero. The kernel's last argument.
@@ -1413,6 +1468,9 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         if (rp - ns < 1 || (rp - ns) * sb * vb < slack) continue;
         const int64_t r = dp_slots(ring, sb, ns, nb);   // >= rp (ring >= ring_pick)
         out->cs = cc;
+        // _PIPE_WX (s34, opt-in until measured): the statistics warps' partials exchanged one a warp and merged by
+        // the gradient warps (distill_pipe_kernel's WX) where the cluster's warps fit the merge's 32 lanes
+        out->wx = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_WX", 0) != 0 && cc * (Ts >> 5) <= DP_WX_MAX;
         out->per = (int)per;
         out->sub = (int)sb;
         out->R = (int)r;
@@ -1507,7 +1565,7 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
 
     if (npc) {
         const int64_t G = N < npc ? N : npc;   // clusters: one per row up to what is resident
-        void* args[] = {&a, &pp.cs, &pp.per, &pp.nv, &pp.sub, &pp.R, &pp.Ts, &pp.maps};
+        void* args[] = {&a, &pp.cs, &pp.per, &pp.nv, &pp.sub, &pp.R, &pp.Ts, &pp.wx, &pp.maps};
         FL_CUDA_TRY(fl__launch_clusters(pp.fn, args, G, pp.cs, pp.T, pp.smem, stream));
     } else if (ncl) {
         const int64_t G = N < ncl ? N : ncl;   // clusters: one per row up to what is resident
