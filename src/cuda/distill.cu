@@ -480,7 +480,8 @@ __device__ __forceinline__ float dc_tree_max(const float* x) {
         for (int v = 0; v < w; v++) m[v] = fmaxf(m[v], m[v + w]);
     return m[0];
 }
-template <typename TS, typename TT, int MODE>
+// NOU (the ring's UG: the FKL loss term summed by the gradient warps instead): u not formed (st.u left as it is)
+template <typename TS, typename TT, int MODE, bool NOU = false>
 __device__ __forceinline__ void dc_acc_lz(Stat1& st, const uint4* sb, const uint4* tb, int q, float k2) {
     constexpr int VEC = RpT<TS>::VEC;
     if (st.ms == -INFINITY || st.mt == -INFINITY) {   // the row's first vector (or masked columns so far)
@@ -496,8 +497,8 @@ __device__ __forceinline__ void dc_acc_lz(Stat1& st, const uint4* sb, const uint
     }
 #pragma unroll
     for (int v = 0; v < VEC; v++) {
-        if (MODE == FL__DISTILL_FKL) su[v & 1] = fmaf(et[v], xt[v] - xs[v], su[v & 1]);
-        if (MODE == FL__DISTILL_RKL) su[v & 1] = fmaf(es[v], xs[v] - xt[v], su[v & 1]);
+        if (MODE == FL__DISTILL_FKL && !NOU) su[v & 1] = fmaf(et[v], xt[v] - xs[v], su[v & 1]);
+        if (MODE == FL__DISTILL_RKL && !NOU) su[v & 1] = fmaf(es[v], xs[v] - xt[v], su[v & 1]);
     }
     float ss = tree_sum<VEC>(es), stt = tree_sum<VEC>(et);
     if (ss > exp2f(DC_LZ_LIM2) || stt > exp2f(DC_LZ_LIM2)) {   // rare past the row's first vector
@@ -508,15 +509,15 @@ __device__ __forceinline__ void dc_acc_lz(Stat1& st, const uint4* sb, const uint
         for (int v = 0; v < VEC; v++) {
             es[v] = fexp2(fmaf(xs[v], k2, -st.ms));
             et[v] = fexp2(fmaf(xt[v], k2, -st.mt));
-            if (MODE == FL__DISTILL_FKL) su[v & 1] = fmaf(et[v], xt[v] - xs[v], su[v & 1]);
-            if (MODE == FL__DISTILL_RKL) su[v & 1] = fmaf(es[v], xs[v] - xt[v], su[v & 1]);
+            if (MODE == FL__DISTILL_FKL && !NOU) su[v & 1] = fmaf(et[v], xt[v] - xs[v], su[v & 1]);
+            if (MODE == FL__DISTILL_RKL && !NOU) su[v & 1] = fmaf(es[v], xs[v] - xt[v], su[v & 1]);
         }
         ss = tree_sum<VEC>(es);
         stt = tree_sum<VEC>(et);
     }
     st.Ss += ss;
     st.St += stt;
-    st.u = fmaf(su[0] + su[1], k2, st.u);
+    if (!NOU) st.u = fmaf(su[0] + su[1], k2, st.u);
 }
 
 // a row's exchanged partials by rank (ms, Ss, mt, St | u), merged in rank order: the same bits in every
@@ -526,7 +527,7 @@ __device__ __forceinline__ Stat1 dc_merge(const float4* p4, const float* pu, int
     Stat1 m = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
     for (int c = 0; c < cs; c++) {
         const float4 p0 = p4[c];
-        const Stat1 o = {p0.x, p0.y, p0.z, p0.w, pu[c]};
+        const Stat1 o = {p0.x, p0.y, p0.z, p0.w, pu ? pu[c] : 0.0f};
         m = c == 0 ? o : combine1<MODE>(m, o);
     }
     return m;
@@ -927,7 +928,7 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, b
 
 template <typename TS, typename TT, int MODE, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false>
 __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a, int cs, int per, int nv, int sub,
-                                                                          int R, int Ts, int wx,
+                                                                          int R, int Ts, int wx, int ug,
                                                                           const __grid_constant__ FlTmaps2 tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int VEC = RpT<TS>::VEC;
@@ -936,6 +937,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
     __shared__ __align__(8) uint64_t full[DP_MAX_SLOTS];         // slot s's sub-chunk landed
     __shared__ __align__(8) uint64_t empty[DP_MAX_SLOTS];        // every gradient warp is done with slot s
     __shared__ __align__(8) uint64_t xbar[DP_XSLOTS];            // xslot x's cs partials landed
+    __shared__ __align__(8) uint64_t wbar[DP_XSLOTS];            // UG, rank 0: xslot x's loss-term partials landed
     // the partials of each xslot (ms, Ss, mt, St | u): one a rank, or (wx) one a statistics warp of each rank
     // (rank-major: rank * Ts / 32 + warp; the host keeps cs Ts / 32 <= DP_WX_MAX)
     __shared__ float4 sl4[DP_XSLOTS][DP_WX_MAX];
@@ -952,6 +954,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
     const int nsub = (per + sub - 1) / sub;                            // positions per row (every CTA)
     const int tail = (int)(a.V - (int64_t)nv * VEC);                   // 0 .. VEC-1 scalar columns
     const float k2 = a.k2;
+    const bool UG = MODE == FL__DISTILL_FKL && LZ && ug != 0;   // (FUSEDLOSS_DISTILL_PIPE_UG: the host sets ug only there)
     if (tid == 0) {
         for (int k = 0; k < R; k++) {
             mbar_init(&full[k], 1u);
@@ -959,6 +962,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
         }
         // one arrival a phase (the expect_tx of the partials' bytes), or (wx, cs 1) one a statistics warp
         for (int k = 0; k < DP_XSLOTS; k++) mbar_init(&xbar[k], wx && cs == 1 ? (uint32_t)(Ts >> 5) : 1u);
+        for (int k = 0; k < DP_XSLOTS; k++) mbar_init(&wbar[k], cs == 1 ? (uint32_t)ngw : 1u);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();   // why: barriers initialised before any copy is issued or waited on
@@ -1012,8 +1016,16 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 if (hi <= v0) continue;
                 const uint4* sb = dp_ring + (size_t)s * slot_vecs - v0;   // sb[c], c in [v0, hi)
                 const uint4* tb = dp_ring + (size_t)s * slot_vecs + sub - (size_t)v0 * NT;
-                for (; c + Ts < hi; c += 2 * Ts) { acc(st, sb, tb, c); acc(st1, sb, tb, c + Ts); }
-                if (c < hi) { acc(st, sb, tb, c); c += Ts; }
+                if (UG) {   // UG: no u here (the gradient warps sum the loss term)
+                    for (; c + Ts < hi; c += 2 * Ts) {
+                        dc_acc_lz<TS, TT, MODE, true>(st, sb, tb, c, k2);
+                        dc_acc_lz<TS, TT, MODE, true>(st1, sb, tb, c + Ts, k2);
+                    }
+                    if (c < hi) { dc_acc_lz<TS, TT, MODE, true>(st, sb, tb, c, k2); c += Ts; }
+                } else {
+                    for (; c + Ts < hi; c += 2 * Ts) { acc(st, sb, tb, c); acc(st1, sb, tb, c + Ts); }
+                    if (c < hi) { acc(st, sb, tb, c); c += Ts; }
+                }
             }
             st = combine1<MODE>(st, st1);
             if (!ign && (isnan(st.Ss) || isnan(st.St) || isnan(st.u))) {
@@ -1047,15 +1059,16 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 if (cs > 1) {
                     // arm for the partials of every rank (a remote one may land first: the tx count then goes
                     // negative until this expect_tx); one arrival a phase: thread 0's
-                    if (tid == 0) mbar_arrive_tx(&xbar[x], (uint32_t)(wx ? cs * (Ts >> 5) : cs) * 20u);
+                    // (UG: no u; slu then carries the gradient warps' loss terms to rank 0)
+                    if (tid == 0) mbar_arrive_tx(&xbar[x], (uint32_t)(wx ? cs * (Ts >> 5) : cs) * (UG ? 16u : 20u));
                     const uint32_t l4 = smem_addr(&sl4[x][pidx]), lu = smem_addr(&slu[x][pidx]), lb = smem_addr(&xbar[x]);
                     for (int cc = 0; cc < cs; cc++) {
                         st_async_f4(mapa_shared(l4, cc), v0, mapa_shared(lb, cc));
-                        st_async_f32(mapa_shared(lu, cc), st.u, mapa_shared(lb, cc));
+                        if (!UG) st_async_f32(mapa_shared(lu, cc), st.u, mapa_shared(lb, cc));
                     }
                 } else {
                     sl4[x][pidx] = v0;
-                    slu[x][pidx] = st.u;
+                    if (!UG) slu[x][pidx] = st.u;
                     mbar_arrive(&xbar[x]);   // release: the stores above are visible to the waiters
                 }
             }
@@ -1081,6 +1094,22 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
         const float Dd = a.Ddev ? __ldcg(a.Ddev) : a.Dhost;   // row_grad's denominator
         bool ign_next = a.labels && cid < a.sc.N && rp_label(a.labels, a.lab64, cid) == a.ignore;
         int64_t it = 0;
+        struct UgRow { int64_t r; float L2s, L2t; bool ign; };
+        UgRow ug_prev = {0, 0.0f, 0.0f, true};
+        // UG, rank 0's first gradient warp: row k's loss from the cs ngw loss-term partials (lane j adds partial j)
+        auto ug_finish = [&](int64_t k) {
+            const int xk = (int)(k % DP_XSLOTS);
+            if (cs > 1) mbar_wait_cluster(&wbar[xk], (uint32_t)((k / DP_XSLOTS) & 1));
+            else mbar_wait(&wbar[xk], (uint32_t)((k / DP_XSLOTS) & 1));
+            float t = lane < cs * ngw ? slu[xk][lane] : 0.0f;
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) t += __shfl_xor_sync(0xffffffffu, t, off);
+            if (lane == 0) {
+                const float l = ug_prev.ign ? 0.0f : RP_LN2 * (t * k2 - ug_prev.L2t + ug_prev.L2s);
+                if (a.none) { if (a.loss) a.loss[ug_prev.r] = l * a.loss_scale; }
+                else a.rowloss[ug_prev.r] = l * a.loss_scale;
+            }
+        };
         for (int64_t r = cid; r < a.sc.N; r += ncl, it++) {
             const bool ign = ign_next;
             if (a.labels && r + ncl < a.sc.N) ign_next = rp_label(a.labels, a.lab64, r + ncl) == a.ignore;
@@ -1107,18 +1136,29 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 Stat1 v = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
                 if (lane < P) {
                     const float4 p4 = sl4[x][lane];
-                    v = Stat1{p4.x, p4.y, p4.z, p4.w, slu[x][lane]};
+                    v = Stat1{p4.x, p4.y, p4.z, p4.w, UG ? 0.0f : slu[x][lane]};
                 }
                 mg = dp_warp_reduce1<MODE>(v);
             } else {
-                mg = dc_merge<MODE>(sl4[x], slu[x], cs);
+                mg = dc_merge<MODE>(sl4[x], UG ? nullptr : slu[x], cs);   // (UG: slu holds loss terms)
             }
+            if (UG) mg.u = 0.0f;
             float l = dc_kl<MODE>(mg, L2s, L2t);
             if (ign) l = 0.0f;
-            if (rank == 0 && gt == 0) {
+            if (UG) {
+                // UG (FUSEDLOSS_DISTILL_PIPE_UG, s34; FKL on the lazy statistics): the row's loss term
+                // sum p_t (x_t - x_s) comes from this group's sweep (which forms p_t anyway) instead of the
+                // statistics warps' (two instructions an element off the ring's critical path). Every gradient
+                // warp sends its share to rank 0 (slu[x][rank ngw + warp]); rank 0's first warp adds them
+                // (one a lane, an xor tree: fixed order) and writes the previous row's loss after this row's
+                // sweep, a row late (the last row's after the loop), so that it seldom waits for the cluster's
+                // slowest warp. The arm (expect_tx) may come after partials have landed.
+                if (rank == 0 && gt == 0 && cs > 1) mbar_arrive_tx(&wbar[x], (uint32_t)(cs * ngw) * 4u);
+            } else if (rank == 0 && gt == 0) {
                 if (a.none) { if (a.loss) a.loss[r] = l * a.loss_scale; }
                 else a.rowloss[r] = l * a.loss_scale;
             }
+            float wu[2] = {0.0f, 0.0f};   // UG: this thread's sum p_t (x_t - x_s), two chains
             auto grad = [&](float xs, float xt) -> float {
                 const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);
                 const float q = fexp2(ls2);
@@ -1140,13 +1180,29 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                     mbar_wait(&full[s], ph);
                     const uint4* sb = dp_ring + (size_t)s * slot_vecs - v0;
                     const uint4* tb = dp_ring + (size_t)s * slot_vecs + sub - (size_t)v0 * NT;
+                    if (UG) {
 #pragma unroll 2
-                    for (; q < hi; q += ng) {
-                        float xs[VEC], xt[VEC];
-                        dc_unpack<TS, TT>(sb, tb, q, xs, xt);
+                        for (; q < hi; q += ng) {
+                            float xs[VEC], xt[VEC];
+                            dc_unpack<TS, TT>(sb, tb, q, xs, xt);
 #pragma unroll
-                        for (int v = 0; v < VEC; v++) xs[v] = grad(xs[v], xt[v]);
-                        rp_vstore<TS, VEC, !PST>(drow + w.h + (int64_t)(lo + q) * VEC, xs);
+                            for (int v = 0; v < VEC; v++) {
+                                const float qv = fexp2(fmaf(xs[v], k2, -L2s)), pv = fexp2(fmaf(xt[v], k2, -L2t));
+                                // clamped: a masked column (-inf in both) adds 0 * -FLT_MAX = 0, not NaN
+                                wu[v & 1] = fmaf(pv, fmaxf(xt[v] - xs[v], DS_NEG_BIG), wu[v & 1]);
+                                xs[v] = G * (qv - pv);
+                            }
+                            rp_vstore<TS, VEC, !PST>(drow + w.h + (int64_t)(lo + q) * VEC, xs);
+                        }
+                    } else {
+#pragma unroll 2
+                        for (; q < hi; q += ng) {
+                            float xs[VEC], xt[VEC];
+                            dc_unpack<TS, TT>(sb, tb, q, xs, xt);
+#pragma unroll
+                            for (int v = 0; v < VEC; v++) xs[v] = grad(xs[v], xt[v]);
+                            rp_vstore<TS, VEC, !PST>(drow + w.h + (int64_t)(lo + q) * VEC, xs);
+                        }
                     }
                 }
                 if constexpr (NB) {
@@ -1157,7 +1213,24 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 }
             }
             if (has_x) drow[xcol] = from_float<TS>(ign ? 0.0f : grad(xs_x, xt_x));
+            if (UG) {
+                if (has_x && !ign) {
+                    const float pv = fexp2(fmaf(xt_x, k2, -L2t));
+                    wu[0] = fmaf(pv, fmaxf(xt_x - xs_x, DS_NEG_BIG), wu[0]);
+                }
+                float wsum = wu[0] + wu[1];
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, off);
+                if (rank == 0 && gt < 32 && it > 0) ug_finish(it - 1);   // (reads ug_prev: the previous row's)
+                ug_prev = UgRow{r, L2s, L2t, ign};
+                if (lane == 0) {
+                    const int pidx = rank * ngw + (gt >> 5);
+                    if (cs > 1) st_async_f32(mapa_shared(smem_addr(&slu[x][pidx]), 0), wsum, mapa_shared(smem_addr(&wbar[x]), 0));
+                    else { slu[x][pidx] = wsum; mbar_arrive(&wbar[x]); }
+                }
+            }
         }
+        if (UG && rank == 0 && gt < 32 && it > 0) ug_finish(it - 1);
     }
     // every partial sent to this CTA has landed (waited above), but its own st.async to the others
     // may still be in flight: no CTA exits before all have passed their last exchange
@@ -1328,7 +1401,7 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
 // _PIPE_TMAP=1 (off; session 19, not yet run): the producer through tensor maps (TM above; aligned rows,
 // _PLAIN_ST=1, not with _NBAR), slots rounded to 8 vectors.
 struct DpPlan {
-    int cs, per, nv, sub, R, T, Ts, wx, tm;
+    int cs, per, nv, sub, R, T, Ts, wx, ug, tm;
     size_t smem;
     const void* fn;
     FlTmaps2 maps;   // tm: the student's and teacher's maps; else zero. The kernel's last argument.
@@ -1471,6 +1544,10 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         // _PIPE_WX (s34, opt-in until measured): the statistics warps' partials exchanged one a warp and merged by
         // the gradient warps (distill_pipe_kernel's WX) where the cluster's warps fit the merge's 32 lanes
         out->wx = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_WX", 0) != 0 && cc * (Ts >> 5) <= DP_WX_MAX;
+        // _PIPE_UG (s34, opt-in until measured): the forward KL's loss term summed by the gradient warps (the
+        // kernel's UG) on the lazy statistics, where the cluster's gradient warps fit rank 0's 32-lane sum
+        out->ug = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_UG", 0) != 0 && lz && p->mode == FL__DISTILL_FKL &&
+                  cc * ((T - Ts - 32) >> 5) <= DP_WX_MAX;
         out->per = (int)per;
         out->sub = (int)sb;
         out->R = (int)r;
@@ -1565,7 +1642,7 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
 
     if (npc) {
         const int64_t G = N < npc ? N : npc;   // clusters: one per row up to what is resident
-        void* args[] = {&a, &pp.cs, &pp.per, &pp.nv, &pp.sub, &pp.R, &pp.Ts, &pp.wx, &pp.maps};
+        void* args[] = {&a, &pp.cs, &pp.per, &pp.nv, &pp.sub, &pp.R, &pp.Ts, &pp.wx, &pp.ug, &pp.maps};
         FL_CUDA_TRY(fl__launch_clusters(pp.fn, args, G, pp.cs, pp.T, pp.smem, stream));
     } else if (ncl) {
         const int64_t G = N < ncl ? N : ncl;   // clusters: one per row up to what is resident
