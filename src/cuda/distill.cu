@@ -480,8 +480,7 @@ __device__ __forceinline__ float dc_tree_max(const float* x) {
         for (int v = 0; v < w; v++) m[v] = fmaxf(m[v], m[v + w]);
     return m[0];
 }
-// NOU (the ring's UG: the FKL loss term summed by the gradient warps instead): u not formed (st.u left as it is)
-template <typename TS, typename TT, int MODE, bool NOU = false>
+template <typename TS, typename TT, int MODE>
 __device__ __forceinline__ void dc_acc_lz(Stat1& st, const uint4* sb, const uint4* tb, int q, float k2) {
     constexpr int VEC = RpT<TS>::VEC;
     if (st.ms == -INFINITY || st.mt == -INFINITY) {   // the row's first vector (or masked columns so far)
@@ -497,8 +496,8 @@ __device__ __forceinline__ void dc_acc_lz(Stat1& st, const uint4* sb, const uint
     }
 #pragma unroll
     for (int v = 0; v < VEC; v++) {
-        if (MODE == FL__DISTILL_FKL && !NOU) su[v & 1] = fmaf(et[v], xt[v] - xs[v], su[v & 1]);
-        if (MODE == FL__DISTILL_RKL && !NOU) su[v & 1] = fmaf(es[v], xs[v] - xt[v], su[v & 1]);
+        if (MODE == FL__DISTILL_FKL) su[v & 1] = fmaf(et[v], xt[v] - xs[v], su[v & 1]);
+        if (MODE == FL__DISTILL_RKL) su[v & 1] = fmaf(es[v], xs[v] - xt[v], su[v & 1]);
     }
     float ss = tree_sum<VEC>(es), stt = tree_sum<VEC>(et);
     if (ss > exp2f(DC_LZ_LIM2) || stt > exp2f(DC_LZ_LIM2)) {   // rare past the row's first vector
@@ -509,25 +508,25 @@ __device__ __forceinline__ void dc_acc_lz(Stat1& st, const uint4* sb, const uint
         for (int v = 0; v < VEC; v++) {
             es[v] = fexp2(fmaf(xs[v], k2, -st.ms));
             et[v] = fexp2(fmaf(xt[v], k2, -st.mt));
-            if (MODE == FL__DISTILL_FKL && !NOU) su[v & 1] = fmaf(et[v], xt[v] - xs[v], su[v & 1]);
-            if (MODE == FL__DISTILL_RKL && !NOU) su[v & 1] = fmaf(es[v], xs[v] - xt[v], su[v & 1]);
+            if (MODE == FL__DISTILL_FKL) su[v & 1] = fmaf(et[v], xt[v] - xs[v], su[v & 1]);
+            if (MODE == FL__DISTILL_RKL) su[v & 1] = fmaf(es[v], xs[v] - xt[v], su[v & 1]);
         }
         ss = tree_sum<VEC>(es);
         stt = tree_sum<VEC>(et);
     }
     st.Ss += ss;
     st.St += stt;
-    if (!NOU) st.u = fmaf(su[0] + su[1], k2, st.u);
+    st.u = fmaf(su[0] + su[1], k2, st.u);
 }
 
-// a row's exchanged partials by rank (ms, Ss, mt, St | u), merged in rank order: the same bits in every
-// thread and CTA
+// a row's exchanged partials [rank][2] (ms, Ss, mt, St | u), merged in rank order: the same bits in
+// every thread and CTA
 template <int MODE>
-__device__ __forceinline__ Stat1 dc_merge(const float4* p4, const float* pu, int cs) {
+__device__ __forceinline__ Stat1 dc_merge(const float4 (*p)[2], int cs) {
     Stat1 m = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
     for (int c = 0; c < cs; c++) {
-        const float4 p0 = p4[c];
-        const Stat1 o = {p0.x, p0.y, p0.z, p0.w, pu ? pu[c] : 0.0f};
+        const float4 p0 = p[c][0], p1 = p[c][1];
+        const Stat1 o = {p0.x, p0.y, p0.z, p0.w, p1.x};
         m = c == 0 ? o : combine1<MODE>(m, o);
     }
     return m;
@@ -836,7 +835,7 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
 #define DP_XSLOTS 8
 #define DP_MAX_THREADS 768   // plans above 672 threads (FUSEDLOSS_DISTILL_PIPE_THREADS); 24 warps keep the 80-register cap (800 would cap at 72)
 #define DP_PIECE 256   // vectors per bulk copy (4 KB); the producer's lanes issue the pieces
-#define DP_WX_MAX 32   // partials an xslot holds (WX: cs Ts / 32 of them, one a lane of the gradient warps' merge)
+#define DP_WX_MAX 32   // WX: partials an xslot holds (cs Ts / 32 of them, one a lane of the gradient warps' merge)
 
 __device__ __forceinline__ void dp_bar(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 // NB (FUSEDLOSS_DISTILL_PIPE_NBAR=1; not yet run): slot s released through hardware barrier NB_BASE + s
@@ -861,10 +860,10 @@ __device__ __forceinline__ Stat1 dp_group_reduce1(Stat1 v, Stat1* sm, int n) {
     return v;
 }
 
-// WX (FUSEDLOSS_DISTILL_PIPE_WX): a warp's Stat1 partials combined, the result in every lane, bitwise the same:
-// the maxima first (xor trees of fmaxf: exact), then each lane's sums rescaled to them once (two exponentials
-// in parallel, not one a tree level as combine1's tree) and added by xor trees (every lane adds the same two
-// operands at each level, in either order: IEEE addition commutes, so the lanes agree bit for bit)
+// WX: a warp's Stat1 partials combined, the result in every lane, bitwise the same: the maxima first (xor trees
+// of fmaxf: exact), then each lane's sums rescaled to them once (two exponentials in parallel, not four a tree
+// level as combine1's tree) and added by xor trees (every lane adds the same two operands at each level, in either
+// order: IEEE addition commutes, so the lanes agree bit for bit)
 template <int MODE>
 __device__ __forceinline__ Stat1 dp_warp_reduce1(const Stat1& v) {
     float ms = v.ms, mt = v.mt;
@@ -926,9 +925,10 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, b
     }
 }
 
-template <typename TS, typename TT, int MODE, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false>
+template <typename TS, typename TT, int MODE, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false,
+          bool WX = false>
 __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a, int cs, int per, int nv, int sub,
-                                                                          int R, int Ts, int wx, int ug,
+                                                                          int R, int Ts,
                                                                           const __grid_constant__ FlTmaps2 tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int VEC = RpT<TS>::VEC;
@@ -937,11 +937,9 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
     __shared__ __align__(8) uint64_t full[DP_MAX_SLOTS];         // slot s's sub-chunk landed
     __shared__ __align__(8) uint64_t empty[DP_MAX_SLOTS];        // every gradient warp is done with slot s
     __shared__ __align__(8) uint64_t xbar[DP_XSLOTS];            // xslot x's cs partials landed
-    __shared__ __align__(8) uint64_t wbar[DP_XSLOTS];            // UG, rank 0: xslot x's loss-term partials landed
-    // the partials of each xslot (ms, Ss, mt, St | u): one a rank, or (wx) one a statistics warp of each rank
-    // (rank-major: rank * Ts / 32 + warp; the host keeps cs Ts / 32 <= DP_WX_MAX)
-    __shared__ float4 sl4[DP_XSLOTS][DP_WX_MAX];
-    __shared__ float slu[DP_XSLOTS][DP_WX_MAX];
+    // the partials by rank, [x][rank][0] (ms, Ss, mt, St) and [1] (u, 0, 0, 0); WX: one a statistics warp of each
+    // rank (index rank Ts / 32 + warp), [x][k][0] (ms, Ss, mt, St) for k < DP_WX_MAX, their u after them as floats
+    __shared__ float4 sl[DP_XSLOTS][WX ? DP_WX_MAX + DP_WX_MAX / 4 : DC_MAX_CLUSTER][WX ? 1 : 2];
     __shared__ Stat1 sm1[DP_MAX_THREADS / 32];
     const int tid = (int)threadIdx.x;
     const int ngw = ((int)blockDim.x - Ts - 32) >> 5;   // gradient warps
@@ -954,15 +952,15 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
     const int nsub = (per + sub - 1) / sub;                            // positions per row (every CTA)
     const int tail = (int)(a.V - (int64_t)nv * VEC);                   // 0 .. VEC-1 scalar columns
     const float k2 = a.k2;
-    const bool UG = MODE == FL__DISTILL_FKL && LZ && ug != 0;   // (FUSEDLOSS_DISTILL_PIPE_UG: the host sets ug only there)
     if (tid == 0) {
         for (int k = 0; k < R; k++) {
             mbar_init(&full[k], 1u);
             mbar_init(&empty[k], (uint32_t)ngw);
         }
-        // one arrival a phase (the expect_tx of the partials' bytes), or (wx, cs 1) one a statistics warp
-        for (int k = 0; k < DP_XSLOTS; k++) mbar_init(&xbar[k], wx && cs == 1 ? (uint32_t)(Ts >> 5) : 1u);
-        for (int k = 0; k < DP_XSLOTS; k++) mbar_init(&wbar[k], cs == 1 ? (uint32_t)ngw : 1u);
+        // one arrival a phase (thread 0's, the expect_tx of the partials' bytes when cs > 1); WX: one a statistics
+        // warp (each warp's own arrive orders its ring reads before the gradient warps' slot releases, also to
+        // racecheck, which does not see st.async's complete_tx as a release)
+        for (int k = 0; k < DP_XSLOTS; k++) mbar_init(&xbar[k], WX ? (uint32_t)(Ts >> 5) : 1u);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();   // why: barriers initialised before any copy is issued or waited on
@@ -1016,16 +1014,8 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 if (hi <= v0) continue;
                 const uint4* sb = dp_ring + (size_t)s * slot_vecs - v0;   // sb[c], c in [v0, hi)
                 const uint4* tb = dp_ring + (size_t)s * slot_vecs + sub - (size_t)v0 * NT;
-                if (UG) {   // UG: no u here (the gradient warps sum the loss term)
-                    for (; c + Ts < hi; c += 2 * Ts) {
-                        dc_acc_lz<TS, TT, MODE, true>(st, sb, tb, c, k2);
-                        dc_acc_lz<TS, TT, MODE, true>(st1, sb, tb, c + Ts, k2);
-                    }
-                    if (c < hi) { dc_acc_lz<TS, TT, MODE, true>(st, sb, tb, c, k2); c += Ts; }
-                } else {
-                    for (; c + Ts < hi; c += 2 * Ts) { acc(st, sb, tb, c); acc(st1, sb, tb, c + Ts); }
-                    if (c < hi) { acc(st, sb, tb, c); c += Ts; }
-                }
+                for (; c + Ts < hi; c += 2 * Ts) { acc(st, sb, tb, c); acc(st1, sb, tb, c + Ts); }
+                if (c < hi) { acc(st, sb, tb, c); c += Ts; }
             }
             st = combine1<MODE>(st, st1);
             if (!ign && (isnan(st.Ss) || isnan(st.St) || isnan(st.u))) {
@@ -1038,37 +1028,52 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 for (int q = tid; q < wn; q += Ts) dc_acc<TS, TT, MODE, false>(st, gsb, gtb, q, k2);
             }
             if (has_x) st = combine1<MODE>(st, dc_one<MODE>(xs_x, xt_x));
-            // WX (FUSEDLOSS_DISTILL_PIPE_WX, s34): each statistics warp sends its own partial to every rank, and the
-            // gradient warps merge the cs Ts / 32 of them (dp_warp_reduce1 over the lanes). Why: the group
-            // reduction held every statistics warp at two named barriers a row, the second while thread 0 combined
-            // the warps' partials one after another (combine1: four exponentials each); the ncu source profile of
-            // H200 s29 run 2 has 4.7% of all the kernel's samples (~10% of the statistics warps') at those barriers,
-            // on the ring's critical path (the gradient warps wait for the exchange 43% of their samples).
-            int pidx = rank;   // this thread's partial slot (lane 0 of a warp, or thread 0)
-            bool sender = tid == 0;
-            if (wx) {
+            if constexpr (WX) {
+                // WX (FUSEDLOSS_DISTILL_PIPE_WX, s34): each statistics warp sends its own partial to every rank and
+                // the gradient warps merge the cs Ts / 32 of them over their lanes. Why: the group reduction held
+                // every statistics warp at two named barriers a row, the second while thread 0 combined the warps'
+                // partials one after another (combine1, four exponentials each): in the ncu source profile of H200
+                // s29 run 2, ~10% of the statistics warps' samples, on the ring's critical path (the gradient warps
+                // wait for the row's exchange 43% of theirs).
                 st = dp_warp_reduce1<MODE>(st);
-                pidx = rank * (Ts >> 5) + (tid >> 5);
-                sender = (tid & 31) == 0;
-            } else {
-                st = dp_group_reduce1<MODE>(st, sm1, Ts);
+                if ((tid & 31) == 0) {
+                    const int x = (int)(it % DP_XSLOTS), k = rank * (Ts >> 5) + (tid >> 5);
+                    const float4 v0 = make_float4(st.ms, st.Ss, st.mt, st.St);
+                    float* su = reinterpret_cast<float*>(&sl[x][DP_WX_MAX][0]);
+                    if (cs > 1) {
+                        // arm for every rank's partials (remote ones may land first: the tx count then goes negative
+                        // until this expect_tx)
+                        if (tid == 0) mbar_arrive_tx(&xbar[x], (uint32_t)(cs * (Ts >> 5)) * 20u);
+                        const uint32_t l4 = smem_addr(&sl[x][k][0]), lu = smem_addr(su + k), lb = smem_addr(&xbar[x]);
+                        for (int cc = 0; cc < cs; cc++) {
+                            st_async_f4(mapa_shared(l4, cc), v0, mapa_shared(lb, cc));
+                            st_async_f32(mapa_shared(lu, cc), st.u, mapa_shared(lb, cc));
+                        }
+                        if (tid != 0) mbar_arrive(&xbar[x]);
+                    } else {
+                        sl[x][k][0] = v0;
+                        su[k] = st.u;
+                        mbar_arrive(&xbar[x]);   // release: the stores above are visible to the waiters
+                    }
+                }
+                continue;
             }
-            if (sender) {
+            st = dp_group_reduce1<MODE>(st, sm1, Ts);
+            if (tid == 0) {
                 const int x = (int)(it % DP_XSLOTS);
-                const float4 v0 = make_float4(st.ms, st.Ss, st.mt, st.St);
+                const float4 v0 = make_float4(st.ms, st.Ss, st.mt, st.St), v1 = make_float4(st.u, 0.0f, 0.0f, 0.0f);
                 if (cs > 1) {
-                    // arm for the partials of every rank (a remote one may land first: the tx count then goes
-                    // negative until this expect_tx); one arrival a phase: thread 0's
-                    // (UG: no u; slu then carries the gradient warps' loss terms to rank 0)
-                    if (tid == 0) mbar_arrive_tx(&xbar[x], (uint32_t)(wx ? cs * (Ts >> 5) : cs) * (UG ? 16u : 20u));
-                    const uint32_t l4 = smem_addr(&sl4[x][pidx]), lu = smem_addr(&slu[x][pidx]), lb = smem_addr(&xbar[x]);
+                    // arm for the cs partials (a remote one may land first: the tx count then goes
+                    // negative until this expect_tx)
+                    mbar_arrive_tx(&xbar[x], (uint32_t)cs * 32u);
+                    const uint32_t ls = smem_addr(&sl[x][rank][0]), lb = smem_addr(&xbar[x]);
                     for (int cc = 0; cc < cs; cc++) {
-                        st_async_f4(mapa_shared(l4, cc), v0, mapa_shared(lb, cc));
-                        if (!UG) st_async_f32(mapa_shared(lu, cc), st.u, mapa_shared(lb, cc));
+                        st_async_f4(mapa_shared(ls, cc), v0, mapa_shared(lb, cc));
+                        st_async_f4(mapa_shared(ls + 16u, cc), v1, mapa_shared(lb, cc));
                     }
                 } else {
-                    sl4[x][pidx] = v0;
-                    if (!UG) slu[x][pidx] = st.u;
+                    sl[x][0][0] = v0;
+                    sl[x][0][1] = v1;
                     mbar_arrive(&xbar[x]);   // release: the stores above are visible to the waiters
                 }
             }
@@ -1094,22 +1099,6 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
         const float Dd = a.Ddev ? __ldcg(a.Ddev) : a.Dhost;   // row_grad's denominator
         bool ign_next = a.labels && cid < a.sc.N && rp_label(a.labels, a.lab64, cid) == a.ignore;
         int64_t it = 0;
-        struct UgRow { int64_t r; float L2s, L2t; bool ign; };
-        UgRow ug_prev = {0, 0.0f, 0.0f, true};
-        // UG, rank 0's first gradient warp: row k's loss from the cs ngw loss-term partials (lane j adds partial j)
-        auto ug_finish = [&](int64_t k) {
-            const int xk = (int)(k % DP_XSLOTS);
-            if (cs > 1) mbar_wait_cluster(&wbar[xk], (uint32_t)((k / DP_XSLOTS) & 1));
-            else mbar_wait(&wbar[xk], (uint32_t)((k / DP_XSLOTS) & 1));
-            float t = lane < cs * ngw ? slu[xk][lane] : 0.0f;
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) t += __shfl_xor_sync(0xffffffffu, t, off);
-            if (lane == 0) {
-                const float l = ug_prev.ign ? 0.0f : RP_LN2 * (t * k2 - ug_prev.L2t + ug_prev.L2s);
-                if (a.none) { if (a.loss) a.loss[ug_prev.r] = l * a.loss_scale; }
-                else a.rowloss[ug_prev.r] = l * a.loss_scale;
-            }
-        };
         for (int64_t r = cid; r < a.sc.N; r += ncl, it++) {
             const bool ign = ign_next;
             if (a.labels && r + ncl < a.sc.N) ign_next = rp_label(a.labels, a.lab64, r + ncl) == a.ignore;
@@ -1131,34 +1120,22 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             else mbar_wait(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
             float L2s, L2t;
             Stat1 mg;
-            if (wx) {   // lane k takes partial k (cs Ts / 32 <= 32): every lane, warp and CTA the same bits
-                const int P = cs * (Ts >> 5);
+            if constexpr (WX) {   // lane k takes partial k (cs Ts / 32 <= 32): every lane, warp and CTA the same bits
                 Stat1 v = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
-                if (lane < P) {
-                    const float4 p4 = sl4[x][lane];
-                    v = Stat1{p4.x, p4.y, p4.z, p4.w, UG ? 0.0f : slu[x][lane]};
+                if (lane < cs * (Ts >> 5)) {
+                    const float4 p4 = sl[x][lane][0];
+                    v = Stat1{p4.x, p4.y, p4.z, p4.w, reinterpret_cast<const float*>(&sl[x][DP_WX_MAX][0])[lane]};
                 }
                 mg = dp_warp_reduce1<MODE>(v);
             } else {
-                mg = dc_merge<MODE>(sl4[x], UG ? nullptr : slu[x], cs);   // (UG: slu holds loss terms)
+                mg = dc_merge<MODE>(sl[x], cs);
             }
-            if (UG) mg.u = 0.0f;
             float l = dc_kl<MODE>(mg, L2s, L2t);
             if (ign) l = 0.0f;
-            if (UG) {
-                // UG (FUSEDLOSS_DISTILL_PIPE_UG, s34; FKL on the lazy statistics): the row's loss term
-                // sum p_t (x_t - x_s) comes from this group's sweep (which forms p_t anyway) instead of the
-                // statistics warps' (two instructions an element off the ring's critical path). Every gradient
-                // warp sends its share to rank 0 (slu[x][rank ngw + warp]); rank 0's first warp adds them
-                // (one a lane, an xor tree: fixed order) and writes the previous row's loss after this row's
-                // sweep, a row late (the last row's after the loop), so that it seldom waits for the cluster's
-                // slowest warp. The arm (expect_tx) may come after partials have landed.
-                if (rank == 0 && gt == 0 && cs > 1) mbar_arrive_tx(&wbar[x], (uint32_t)(cs * ngw) * 4u);
-            } else if (rank == 0 && gt == 0) {
+            if (rank == 0 && gt == 0) {
                 if (a.none) { if (a.loss) a.loss[r] = l * a.loss_scale; }
                 else a.rowloss[r] = l * a.loss_scale;
             }
-            float wu[2] = {0.0f, 0.0f};   // UG: this thread's sum p_t (x_t - x_s), two chains
             auto grad = [&](float xs, float xt) -> float {
                 const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);
                 const float q = fexp2(ls2);
@@ -1180,29 +1157,13 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                     mbar_wait(&full[s], ph);
                     const uint4* sb = dp_ring + (size_t)s * slot_vecs - v0;
                     const uint4* tb = dp_ring + (size_t)s * slot_vecs + sub - (size_t)v0 * NT;
-                    if (UG) {
 #pragma unroll 2
-                        for (; q < hi; q += ng) {
-                            float xs[VEC], xt[VEC];
-                            dc_unpack<TS, TT>(sb, tb, q, xs, xt);
+                    for (; q < hi; q += ng) {
+                        float xs[VEC], xt[VEC];
+                        dc_unpack<TS, TT>(sb, tb, q, xs, xt);
 #pragma unroll
-                            for (int v = 0; v < VEC; v++) {
-                                const float qv = fexp2(fmaf(xs[v], k2, -L2s)), pv = fexp2(fmaf(xt[v], k2, -L2t));
-                                // clamped: a masked column (-inf in both) adds 0 * -FLT_MAX = 0, not NaN
-                                wu[v & 1] = fmaf(pv, fmaxf(xt[v] - xs[v], DS_NEG_BIG), wu[v & 1]);
-                                xs[v] = G * (qv - pv);
-                            }
-                            rp_vstore<TS, VEC, !PST>(drow + w.h + (int64_t)(lo + q) * VEC, xs);
-                        }
-                    } else {
-#pragma unroll 2
-                        for (; q < hi; q += ng) {
-                            float xs[VEC], xt[VEC];
-                            dc_unpack<TS, TT>(sb, tb, q, xs, xt);
-#pragma unroll
-                            for (int v = 0; v < VEC; v++) xs[v] = grad(xs[v], xt[v]);
-                            rp_vstore<TS, VEC, !PST>(drow + w.h + (int64_t)(lo + q) * VEC, xs);
-                        }
+                        for (int v = 0; v < VEC; v++) xs[v] = grad(xs[v], xt[v]);
+                        rp_vstore<TS, VEC, !PST>(drow + w.h + (int64_t)(lo + q) * VEC, xs);
                     }
                 }
                 if constexpr (NB) {
@@ -1213,24 +1174,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 }
             }
             if (has_x) drow[xcol] = from_float<TS>(ign ? 0.0f : grad(xs_x, xt_x));
-            if (UG) {
-                if (has_x && !ign) {
-                    const float pv = fexp2(fmaf(xt_x, k2, -L2t));
-                    wu[0] = fmaf(pv, fmaxf(xt_x - xs_x, DS_NEG_BIG), wu[0]);
-                }
-                float wsum = wu[0] + wu[1];
-#pragma unroll
-                for (int off = 16; off > 0; off >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, off);
-                if (rank == 0 && gt < 32 && it > 0) ug_finish(it - 1);   // (reads ug_prev: the previous row's)
-                ug_prev = UgRow{r, L2s, L2t, ign};
-                if (lane == 0) {
-                    const int pidx = rank * ngw + (gt >> 5);
-                    if (cs > 1) st_async_f32(mapa_shared(smem_addr(&slu[x][pidx]), 0), wsum, mapa_shared(smem_addr(&wbar[x]), 0));
-                    else { slu[x][pidx] = wsum; mbar_arrive(&wbar[x]); }
-                }
-            }
         }
-        if (UG && rank == 0 && gt < 32 && it > 0) ug_finish(it - 1);
     }
     // every partial sent to this CTA has landed (waited above), but its own st.async to the others
     // may still be in flight: no CTA exits before all have passed their last exchange
@@ -1401,42 +1345,47 @@ static int dc_plan(const fl__distill_params* p, const void* s, const void* t, co
 // _PIPE_TMAP=1 (off; session 19, not yet run): the producer through tensor maps (TM above; aligned rows,
 // _PLAIN_ST=1, not with _NBAR), slots rounded to 8 vectors.
 struct DpPlan {
-    int cs, per, nv, sub, R, T, Ts, wx, ug, tm;
+    int cs, per, nv, sub, R, T, Ts, tm;
     size_t smem;
     const void* fn;
     FlTmaps2 maps;   // tm: the student's and teacher's maps; else zero. The kernel's last argument.
 };
 
-template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false>
+template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false, bool WX = false>
 static const void* pick_pipe3(int mode) {
-    return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL, PST, HD, NB, TM, LZ>
-                                   : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_RKL, PST, HD, NB, TM, LZ>;
+    return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL, PST, HD, NB, TM, LZ, WX>
+                                   : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_RKL, PST, HD, NB, TM, LZ, WX>;
 }
 
 // (the unaligned-row kernels with default-cached stores only: _PLAIN_ST=0 on such rows takes the
 // kernels below the ring)
 // (NB, TM: the aligned kernels with default-cached stores only)
-// (LZ, the lazy-reference statistics: the default-cached kernels without NB / TM, aligned or not)
+// (LZ, the lazy-reference statistics: the default-cached kernels without NB / TM, aligned or not; WX: with LZ, and
+// with TM, whose copies racecheck can follow, so that WX's exchange can be racechecked)
 template <typename TS, typename TT>
-static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, bool lz) {
+static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, bool lz, bool wx) {
+    if (tm && wx) return pst && !hd && !nb ? pick_pipe3<TS, TT, true, false, false, true, false, true>(mode) : nullptr;
     if (tm) return pst && !hd && !nb ? pick_pipe3<TS, TT, true, false, false, true>(mode) : nullptr;
     if (nb) return pst && !hd ? pick_pipe3<TS, TT, true, false, true>(mode) : nullptr;
+    if (lz && pst && wx) return hd ? pick_pipe3<TS, TT, true, true, false, false, true, true>(mode)
+                                   : pick_pipe3<TS, TT, true, false, false, false, true, true>(mode);
     if (lz && pst) return hd ? pick_pipe3<TS, TT, true, true, false, false, true>(mode)
                              : pick_pipe3<TS, TT, true, false, false, false, true>(mode);
     if (hd) return pst ? pick_pipe3<TS, TT, true, true>(mode) : nullptr;
     return pst ? pick_pipe3<TS, TT, true, false>(mode) : pick_pipe3<TS, TT, false, false>(mode);
 }
 
-static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst, bool hd, bool nb, bool tm, bool lz) {
+static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst, bool hd, bool nb, bool tm, bool lz,
+                             bool wx = false) {
     const bool t32 = tdt == FL_DTYPE_F32;
     switch (sdt) {
-        case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst, hd, nb, tm, lz);
+        case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst, hd, nb, tm, lz, wx);
         case FL_DTYPE_F16:
-            return t32 ? pick_pipe2<__half, float>(mode, pst, hd, nb, tm, lz)
-                       : pick_pipe2<__half, __half>(mode, pst, hd, nb, tm, lz);
+            return t32 ? pick_pipe2<__half, float>(mode, pst, hd, nb, tm, lz, wx)
+                       : pick_pipe2<__half, __half>(mode, pst, hd, nb, tm, lz, wx);
         default:
-            return t32 ? pick_pipe2<__nv_bfloat16, float>(mode, pst, hd, nb, tm, lz)
-                       : pick_pipe2<__nv_bfloat16, __nv_bfloat16>(mode, pst, hd, nb, tm, lz);
+            return t32 ? pick_pipe2<__nv_bfloat16, float>(mode, pst, hd, nb, tm, lz, wx)
+                       : pick_pipe2<__nv_bfloat16, __nv_bfloat16>(mode, pst, hd, nb, tm, lz, wx);
     }
 }
 
@@ -1526,8 +1475,18 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     // 4096x128256 bf16, kernel GPU time (profile_zoo_step, two alternations): 1.143 / 1.142 ms -> 1.105 / 1.104 ms
     // (1.07x -> 1.04x of that card's floor); tests --small --kl 2338/0, --kl --min-v 8192 3098/0, memcheck 0.
     const bool lz = !nb && !tm && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_LAZY", 1) != 0;
-    out->fn = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz);
-    if (!out->fn) return 0;
+    const void* fn_plain = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz);
+    if (!fn_plain) return 0;
+    // _PIPE_WX (s34, opt-in: racecheck through tensor maps not yet clean, see NOTES): the statistics warps' partials
+    // exchanged one a warp and merged by the gradient warps (distill_pipe_kernel's WX), with the lazy statistics
+    // (or with _TMAP, for racecheck), where the cluster's statistics warps fit the merge's 32 lanes and the WX
+    // kernel fits the SM; else the plain kernel.
+    // H100 s34 run 3, KL T=2 4096x128256 bf16 with the teacher aliased (the H200's arithmetic bound): kernel
+    // 1.111 -> 0.967 ms, real inputs 1.142 -> 1.073 ms
+    const void* fn_wx = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_WX", 0) != 0 && (lz || tm)
+                            ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, true)
+                            : nullptr;
+    out->fn = fn_plain;
     out->nv = (int)nv;
     out->T = T;
     out->Ts = Ts;
@@ -1541,18 +1500,22 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         if (rp - ns < 1 || (rp - ns) * sb * vb < slack) continue;
         const int64_t r = dp_slots(ring, sb, ns, nb);   // >= rp (ring >= ring_pick)
         out->cs = cc;
-        // _PIPE_WX (s34, opt-in until measured): the statistics warps' partials exchanged one a warp and merged by
-        // the gradient warps (distill_pipe_kernel's WX) where the cluster's warps fit the merge's 32 lanes
-        out->wx = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_WX", 0) != 0 && cc * (Ts >> 5) <= DP_WX_MAX;
-        // _PIPE_UG (s34, opt-in until measured): the forward KL's loss term summed by the gradient warps (the
-        // kernel's UG) on the lazy statistics, where the cluster's gradient warps fit rank 0's 32-lane sum
-        out->ug = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_UG", 0) != 0 && lz && p->mode == FL__DISTILL_FKL &&
-                  cc * ((T - Ts - 32) >> 5) <= DP_WX_MAX;
         out->per = (int)per;
         out->sub = (int)sb;
         out->R = (int)r;
         out->smem = (size_t)r * (size_t)sb * (size_t)vb;
         int n = 0;
+        out->fn = fn_plain;
+        if (fn_wx && cc * (Ts >> 5) <= DP_WX_MAX) {
+            if (fl__cluster_occupancy(fn_wx, cc, T, out->smem, d.sms, debug, "pipelined distillation kernel (WX)", &n) ==
+                    cudaSuccess && n > 0) {
+                out->fn = fn_wx;
+                if (gcap > 0 && n > gcap) n = gcap;
+                return n;   // resident clusters
+            }
+            (void)cudaGetLastError();   // (the plain kernel at this size, below)
+            n = 0;
+        }
         if (fl__cluster_occupancy(out->fn, cc, T, out->smem, d.sms, debug,
                                   hd ? "pipelined distillation kernel (unaligned rows)" : "pipelined distillation kernel", &n) !=
                 cudaSuccess || n <= 0) {
@@ -1642,7 +1605,7 @@ static fl_status distill_cuda(const char* fn, fl__pass pass, const fl__distill_p
 
     if (npc) {
         const int64_t G = N < npc ? N : npc;   // clusters: one per row up to what is resident
-        void* args[] = {&a, &pp.cs, &pp.per, &pp.nv, &pp.sub, &pp.R, &pp.Ts, &pp.wx, &pp.ug, &pp.maps};
+        void* args[] = {&a, &pp.cs, &pp.per, &pp.nv, &pp.sub, &pp.R, &pp.Ts, &pp.maps};
         FL_CUDA_TRY(fl__launch_clusters(pp.fn, args, G, pp.cs, pp.T, pp.smem, stream));
     } else if (ncl) {
         const int64_t G = N < ncl ? N : ncl;   // clusters: one per row up to what is resident
