@@ -251,6 +251,9 @@ if want test-knobs && have build/test_cross_entropy_cuda test-knobs; then
         echo "### FUSEDLOSS_CE_PIPE_DN=0 (the setup and reduce kernels around the pipe kernel, as before s27), default plans, then slots refilled"
         FUSEDLOSS_CE_PIPE_DN=0 build/test_cross_entropy_cuda --no-big || rc=1
         FUSEDLOSS_CE_PIPE_DN=0 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
+        echo "### FUSEDLOSS_CE_PIPE_WX=1 (s34, opt-in: the statistics warps exchange their own partials), default plans, then slots refilled"
+        FUSEDLOSS_CE_PIPE_WX=1 build/test_cross_entropy_cuda --no-big || rc=1
+        FUSEDLOSS_CE_PIPE_WX=1 FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### DN + FOLD (the default since s27) with its slots refilled"
         FUSEDLOSS_CE_PIPE=2 FUSEDLOSS_CE_PIPE_SUB=1 FUSEDLOSS_CE_PIPE_RING=16 FUSEDLOSS_CE_PIPE_SLACK=1 build/test_cross_entropy_cuda --no-big || rc=1
         echo "### FUSEDLOSS_CE_PLAIN_ST=0 (evict-first gradient stores in the ring / staged kernels too)"
