@@ -1597,6 +1597,23 @@ __device__ __forceinline__ RowStats group_reduce_ms(RowStats r, float* sh, int g
 // cs Ts / 32 partials one a lane. Why: group_reduce_ms holds every statistics warp at three named barriers a row,
 // and the top stall of the 2048x32000 f16 kernel is the gradient group waiting for the row's exchange (s29 ncu).
 #define PIPE_WX_MAX 32
+// WX: a warp's (max, sum exp, wz) partials combined, the result in every lane, bitwise the same: the max by an xor
+// tree (exact), each lane's sum rescaled to it once (as group_reduce_ms), sums by xor trees (each level adds the
+// same two operands in every lane: IEEE addition commutes). Used by the statistics warps on their own partials and
+// by the gradient warps on the exchanged ones (one a lane), so both sides reduce the same way.
+template <int F>
+__device__ __forceinline__ void pipe_warp_ms(float& m, float& s, float& wz) {
+    float M = m;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    s = m == M ? s : s * fexp2((m - M) * FL_LOG2E);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (F & F_SMOOTH) wz += __shfl_xor_sync(0xffffffffu, wz, o);
+    }
+    m = M;
+}
 template <typename T, int F, bool PST = false, bool NB = false, bool TM = false, int DN = 0, bool WX = false>
 __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int cs, int per, int sub, int R, int Ts,
                                                                    const __grid_constant__ FlTmaps tm) {
@@ -1681,16 +1698,9 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
                 if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
             }
             if constexpr (WX) {
-                float wm = ignored ? -INFINITY : m;
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) wm = fmaxf(wm, __shfl_xor_sync(0xffffffffu, wm, o));
-                float ws = ignored ? 0.0f : (m == wm ? s_ : s_ * fexp2((m - wm) * FL_LOG2E));
+                float wm = ignored ? -INFINITY : m, ws = ignored ? 0.0f : s_;
                 float wwz = (!ignored && (F & F_SMOOTH)) ? wz : 0.0f;
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) {
-                    ws += __shfl_xor_sync(0xffffffffu, ws, o);
-                    if (F & F_SMOOTH) wwz += __shfl_xor_sync(0xffffffffu, wwz, o);
-                }
+                pipe_warp_ms<F>(wm, ws, wwz);
                 if ((tid & 31) == 0) {
                     const int x = (int)(it % PIPE_XSLOTS), k = crank * (n >> 5) + (tid >> 5);
                     const float zt = (tid == 0 && !ignored && !bad && crank == 0) ? zval<F>(a, zraw, (int)t64) : 0.0f;
@@ -1827,15 +1837,9 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
                 if constexpr (WX) {   // lane k takes partial k (cs Ts / 32 <= 32): every lane and CTA the same bits
                     const float4 pk = lane < cs * (Ts >> 5) ? slot[x][lane] : make_float4(-INFINITY, 0.0f, 0.0f, 0.0f);
                     M = pk.x;
-#pragma unroll
-                    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-                    S = pk.x == M ? pk.y : pk.y * fexp2((pk.x - M) * FL_LOG2E);
+                    S = pk.y;
                     WZ = pk.z;
-#pragma unroll
-                    for (int o = 16; o > 0; o >>= 1) {
-                        S += __shfl_xor_sync(0xffffffffu, S, o);
-                        if (F & F_SMOOTH) WZ += __shfl_xor_sync(0xffffffffu, WZ, o);
-                    }
+                    pipe_warp_ms<F>(M, S, WZ);
                 } else {
                     for (int cc = 1; cc < cs; cc++) {  // rank order: the same bits in every CTA
                         float4 pc = slot[x][cc];
@@ -2623,10 +2627,10 @@ static void pipe_threads_for(int F, const Config& c, int* T, int* Ts) {
 template <typename T, int F, bool PST, bool NB = false, bool TM = false, int DN = 0, bool WX = false>
 static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
     *done = 0;
+    int T_, Ts;
+    pipe_threads_for(F, c, &T_, &Ts);
     if constexpr (WX) {   // the merge takes one partial a lane: cs statistics warps of every rank <= 32
-        int T0, Ts0;
-        pipe_threads_for(F, c, &T0, &Ts0);
-        if (c.pcs * (Ts0 >> 5) > PIPE_WX_MAX) return launch_pipe_st<T, F, PST, NB, TM, DN>(a, c, s, done);
+        if (c.pcs * (Ts >> 5) > PIPE_WX_MAX) return launch_pipe_st<T, F, PST, NB, TM, DN>(a, c, s, done);
     }
     FlTmaps tm;
     memset(&tm, 0, sizeof tm);
@@ -2636,8 +2640,6 @@ static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t
         else return launch_pipe_st<T, F, PST, NB, false>(a, c, s, done);  // no driver entry point / too big: raw copies
     }
     const void* fn = (const void*)ce_pipe_kernel<T, F, PST, NB, TM, DN, WX>;
-    int T_, Ts;
-    pipe_threads_for(F, c, &T_, &Ts);
     int n = 0;
     cudaError_t e = fl__cluster_occupancy(fn, c.pcs, T_, c.psmem, c.sms, knobs()->debug, "pipelined CE kernel", &n);
     if (e != cudaSuccess || n <= 0) return e;
@@ -2663,32 +2665,31 @@ static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t
     if (e == cudaSuccess) *done = 1;
     return e;
 }
-// ring mode (a row's chunk in several slots): default-cached gradient stores (see store_vec)
+// the tensor-map plans (DN 2, DN 1, or maps alone), WX or not; false: none applies
+// (ring mode, a row's chunk in several slots: default-cached gradient stores, see store_vec)
+template <typename T, int F, bool WX>
+static bool launch_pipe_tm(const CeArgs& a, const Config& c, cudaStream_t s, int* done, cudaError_t* e) {
+    const bool pst = knobs()->plain_st && c.psub < c.pper;
+    if (c.dnf == 2)   // (ce_launch: only with the tensor-map copies, psub % 8 == 0, no NB)
+        *e = pst ? launch_pipe_st<T, F, true, false, true, 2, WX>(a, c, s, done)
+                 : launch_pipe_st<T, F, false, false, true, 2, WX>(a, c, s, done);
+    else if (c.dnf)
+        *e = pst ? launch_pipe_st<T, F, true, false, true, 1, WX>(a, c, s, done)
+                 : launch_pipe_st<T, F, false, false, true, 1, WX>(a, c, s, done);
+    else if (knobs()->pipe_tmap && c.psub % 8 == 0)  // the tensor-map copies (racecheck: see cluster.cuh)
+        *e = pst ? launch_pipe_st<T, F, true, false, true, 0, WX>(a, c, s, done)
+                 : launch_pipe_st<T, F, false, false, true, 0, WX>(a, c, s, done);
+    else
+        return false;
+    return true;
+}
 template <typename T, int F>
 static cudaError_t launch_pipe(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
-    if constexpr (F == 0) {   // WX (ce_pipe_kernel; opt-in): the tensor-map plans below, without options
-        if (knobs()->pipe_wx && (c.dnf || (knobs()->pipe_tmap && c.psub % 8 == 0))) {
-            const bool pst = knobs()->plain_st && c.psub < c.pper;
-            if (c.dnf == 2) return pst ? launch_pipe_st<T, F, true, false, true, 2, true>(a, c, s, done)
-                                       : launch_pipe_st<T, F, false, false, true, 2, true>(a, c, s, done);
-            if (c.dnf) return pst ? launch_pipe_st<T, F, true, false, true, 1, true>(a, c, s, done)
-                                  : launch_pipe_st<T, F, false, false, true, 1, true>(a, c, s, done);
-            return pst ? launch_pipe_st<T, F, true, false, true, 0, true>(a, c, s, done)
-                       : launch_pipe_st<T, F, false, false, true, 0, true>(a, c, s, done);
-        }
+    cudaError_t e = cudaSuccess;
+    if constexpr (F == 0) {   // WX (ce_pipe_kernel; opt-in): the tensor-map plans, without options
+        if (knobs()->pipe_wx && launch_pipe_tm<T, F, true>(a, c, s, done, &e)) return e;
     }
-    if (c.dnf == 2) {   // (ce_launch: only with the tensor-map copies, psub % 8 == 0, no NB)
-        if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, false, true, 2>(a, c, s, done);
-        return launch_pipe_st<T, F, false, false, true, 2>(a, c, s, done);
-    }
-    if (c.dnf) {
-        if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, false, true, 1>(a, c, s, done);
-        return launch_pipe_st<T, F, false, false, true, 1>(a, c, s, done);
-    }
-    if (knobs()->pipe_tmap && c.psub % 8 == 0) {  // the tensor-map copies (racecheck: see cluster.cuh)
-        if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, false, true>(a, c, s, done);
-        return launch_pipe_st<T, F, false, false, true>(a, c, s, done);
-    }
+    if (launch_pipe_tm<T, F, false>(a, c, s, done, &e)) return e;
     if (knobs()->pipe_nbar && c.pR <= NB_MAX_SLOTS) {  // (whole-chunk plans: R = nbuf <= 4)
         if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, true>(a, c, s, done);
         return launch_pipe_st<T, F, false, true>(a, c, s, done);

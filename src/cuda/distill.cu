@@ -1486,7 +1486,6 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     const void* fn_wx = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_WX", 0) != 0 && (lz || tm)
                             ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, true)
                             : nullptr;
-    out->fn = fn_plain;
     out->nv = (int)nv;
     out->T = T;
     out->Ts = Ts;
