@@ -1591,30 +1591,7 @@ __device__ __forceinline__ RowStats group_reduce_ms(RowStats r, float* sh, int g
     return t;
 }
 
-// WX (FUSEDLOSS_CE_PIPE_WX=1, s34, opt-in; built, not yet run): the KL ring's per-warp exchange (distill.cu, s34
-// run 3: 13% on that kernel's H200-like bound). Each statistics warp reduces its own (max, sum, wz) (maxima by an
-// xor tree, one rescale a lane, sums by xor trees) and sends it to every rank; the gradient warps merge the
-// cs Ts / 32 partials one a lane. Why: group_reduce_ms holds every statistics warp at three named barriers a row,
-// and the top stall of the 2048x32000 f16 kernel is the gradient group waiting for the row's exchange (s29 ncu).
-#define PIPE_WX_MAX 32
-// WX: a warp's (max, sum exp, wz) partials combined, the result in every lane, bitwise the same: the max by an xor
-// tree (exact), each lane's sum rescaled to it once (as group_reduce_ms), sums by xor trees (each level adds the
-// same two operands in every lane: IEEE addition commutes). Used by the statistics warps on their own partials and
-// by the gradient warps on the exchanged ones (one a lane), so both sides reduce the same way.
-template <int F>
-__device__ __forceinline__ void pipe_warp_ms(float& m, float& s, float& wz) {
-    float M = m;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    s = m == M ? s : s * fexp2((m - M) * FL_LOG2E);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (F & F_SMOOTH) wz += __shfl_xor_sync(0xffffffffu, wz, o);
-    }
-    m = M;
-}
-template <typename T, int F, bool PST = false, bool NB = false, bool TM = false, int DN = 0, bool WX = false>
+template <typename T, int F, bool PST = false, bool NB = false, bool TM = false, int DN = 0>
 __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int cs, int per, int sub, int R, int Ts,
                                                                    const __grid_constant__ FlTmaps tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1622,7 +1599,7 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
     __shared__ __align__(8) uint64_t full[PIPE_MAX_SLOTS];   // slot s's sub-chunk landed
     __shared__ __align__(8) uint64_t empty[PIPE_MAX_SLOTS];  // every gradient warp is done with slot s
     __shared__ __align__(8) uint64_t xbar[PIPE_XSLOTS];      // xslot x's cs partials landed
-    __shared__ float4 slot[PIPE_XSLOTS][WX ? PIPE_WX_MAX : TMA_MAX_CLUSTER];   // WX: [x][rank Ts / 32 + warp]
+    __shared__ float4 slot[PIPE_XSLOTS][TMA_MAX_CLUSTER];
     __shared__ float sh[96];
     __shared__ unsigned long long s_cnt;   // DN: the gradient group's count of non-ignored targets
     const int tid = (int)threadIdx.x;
@@ -1642,8 +1619,7 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
             mbar_init(&full[k], 1u);
             mbar_init(&empty[k], (uint32_t)ngw);
         }
-        // one arrival a phase (thread 0's); WX: one a statistics warp (thread 0's carries the expect_tx)
-        for (int k = 0; k < PIPE_XSLOTS; k++) mbar_init(&xbar[k], WX ? (uint32_t)(Ts >> 5) : 1u);
+        for (int k = 0; k < PIPE_XSLOTS; k++) mbar_init(&xbar[k], 1u);
         if constexpr (DN) s_cnt = 0ull;
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -1696,26 +1672,6 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
                     s_ += (z == -INFINITY) ? 0.0f : fexp2((z - m) * FL_LOG2E);  // NaN stays NaN
                 }
                 if (F & F_SMOOTH) wz += (a.weight ? __ldg(a.weight + ex) : 1.0f) * z;
-            }
-            if constexpr (WX) {
-                float wm = ignored ? -INFINITY : m, ws = ignored ? 0.0f : s_;
-                float wwz = (!ignored && (F & F_SMOOTH)) ? wz : 0.0f;
-                pipe_warp_ms<F>(wm, ws, wwz);
-                if ((tid & 31) == 0) {
-                    const int x = (int)(it % PIPE_XSLOTS), k = crank * (n >> 5) + (tid >> 5);
-                    const float zt = (tid == 0 && !ignored && !bad && crank == 0) ? zval<F>(a, zraw, (int)t64) : 0.0f;
-                    const float4 mine = make_float4(wm, ws, wwz, zt);
-                    if (cs > 1) {
-                        if (tid == 0) mbar_arrive_tx(&xbar[x], (uint32_t)(cs * (n >> 5)) * 16u);
-                        const uint32_t ls = smem_addr(&slot[x][k]), lb = smem_addr(&xbar[x]);
-                        for (int c = 0; c < cs; c++) st_async_f4(mapa_shared(ls, c), mine, mapa_shared(lb, c));
-                        if (tid != 0) mbar_arrive(&xbar[x]);   // each warp's ring reads released locally
-                    } else {
-                        slot[x][k] = mine;
-                        mbar_arrive(&xbar[x]);
-                    }
-                }
-                continue;
             }
             RowStats r = {-INFINITY, 0.0f, 0.0f};
             if (!ignored) {
@@ -1834,18 +1790,10 @@ __global__ void __launch_bounds__(PIPE_BOUND(F), 1) ce_pipe_kernel(CeArgs a, int
                 if (bad && crank == 0 && gt == 0 && a.error_flag) *a.error_flag = 1;
                 float4 p0 = slot[x][0];
                 float M = p0.x, S = p0.y, WZ = p0.z;
-                if constexpr (WX) {   // lane k takes partial k (cs Ts / 32 <= 32): every lane and CTA the same bits
-                    const float4 pk = lane < cs * (Ts >> 5) ? slot[x][lane] : make_float4(-INFINITY, 0.0f, 0.0f, 0.0f);
-                    M = pk.x;
-                    S = pk.y;
-                    WZ = pk.z;
-                    pipe_warp_ms<F>(M, S, WZ);
-                } else {
-                    for (int cc = 1; cc < cs; cc++) {  // rank order: the same bits in every CTA
-                        float4 pc = slot[x][cc];
-                        ms_merge(M, S, pc.x, pc.y);
-                        WZ += pc.z;
-                    }
+                for (int cc = 1; cc < cs; cc++) {  // rank order: the same bits in every CTA
+                    float4 pc = slot[x][cc];
+                    ms_merge(M, S, pc.x, pc.y);
+                    WZ += pc.z;
                 }
                 const float lse = (M == -INFINITY) ? -INFINITY : M + logf(S);
                 if constexpr (DN == 2) {
@@ -2128,7 +2076,7 @@ __global__ void __launch_bounds__(32) ce_reduce_final_kernel(CeArgs a, const dou
 // kernels are no-ops when a kernel is launched without the PDL attribute (the default).
 struct Knobs { int chunk_threads, small_rows, small_opt, stream, stream_kb, on, fwd, bwd, kb, nsub, threads, grid, debug, group_rows, xasync;
                int pipe, pipe_kb, pipe_threads, pipe_nbuf, pipe_stats, pipe_sub, pipe_slack, pipe_maxcs, pipe_cs, pipe_ring, pdl,
-               plain_st, two_stage_rows, pdl_chain, pipe_nbar, pipe_tmap, pipe_dn, pipe_dn_rows, pipe_dn_fold, pipe_wx;
+               plain_st, two_stage_rows, pdl_chain, pipe_nbar, pipe_tmap, pipe_dn, pipe_dn_rows, pipe_dn_fold;
                int off_pipe, off_kb, off_fwd; };
 
 static int env_int(const char* name, int def) {
@@ -2173,7 +2121,6 @@ static const Knobs* knobs(void) {
         // ce_pipe_kernel's TM, by default since s21 (H100 run 1: racecheck-clean refills, the same speed);
         // _NBAR=1 takes the raw copies (NB and TM are not combined)
         n.pipe_tmap = !n.pipe_nbar && env_int("FUSEDLOSS_CE_PIPE_TMAP", 1) != 0;
-        n.pipe_wx = env_int("FUSEDLOSS_CE_PIPE_WX", 0) != 0;   // (ce_pipe_kernel's WX: F == 0, tensor maps)
         // ce_pipe_kernel's DN (s26; default since s27): an unweighted fused MEAN of <= _DN_ROWS rows counts its
         // denominators in every CTA instead of after a setup kernel (see ce_pipe_kernel), and with _DN_FOLD
         // (s27, default) also reduces the loss (no reduce kernel). H200 s27 run 1, fused x floor, two
@@ -2624,14 +2571,9 @@ static void pipe_threads_for(int F, const Config& c, int* T, int* Ts) {
     *Ts = s;
 }
 
-template <typename T, int F, bool PST, bool NB = false, bool TM = false, int DN = 0, bool WX = false>
+template <typename T, int F, bool PST, bool NB = false, bool TM = false, int DN = 0>
 static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
     *done = 0;
-    int T_, Ts;
-    pipe_threads_for(F, c, &T_, &Ts);
-    if constexpr (WX) {   // the merge takes one partial a lane: cs statistics warps of every rank <= 32
-        if (c.pcs * (Ts >> 5) > PIPE_WX_MAX) return launch_pipe_st<T, F, PST, NB, TM, DN>(a, c, s, done);
-    }
     FlTmaps tm;
     memset(&tm, 0, sizeof tm);
     if (TM && !fl__tmap_note(fl__tmaps_encode(a.logits, (size_t)((a.N - 1) * a.ld + a.V) * sizeof(T), &tm) == 0,
@@ -2639,7 +2581,9 @@ static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t
         if constexpr (DN) return cudaSuccess;   // not done: launch_main runs the setup and another kernel
         else return launch_pipe_st<T, F, PST, NB, false>(a, c, s, done);  // no driver entry point / too big: raw copies
     }
-    const void* fn = (const void*)ce_pipe_kernel<T, F, PST, NB, TM, DN, WX>;
+    const void* fn = (const void*)ce_pipe_kernel<T, F, PST, NB, TM, DN>;
+    int T_, Ts;
+    pipe_threads_for(F, c, &T_, &Ts);
     int n = 0;
     cudaError_t e = fl__cluster_occupancy(fn, c.pcs, T_, c.psmem, c.sms, knobs()->debug, "pipelined CE kernel", &n);
     if (e != cudaSuccess || n <= 0) return e;
@@ -2661,35 +2605,25 @@ static cudaError_t launch_pipe_st(const CeArgs& a, const Config& c, cudaStream_t
     cfg.blockDim = dim3((unsigned)T_, 1, 1);
     cfg.dynamicSmemBytes = c.psmem;
     cfg.stream = s;
-    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F, PST, NB, TM, DN, WX>, a, c.pcs, c.pper, c.psub, c.pR, Ts, tm);
+    e = cudaLaunchKernelEx(&cfg, ce_pipe_kernel<T, F, PST, NB, TM, DN>, a, c.pcs, c.pper, c.psub, c.pR, Ts, tm);
     if (e == cudaSuccess) *done = 1;
     return e;
 }
-// the tensor-map plans (DN 2, DN 1, or maps alone), WX or not; false: none applies
-// (ring mode, a row's chunk in several slots: default-cached gradient stores, see store_vec)
-template <typename T, int F, bool WX>
-static bool launch_pipe_tm(const CeArgs& a, const Config& c, cudaStream_t s, int* done, cudaError_t* e) {
-    const bool pst = knobs()->plain_st && c.psub < c.pper;
-    if (c.dnf == 2)   // (ce_launch: only with the tensor-map copies, psub % 8 == 0, no NB)
-        *e = pst ? launch_pipe_st<T, F, true, false, true, 2, WX>(a, c, s, done)
-                 : launch_pipe_st<T, F, false, false, true, 2, WX>(a, c, s, done);
-    else if (c.dnf)
-        *e = pst ? launch_pipe_st<T, F, true, false, true, 1, WX>(a, c, s, done)
-                 : launch_pipe_st<T, F, false, false, true, 1, WX>(a, c, s, done);
-    else if (knobs()->pipe_tmap && c.psub % 8 == 0)  // the tensor-map copies (racecheck: see cluster.cuh)
-        *e = pst ? launch_pipe_st<T, F, true, false, true, 0, WX>(a, c, s, done)
-                 : launch_pipe_st<T, F, false, false, true, 0, WX>(a, c, s, done);
-    else
-        return false;
-    return true;
-}
+// ring mode (a row's chunk in several slots): default-cached gradient stores (see store_vec)
 template <typename T, int F>
 static cudaError_t launch_pipe(const CeArgs& a, const Config& c, cudaStream_t s, int* done) {
-    cudaError_t e = cudaSuccess;
-    if constexpr (F == 0) {   // WX (ce_pipe_kernel; opt-in): the tensor-map plans, without options
-        if (knobs()->pipe_wx && launch_pipe_tm<T, F, true>(a, c, s, done, &e)) return e;
+    if (c.dnf == 2) {   // (ce_launch: only with the tensor-map copies, psub % 8 == 0, no NB)
+        if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, false, true, 2>(a, c, s, done);
+        return launch_pipe_st<T, F, false, false, true, 2>(a, c, s, done);
     }
-    if (launch_pipe_tm<T, F, false>(a, c, s, done, &e)) return e;
+    if (c.dnf) {
+        if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, false, true, 1>(a, c, s, done);
+        return launch_pipe_st<T, F, false, false, true, 1>(a, c, s, done);
+    }
+    if (knobs()->pipe_tmap && c.psub % 8 == 0) {  // the tensor-map copies (racecheck: see cluster.cuh)
+        if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, false, true>(a, c, s, done);
+        return launch_pipe_st<T, F, false, false, true>(a, c, s, done);
+    }
     if (knobs()->pipe_nbar && c.pR <= NB_MAX_SLOTS) {  // (whole-chunk plans: R = nbuf <= 4)
         if (knobs()->plain_st && c.psub < c.pper) return launch_pipe_st<T, F, true, true>(a, c, s, done);
         return launch_pipe_st<T, F, false, true>(a, c, s, done);

@@ -1477,13 +1477,13 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     const bool lz = !nb && !tm && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_LAZY", 1) != 0;
     const void* fn_plain = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz);
     if (!fn_plain) return 0;
-    // _PIPE_WX (s34, opt-in: racecheck through tensor maps not yet clean, see NOTES): the statistics warps' partials
-    // exchanged one a warp and merged by the gradient warps (distill_pipe_kernel's WX), with the lazy statistics
-    // (or with _TMAP, for racecheck), where the cluster's statistics warps fit the merge's 32 lanes and the WX
-    // kernel fits the SM; else the plain kernel.
-    // H100 s34 run 3, KL T=2 4096x128256 bf16 with the teacher aliased (the H200's arithmetic bound): kernel
-    // 1.111 -> 0.967 ms, real inputs 1.142 -> 1.073 ms
-    const void* fn_wx = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_WX", 0) != 0 && (lz || tm)
+    // _PIPE_WX (default 1 since s35; 0: the group reduction): the statistics warps' partials exchanged one a warp
+    // and merged by the gradient warps (distill_pipe_kernel's WX), with the lazy statistics (or with _TMAP, for
+    // racecheck), where the cluster's statistics warps fit the merge's 32 lanes and the WX kernel fits the SM;
+    // else the plain kernel. KL T=2 4096x128256 bf16 kernel GPU time (profile_zoo_step): H200 s35 run 1 1.093 ->
+    // 0.950 ms (1.46x -> 1.24x of the floor), bench_distill graphed 1.50x -> 1.29x; H100 s34 run 3 with the teacher
+    // aliased 1.111 -> 0.967 ms. Racecheck through tensor maps reports the exchange's slot reuse (NOTES s34, s35).
+    const void* fn_wx = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_WX", 1) != 0 && (lz || tm)
                             ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, true)
                             : nullptr;
     out->nv = (int)nv;
