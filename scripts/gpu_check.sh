@@ -518,8 +518,8 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                 echo "### FUSEDLOSS_DISTILL_PIPE=0 FUSEDLOSS_DISTILL_STAGED=0 $t --small"
                 FUSEDLOSS_DISTILL_PIPE=0 FUSEDLOSS_DISTILL_STAGED=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 # the statistics with exact per-vector maxima (LAZY=0; lazy references are the default since s29); the rings of s18: rows not 16-byte aligned (HEAD, the default since s22: =0 the ticket kernel), the
-                # hardware-barrier slot release (NBAR, opt-in); the per-warp exchange (WX, opt-in since s34), also through maps
-                for kv in "FUSEDLOSS_DISTILL_PIPE_LAZY=0" "FUSEDLOSS_DISTILL_PIPE_LAZY=0 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_HEAD=0" "FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_NBAR=1 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_TMAP=1" "FUSEDLOSS_DISTILL_PIPE_TMAP=1 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_WX=1 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_WX=1 FUSEDLOSS_DISTILL_PIPE_TMAP=1"; do   # + the tensor-map producer of s19
+                # hardware-barrier slot release (NBAR, opt-in); the group reduction instead of the per-warp exchange (WX=0; WX is the default since s35), also through maps
+                for kv in "FUSEDLOSS_DISTILL_PIPE_LAZY=0" "FUSEDLOSS_DISTILL_PIPE_LAZY=0 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_HEAD=0" "FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_NBAR=1 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_TMAP=1" "FUSEDLOSS_DISTILL_PIPE_TMAP=1 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_WX=0 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_WX=0 FUSEDLOSS_DISTILL_PIPE_TMAP=1"; do   # + the tensor-map producer of s19
                     echo "### $kv $t --small --kl"
                     env $kv timeout 90 build/$t --small --kl 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 done
