@@ -1503,24 +1503,23 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         out->sub = (int)sb;
         out->R = (int)r;
         out->smem = (size_t)r * (size_t)sb * (size_t)vb;
+        // the WX kernel where its merge's lanes hold the cluster's statistics warps and it fits, else the plain one
+        const void* const fns[2] = {cc * (Ts >> 5) <= DP_WX_MAX ? fn_wx : nullptr, fn_plain};
         int n = 0;
-        out->fn = fn_plain;
-        if (fn_wx && cc * (Ts >> 5) <= DP_WX_MAX) {
-            if (fl__cluster_occupancy(fn_wx, cc, T, out->smem, d.sms, debug, "pipelined distillation kernel (WX)", &n) ==
-                    cudaSuccess && n > 0) {
-                out->fn = fn_wx;
-                if (gcap > 0 && n > gcap) n = gcap;
-                return n;   // resident clusters
+        for (const void* f : fns) {
+            if (!f) continue;
+            if (fl__cluster_occupancy(f, cc, T, out->smem, d.sms, debug,
+                                      f == fn_wx ? "pipelined distillation kernel (WX)"
+                                      : hd       ? "pipelined distillation kernel (unaligned rows)"
+                                                 : "pipelined distillation kernel",
+                                      &n) == cudaSuccess && n > 0) {
+                out->fn = f;
+                break;
             }
-            (void)cudaGetLastError();   // (the plain kernel at this size, below)
+            (void)cudaGetLastError();
             n = 0;
         }
-        if (fl__cluster_occupancy(out->fn, cc, T, out->smem, d.sms, debug,
-                                  hd ? "pipelined distillation kernel (unaligned rows)" : "pipelined distillation kernel", &n) !=
-                cudaSuccess || n <= 0) {
-            (void)cudaGetLastError();
-            continue;   // e.g. a cluster wider than the device schedules: try the next size
-        }
+        if (n <= 0) continue;   // e.g. a cluster wider than the device schedules: try the next size
         if (gcap > 0 && n > gcap) n = gcap;
         return n;   // resident clusters
     }
