@@ -135,6 +135,13 @@ static __device__ __forceinline__ float lm_grad(const LmCoef& k, float v) {
     const float d = v - k.mo;
     return fmaf(lm_exp(d), fmaf(k.gq, d + k.k1, k.gp), -k.gc);
 }
+/* V & 1 (FUSEDLOSS_LM_V, opt-in, s36): lm_grad with c0 = gq k1 + gp formed once a row, so an element
+ * takes FADD, FMUL, MUFU, FFMA, FFMA (one FADD less); the extra rounding, u (|gq k1| + |gp|) e, is within the
+ * terms the tests' slack already has for k1 and P (tests/test_large_margin_ce_cuda.c) */
+static __device__ __forceinline__ float lm_grad2(const LmCoef& k, float c0, float v) {
+    const float d = v - k.mo;
+    return fmaf(lm_exp(d), fmaf(k.gq, d, c0), -k.gc);
+}
 
 /* 16 bytes of T (VEC = 16 / sizeof(T) elements) at p as floats: one vector load (VEC16, p 16-byte
  * aligned) or VEC element loads of the same values. LAST: the last read of these bytes (evict
@@ -391,7 +398,11 @@ static __global__ void __launch_bounds__(LM_THREADS) lm_warp_kernel(LmArgs a) {
  * samples on pass 1's global loads (long scoreboard): two 16-byte loads a thread in flight at a time, four
  * round trips a row at 32000 bf16 columns, against one with every copy issued first, and no registers held
  * for them (3 CTAs an SM at 40 registers; PF's 58 registers took it to 2, which may be why it did not pay). */
-template <typename T, bool VEC16, bool STAGE, bool PF = false, bool AS = false>
+/* V (FUSEDLOSS_LM_V, opt-in, s36, not yet run; the staged AS kernels only): bit 0, the gradient loop without
+ * the per-element target test (every column of a group takes lm_grad2; the target's owner overwrites dx[y]
+ * with k.dy after its loop: the same thread, so in place and out of place alike the last store wins); bit 1,
+ * lm_warp_merge_flat for both merges (one re-shift a lane instead of two a level on one chain). */
+template <typename T, bool VEC16, bool STAGE, bool PF = false, bool AS = false, int V = 0>
 static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a) {
     constexpr int VEC = 16 / (int)sizeof(T);
     extern __shared__ uint4 stage[];
@@ -463,7 +474,7 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
             if (v > st.m) lm_shift(st, v);
             lm_add(st, v);
         }
-        st = lm_warp_merge(st);
+        st = (V & 2) ? lm_warp_merge_flat(st) : lm_warp_merge(st);
         if (lane == 0) {
             sh_stat[0][wid] = st.m; sh_stat[1][wid] = st.s; sh_stat[2][wid] = st.w;
             sh_stat[3][wid] = st.b; sh_stat[4][wid] = st.n;
@@ -481,7 +492,7 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
                 u.m = -INFINITY;
                 u.s = u.w = u.b = u.n = 0.0f;
             }
-            u = lm_warp_merge(u);
+            u = (V & 2) ? lm_warp_merge_flat(u) : lm_warp_merge(u);
             if (lane == 0) {
                 LmCoef k;
                 const float g = a.fused ? lm_g(a, i) : 0.0f;
@@ -498,6 +509,7 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
         LmCoef k;
         k.mo = sh_coef[0]; k.gp = sh_coef[1]; k.gq = sh_coef[2]; k.k1 = sh_coef[3]; k.gc = sh_coef[4];
         k.dy = sh_coef[5];
+        const float c0 = fmaf(k.gq, k.k1, k.gp);   /* V & 1: lm_grad2's constant */
         T* dx = (T*)a.dx + i * a.ld;
         /* PF: the row this CTA takes next (NULL: none), copied into each vector's slot once the
          * slot is read (the same thread: the shared-memory read comes first in program order) */
@@ -510,12 +522,19 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
             if constexpr (PF) {
                 if (xn) cp_async16(stage + q, xn + q * VEC);
             }
-            const int64_t dq = y - q * VEC;
-            const int ty = dq >= 0 && dq < VEC ? (int)dq : -1;   /* 32-bit compares per element */
+            if constexpr ((V & 1) != 0) {
 #pragma unroll
-            for (int kk = 0; kk < VEC; kk++) v[kk] = kk == ty ? k.dy : lm_grad(k, v[kk]);
+                for (int kk = 0; kk < VEC; kk++) v[kk] = lm_grad2(k, c0, v[kk]);
+            } else {
+                const int64_t dq = y - q * VEC;
+                const int ty = dq >= 0 && dq < VEC ? (int)dq : -1;   /* 32-bit compares per element */
+#pragma unroll
+                for (int kk = 0; kk < VEC; kk++) v[kk] = kk == ty ? k.dy : lm_grad(k, v[kk]);
+            }
             lm_store16<T, VEC16>(dx + q * VEC, v);
         }
+        /* V & 1: the target's column, by the thread whose group it is in (after its own store there) */
+        if ((V & 1) != 0 && y < tail0 && (y / VEC) % LM_CTA_THREADS == tid) dx[y] = from_float<T>(k.dy);
         if constexpr (PF) cp_commit();
         for (int64_t j = tail0 + tid; j < a.C; j += LM_CTA_THREADS) {
             const float v = to_float(FL_LDCS(x + j));
@@ -538,7 +557,7 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
  * to one belongs in the other (see tc_cta_head_kernel). */
 /* AS (STAGE only; as lm_cta_kernel's): the row's vectors (from its first 16-byte boundary) copied into stage[]
  * by cp.async before the statistics. */
-template <typename T, bool STAGE, bool AS = false>
+template <typename T, bool STAGE, bool AS = false, int V = 0>
 static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmArgs a) {
     constexpr int VEC = 16 / (int)sizeof(T);
     extern __shared__ uint4 stage[];
@@ -598,7 +617,7 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmAr
             if (v > st.m) lm_shift(st, v);
             lm_add(st, v);
         }
-        st = lm_warp_merge(st);
+        st = (V & 2) ? lm_warp_merge_flat(st) : lm_warp_merge(st);
         if (lane == 0) {
             sh_stat[0][wid] = st.m; sh_stat[1][wid] = st.s; sh_stat[2][wid] = st.w;
             sh_stat[3][wid] = st.b; sh_stat[4][wid] = st.n;
@@ -614,7 +633,7 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmAr
                 u.m = -INFINITY;
                 u.s = u.w = u.b = u.n = 0.0f;
             }
-            u = lm_warp_merge(u);
+            u = (V & 2) ? lm_warp_merge_flat(u) : lm_warp_merge(u);
             if (lane == 0) {
                 LmCoef k;
                 const float g = a.fused ? lm_g(a, i) : 0.0f;
@@ -631,18 +650,26 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmAr
         LmCoef k;
         k.mo = sh_coef[0]; k.gp = sh_coef[1]; k.gq = sh_coef[2]; k.k1 = sh_coef[3]; k.gc = sh_coef[4];
         k.dy = sh_coef[5];
+        const float c0 = fmaf(k.gq, k.k1, k.gp);   /* V & 1: lm_grad2's constant */
         T* dx = (T*)a.dx + i * a.ld;
 #pragma unroll 2
         for (int64_t q = tid; q < nvec; q += LM_CTA_THREADS) {
             float v[VEC];
             if (STAGE) rp_unpack<T>(stage[q], v);
             else lm_load16<T, true, true>(xb + q * VEC, v);
-            const int64_t dq = y - h - q * VEC;
-            const int ty = dq >= 0 && dq < VEC ? (int)dq : -1;   /* 32-bit compares per element */
+            if constexpr ((V & 1) != 0) {
 #pragma unroll
-            for (int kk = 0; kk < VEC; kk++) v[kk] = kk == ty ? k.dy : lm_grad(k, v[kk]);
+                for (int kk = 0; kk < VEC; kk++) v[kk] = lm_grad2(k, c0, v[kk]);
+            } else {
+                const int64_t dq = y - h - q * VEC;
+                const int ty = dq >= 0 && dq < VEC ? (int)dq : -1;   /* 32-bit compares per element */
+#pragma unroll
+                for (int kk = 0; kk < VEC; kk++) v[kk] = kk == ty ? k.dy : lm_grad(k, v[kk]);
+            }
             lm_store16<T, true>(dx + h + q * VEC, v);
         }
+        /* V & 1: the target's column, as lm_cta_kernel (its vector columns only: the extras take k.dy below) */
+        if ((V & 1) != 0 && y >= h && y < tail0 && ((y - h) / VEC) % LM_CTA_THREADS == tid) dx[y] = from_float<T>(k.dy);
         /* each extra column read and written by the same thread: safe in place */
         for (int64_t e = tid; e < nex; e += LM_CTA_THREADS) {
             const int64_t j = e < h ? e : tail0 + (e - h);
@@ -707,13 +734,25 @@ static int lm_prefetch(void) { return rp_env_flag("FUSEDLOSS_LM_PREFETCH", 0) !=
  * that run.) */
 static int lm_async(void) { return rp_env_flag("FUSEDLOSS_LM_ASYNC", 1) != 0; }
 
+/* FUSEDLOSS_LM_V (0 default; 1 or 3, opt-in since s36, not yet run): the staged AS kernels' variant V (lm_cta_kernel) */
+static int lm_variant(void) {
+    const int64_t v = rp_env_i64("FUSEDLOSS_LM_V", 0);
+    return v == 1 || v == 3 ? (int)v : 0;
+}
+
 template <typename T>
 static lm_fn lm_pick_t(int64_t C, bool vec16, bool head, bool stage) {
     constexpr int VEC = 16 / (int)sizeof(T);
     const int64_t G = ((C + VEC - 1) / VEC + 31) / 32;   /* groups per lane */
-    if (C > 1024 && head)
+    const int lv = lm_variant();
+    if (C > 1024 && head) {
+        if (stage && lm_async() && lv != 0)
+            return lv == 1 ? lm_cta_head_kernel<T, true, true, 1> : lm_cta_head_kernel<T, true, true, 3>;
         return stage ? (lm_async() ? lm_cta_head_kernel<T, true, true> : lm_cta_head_kernel<T, true>)
                      : lm_cta_head_kernel<T, false>;
+    }
+    if (C > 1024 && stage && !lm_prefetch() && lm_async() && lv != 0)
+        return lv == 1 ? lm_cta_kernel<T, true, true, false, true, 1> : lm_cta_kernel<T, true, true, false, true, 3>;
     if (C > 1024 && stage)
         return lm_prefetch() ? lm_cta_kernel<T, true, true, true>
                              : lm_async() ? lm_cta_kernel<T, true, true, false, true> : lm_cta_kernel<T, true, true>;
