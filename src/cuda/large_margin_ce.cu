@@ -220,6 +220,40 @@ static __device__ __forceinline__ void lm_push_group(LmStat& t, const float* v, 
     for (int k = 0; k < VEC; k++) lm_acc(t, v[k]);
     t.n += (float)VEC;
 }
+/* V & 4 (FUSEDLOSS_LM_V=7, opt-in, s36, not yet run): lm_push_group with a LAZY reference, as distill.cu's
+ * dc_acc_lz (the KL's default since s29): a group without the target takes its exponentials against the running
+ * reference t.m as it is, with no maximum (lm_push_group's VEC - 1 FMNMX, FSETP and branch a group), summed by
+ * trees; the group is redone by lm_push_group (the maximum, the re-shift, the exponentials again) only when its
+ * sum passes 2^16, i.e. an element lies more than ~11 above the reference, or is +inf: so each thread's first
+ * group (t.m = -inf, every term +inf) takes lm_push_group and the references are values of the row, never more
+ * than ~11 below the thread's maximum (terms <= 2^16). NaN passes the test and reaches the sums as before. The
+ * merges then shift to the largest reference, not to the row's maximum: the row formula (lm_row) and the
+ * gradient hold for any shift, and e_j = exp(x_j - m') <= 2^16 in pass 2. sm_90 SASS (bf16): ~9 -> ~7.4
+ * instructions an element in pass 1. */
+#define LM_LZ_LIM 65536.0f
+template <int VEC>
+static __device__ __forceinline__ void lm_push_group_lz(LmStat& t, const float* v, int64_t dq) {
+    if (dq >= 0 && dq < VEC) {   /* the target's group (one a row) */
+        lm_push_group<VEC>(t, v, dq);
+        return;
+    }
+    float d[VEC], e[VEC], wv[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < VEC; k++) {
+        d[k] = v[k] - t.m;
+        e[k] = lm_exp(d[k]);
+        wv[k & 1] = fmaf(e[k], d[k], wv[k & 1]);
+    }
+    const float gs = tree_sum<VEC>(e);   /* (tree_sum overwrites e[] and, below, d[]) */
+    if (gs > LM_LZ_LIM) {   /* rare past each thread's first group */
+        lm_push_group<VEC>(t, v, dq);
+        return;
+    }
+    t.s += gs;
+    t.w += wv[0] + wv[1];
+    t.b += tree_sum<VEC>(d);
+    t.n += (float)VEC;
+}
 /* a then b, in this order (the CTA's merge tree fixes which is which: deterministic) */
 static __device__ __forceinline__ LmStat lm_merge(LmStat a, LmStat b) {
     if (b.n == 0.0f) return a;
@@ -398,10 +432,11 @@ static __global__ void __launch_bounds__(LM_THREADS) lm_warp_kernel(LmArgs a) {
  * samples on pass 1's global loads (long scoreboard): two 16-byte loads a thread in flight at a time, four
  * round trips a row at 32000 bf16 columns, against one with every copy issued first, and no registers held
  * for them (3 CTAs an SM at 40 registers; PF's 58 registers took it to 2, which may be why it did not pay). */
-/* V (FUSEDLOSS_LM_V, opt-in, s36, not yet run; the staged AS kernels only): bit 0, the gradient loop without
- * the per-element target test (every column of a group takes lm_grad2; the target's owner overwrites dx[y]
- * with k.dy after its loop: the same thread, so in place and out of place alike the last store wins); bit 1,
- * lm_warp_merge_flat for both merges (one re-shift a lane instead of two a level on one chain). */
+/* V (FUSEDLOSS_LM_V = 1, 3 or 7, opt-in, s36, not yet run; the staged AS kernels only): bit 0, the gradient loop
+ * without the per-element target test (every column of a group takes lm_grad2; the target's owner overwrites
+ * dx[y] with k.dy after its loop: the same thread, so in place and out of place alike the last store wins);
+ * bit 1, lm_warp_merge_flat for both merges (one re-shift a lane instead of two a level on one chain); bit 2,
+ * the lazy references of pass 1 (lm_push_group_lz). */
 template <typename T, bool VEC16, bool STAGE, bool PF = false, bool AS = false, int V = 0>
 static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a) {
     constexpr int VEC = 16 / (int)sizeof(T);
@@ -465,8 +500,13 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
                 lm_load16<T, VEC16, false>(x + q * VEC, v0);
                 if (two) lm_load16<T, VEC16, false>(x + (q + LM_CTA_THREADS) * VEC, v1);
             }
-            lm_push_group<VEC>(st, v0, y - q * VEC);
-            if (two) lm_push_group<VEC>(st, v1, y - (q + LM_CTA_THREADS) * VEC);
+            if constexpr ((V & 4) != 0) {
+                lm_push_group_lz<VEC>(st, v0, y - q * VEC);
+                if (two) lm_push_group_lz<VEC>(st, v1, y - (q + LM_CTA_THREADS) * VEC);
+            } else {
+                lm_push_group<VEC>(st, v0, y - q * VEC);
+                if (two) lm_push_group<VEC>(st, v1, y - (q + LM_CTA_THREADS) * VEC);
+            }
         }
         for (int64_t j = tail0 + tid; j < a.C; j += LM_CTA_THREADS) {
             if (j == y) continue;
@@ -607,8 +647,13 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmAr
                 lm_load16<T, true, false>(xb + q * VEC, v0);
                 if (two) lm_load16<T, true, false>(xb + (q + LM_CTA_THREADS) * VEC, v1);
             }
-            lm_push_group<VEC>(st, v0, y - h - q * VEC);
-            if (two) lm_push_group<VEC>(st, v1, y - h - (q + LM_CTA_THREADS) * VEC);
+            if constexpr ((V & 4) != 0) {
+                lm_push_group_lz<VEC>(st, v0, y - h - q * VEC);
+                if (two) lm_push_group_lz<VEC>(st, v1, y - h - (q + LM_CTA_THREADS) * VEC);
+            } else {
+                lm_push_group<VEC>(st, v0, y - h - q * VEC);
+                if (two) lm_push_group<VEC>(st, v1, y - h - (q + LM_CTA_THREADS) * VEC);
+            }
         }
         for (int64_t e = tid; e < nex; e += LM_CTA_THREADS) {  /* head, then tail columns */
             const int64_t j = e < h ? e : tail0 + (e - h);
@@ -734,10 +779,11 @@ static int lm_prefetch(void) { return rp_env_flag("FUSEDLOSS_LM_PREFETCH", 0) !=
  * that run.) */
 static int lm_async(void) { return rp_env_flag("FUSEDLOSS_LM_ASYNC", 1) != 0; }
 
-/* FUSEDLOSS_LM_V (0 default; 1 or 3, opt-in since s36, not yet run): the staged AS kernels' variant V (lm_cta_kernel) */
+/* FUSEDLOSS_LM_V (0 default; 1, 3 or 7, opt-in since s36, not yet run; other values: 0): the staged AS kernels'
+ * variant V (lm_cta_kernel) */
 static int lm_variant(void) {
     const int64_t v = rp_env_i64("FUSEDLOSS_LM_V", 0);
-    return v == 1 || v == 3 ? (int)v : 0;
+    return v == 1 || v == 3 || v == 7 ? (int)v : 0;
 }
 
 template <typename T>
@@ -747,12 +793,16 @@ static lm_fn lm_pick_t(int64_t C, bool vec16, bool head, bool stage) {
     const int lv = lm_variant();
     if (C > 1024 && head) {
         if (stage && lm_async() && lv != 0)
-            return lv == 1 ? lm_cta_head_kernel<T, true, true, 1> : lm_cta_head_kernel<T, true, true, 3>;
+            return lv == 1   ? lm_cta_head_kernel<T, true, true, 1>
+                   : lv == 3 ? lm_cta_head_kernel<T, true, true, 3>
+                             : lm_cta_head_kernel<T, true, true, 7>;
         return stage ? (lm_async() ? lm_cta_head_kernel<T, true, true> : lm_cta_head_kernel<T, true>)
                      : lm_cta_head_kernel<T, false>;
     }
     if (C > 1024 && stage && !lm_prefetch() && lm_async() && lv != 0)
-        return lv == 1 ? lm_cta_kernel<T, true, true, false, true, 1> : lm_cta_kernel<T, true, true, false, true, 3>;
+        return lv == 1   ? lm_cta_kernel<T, true, true, false, true, 1>
+               : lv == 3 ? lm_cta_kernel<T, true, true, false, true, 3>
+                         : lm_cta_kernel<T, true, true, false, true, 7>;
     if (C > 1024 && stage)
         return lm_prefetch() ? lm_cta_kernel<T, true, true, true>
                              : lm_async() ? lm_cta_kernel<T, true, true, false, true> : lm_cta_kernel<T, true, true>;
