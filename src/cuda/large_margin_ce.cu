@@ -222,36 +222,39 @@ static __device__ __forceinline__ void lm_push_group(LmStat& t, const float* v, 
 }
 /* V & 4 (FUSEDLOSS_LM_V=7, opt-in, s36, not yet run): lm_push_group with a LAZY reference, as distill.cu's
  * dc_acc_lz (the KL's default since s29): a group without the target takes its exponentials against the running
- * reference t.m as it is, with no maximum (lm_push_group's VEC - 1 FMNMX, FSETP and branch a group), summed by
- * trees; the group is redone by lm_push_group (the maximum, the re-shift, the exponentials again) only when its
+ * reference t.m as it is, with no maximum (lm_push_group's VEC - 1 FMNMX, FSETP and branch a group), summed
+ * into the group's own sums first; the group is redone by lm_push_group (the maximum, the re-shift, the exponentials again) only when its
  * sum passes 2^16, i.e. an element lies more than ~11 above the reference, or is +inf: so each thread's first
  * group (t.m = -inf, every term +inf) takes lm_push_group and the references are values of the row, never more
  * than ~11 below the thread's maximum (terms <= 2^16). NaN passes the test and reaches the sums as before. The
  * merges then shift to the largest reference, not to the row's maximum: the row formula (lm_row) and the
  * gradient hold for any shift, and in pass 2 e_j = exp(x_j - mo) <= 2^16 (mo, the merged reference, is within
- * ~11 of the row's maximum). sm_90 SASS (bf16): ~9 -> ~7.75 instructions an element in pass 1 (62 a group). */
+ * ~11 of the row's maximum). sm_90 SASS (bf16, the hot path): pass 1 ~10.9 -> 9.0 instructions an element
+ * (175 a step of two groups -> 72 a group; 40 registers, as the default). */
 #define LM_LZ_LIM 65536.0f
 template <int VEC>
-static __device__ __forceinline__ void lm_push_group_lz(LmStat& t, const float* v, int64_t dq) {
-    if (dq >= 0 && dq < VEC) {   /* the target's group (one a row) */
-        lm_push_group<VEC>(t, v, dq);
+static __device__ __forceinline__ void lm_push_group_lz(LmStat& t, const float* v, int dq) {
+    if ((unsigned)dq < (unsigned)VEC) {   /* the target's group (one a row) */
+        lm_push_group<VEC>(t, v, (int64_t)dq);
         return;
     }
-    float d[VEC], e[VEC], wv[2] = {0.0f, 0.0f};
+    /* the group's sums in chains, not trees: trees of d[] and e[] held 16 more registers live (58 instead of
+     * lm_cta_kernel's 40: 2 CTAs an SM instead of 3; the head kernel 77, 1 CTA) */
+    float gb = v[0] - t.m, gs = lm_exp(gb), gw = gs * gb;
 #pragma unroll
-    for (int k = 0; k < VEC; k++) {
-        d[k] = v[k] - t.m;
-        e[k] = lm_exp(d[k]);
-        wv[k & 1] = fmaf(e[k], d[k], wv[k & 1]);
+    for (int k = 1; k < VEC; k++) {
+        const float d = v[k] - t.m, e = lm_exp(d);
+        gs += e;
+        gw = fmaf(e, d, gw);
+        gb += d;
     }
-    const float gs = tree_sum<VEC>(e);   /* (tree_sum overwrites e[] and, below, d[]) */
     if (gs > LM_LZ_LIM) {   /* rare past each thread's first group */
         lm_push_group<VEC>(t, v, dq);
         return;
     }
     t.s += gs;
-    t.w += wv[0] + wv[1];
-    t.b += tree_sum<VEC>(d);
+    t.w += gw;
+    t.b += gb;
     t.n += (float)VEC;
 }
 /* a then b, in this order (the CTA's merge tree fixes which is which: deterministic) */
@@ -483,6 +486,16 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
          * plain `#pragma unroll 2` made ptxas spill on sm_80): the groups are still taken in the
          * order q, q + 512, q + 1024, ... */
         if constexpr (PF || AS) cp_wait(0);   /* this thread's copies of the row have landed */
+        if constexpr ((V & 4) != 0) {   /* (AS only) one group a step, the same order: two made ptxas keep 52
+                                           registers, 2 CTAs an SM instead of 3; 32-bit indices (a staged row
+                                           has < 2^16 groups; y < C) */
+            const int nv = (int)nvec, yv = (int)y;
+            for (int q = tid; q < nv; q += LM_CTA_THREADS) {
+                float v0[VEC];
+                rp_unpack<T>(stage[q], v0);
+                lm_push_group_lz<VEC>(st, v0, yv - q * VEC);
+            }
+        } else
         for (int64_t q = tid; q < nvec; q += 2 * LM_CTA_THREADS) {
             const bool two = q + LM_CTA_THREADS < nvec;
             float v0[VEC], v1[VEC];
@@ -500,13 +513,8 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
                 lm_load16<T, VEC16, false>(x + q * VEC, v0);
                 if (two) lm_load16<T, VEC16, false>(x + (q + LM_CTA_THREADS) * VEC, v1);
             }
-            if constexpr ((V & 4) != 0) {
-                lm_push_group_lz<VEC>(st, v0, y - q * VEC);
-                if (two) lm_push_group_lz<VEC>(st, v1, y - (q + LM_CTA_THREADS) * VEC);
-            } else {
-                lm_push_group<VEC>(st, v0, y - q * VEC);
-                if (two) lm_push_group<VEC>(st, v1, y - (q + LM_CTA_THREADS) * VEC);
-            }
+            lm_push_group<VEC>(st, v0, y - q * VEC);
+            if (two) lm_push_group<VEC>(st, v1, y - (q + LM_CTA_THREADS) * VEC);
         }
         for (int64_t j = tail0 + tid; j < a.C; j += LM_CTA_THREADS) {
             if (j == y) continue;
@@ -630,6 +638,14 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmAr
         st.m = -INFINITY;
         st.s = st.w = st.b = st.n = 0.0f;
         /* two groups per step, both loads issued before either is processed (as lm_cta_kernel) */
+        if constexpr ((V & 4) != 0) {   /* (AS only) one group a step, as lm_cta_kernel's */
+            const int nv = (int)nvec, yv = (int)(y - h);
+            for (int q = tid; q < nv; q += LM_CTA_THREADS) {
+                float v0[VEC];
+                rp_unpack<T>(stage[q], v0);
+                lm_push_group_lz<VEC>(st, v0, yv - q * VEC);
+            }
+        } else
         for (int64_t q = tid; q < nvec; q += 2 * LM_CTA_THREADS) {
             const bool two = q + LM_CTA_THREADS < nvec;
             float v0[VEC], v1[VEC];
@@ -647,13 +663,8 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_head_kernel(LmAr
                 lm_load16<T, true, false>(xb + q * VEC, v0);
                 if (two) lm_load16<T, true, false>(xb + (q + LM_CTA_THREADS) * VEC, v1);
             }
-            if constexpr ((V & 4) != 0) {
-                lm_push_group_lz<VEC>(st, v0, y - h - q * VEC);
-                if (two) lm_push_group_lz<VEC>(st, v1, y - h - (q + LM_CTA_THREADS) * VEC);
-            } else {
-                lm_push_group<VEC>(st, v0, y - h - q * VEC);
-                if (two) lm_push_group<VEC>(st, v1, y - h - (q + LM_CTA_THREADS) * VEC);
-            }
+            lm_push_group<VEC>(st, v0, y - h - q * VEC);
+            if (two) lm_push_group<VEC>(st, v1, y - h - (q + LM_CTA_THREADS) * VEC);
         }
         for (int64_t e = tid; e < nex; e += LM_CTA_THREADS) {  /* head, then tail columns */
             const int64_t j = e < h ? e : tail0 + (e - h);
