@@ -441,7 +441,7 @@ static __global__ void __launch_bounds__(LM_THREADS) lm_warp_kernel(LmArgs a) {
  * bit 1, lm_warp_merge_flat for both merges (one re-shift a lane instead of two a level on one chain); bit 2,
  * the lazy references of pass 1 (lm_push_group_lz). */
 template <typename T, bool VEC16, bool STAGE, bool PF = false, bool AS = false, int V = 0>
-static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a) {
+static __device__ __forceinline__ void lm_cta_body(LmArgs a) {
     constexpr int VEC = 16 / (int)sizeof(T);
     extern __shared__ uint4 stage[];
     constexpr int NW = LM_CTA_THREADS / 32;
@@ -589,6 +589,18 @@ static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a)
             dx[j] = from_float<T>(j == y ? k.dy : lm_grad(k, v));
         }
     }
+}
+
+/* the kernels of lm_cta_body: lm_cta_kernel as before (its SASS unchanged), and PF with V = 7 held to 40 registers
+ * (3 CTAs an SM; at its natural 56 an SM holds 2) with a 4-byte spill once a row, in lm_row's lane (s37, opt-in:
+ * FUSEDLOSS_LM_PREFETCH=1 FUSEDLOSS_LM_V=7, not yet run) */
+template <typename T, bool VEC16, bool STAGE, bool PF = false, bool AS = false, int V = 0>
+static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a) {
+    lm_cta_body<T, VEC16, STAGE, PF, AS, V>(a);
+}
+template <typename T>
+static __global__ void __launch_bounds__(LM_CTA_THREADS, 3) lm_cta_pf7_kernel(LmArgs a) {
+    lm_cta_body<T, true, true, true, false, 7>(a);
 }
 
 /* lm_cta_kernel for rows that are not all 16-byte aligned while logits and dlogits have the same
@@ -810,6 +822,8 @@ static lm_fn lm_pick_t(int64_t C, bool vec16, bool head, bool stage) {
         return stage ? (lm_async() ? lm_cta_head_kernel<T, true, true> : lm_cta_head_kernel<T, true>)
                      : lm_cta_head_kernel<T, false>;
     }
+    if (C > 1024 && stage && lm_prefetch() && lv == 7)   /* PF with V = 7 (s37, opt-in, not yet run) */
+        return lm_cta_pf7_kernel<T>;
     if (C > 1024 && stage && !lm_prefetch() && lm_async() && lv != 0)
         return lv == 1   ? lm_cta_kernel<T, true, true, false, true, 1>
                : lv == 3 ? lm_cta_kernel<T, true, true, false, true, 3>
