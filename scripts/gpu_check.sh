@@ -567,8 +567,8 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                     FUSEDLOSS_LOVASZ_SORT=3 FUSEDLOSS_LOVASZ_KEYS4=1 timeout 90 "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
                 fi
             fi
-            if [ "$t" = test_large_margin_ce_cuda ]; then   # the staged CTA kernels with register loads (cp.async copies are the default since s29); rows of 72-100 KB unstaged (STAGE_KB=72, the cap before s30); the opt-in variants of s36 (LM_V: 1 the gradient loop, 3 + flat merges, 7 + lazy references; s37: PREFETCH=1 with V=7, lm_cta_pf7_kernel)
-                for kv in "FUSEDLOSS_LM_ASYNC=0" "FUSEDLOSS_LM_STAGE_KB=72" "FUSEDLOSS_LM_V=1" "FUSEDLOSS_LM_V=7" "FUSEDLOSS_LM_PREFETCH=1 FUSEDLOSS_LM_V=7"; do
+            if [ "$t" = test_large_margin_ce_cuda ]; then   # the staged CTA kernels with register loads (cp.async copies are the default since s29); rows of 72-100 KB unstaged (STAGE_KB=72, the cap before s30); LM_V=0, the staged AS kernels of s29-s36 (V=7 the default since s37); PREFETCH=1, lm_cta_pf7_kernel over the whole grid
+                for kv in "FUSEDLOSS_LM_ASYNC=0" "FUSEDLOSS_LM_STAGE_KB=72" "FUSEDLOSS_LM_V=0" "FUSEDLOSS_LM_PREFETCH=1"; do
                     echo "### $kv $t --small"
                     env $kv timeout 90 build/$t --small 2>&1 | grep -E -m20 "^FAIL|passed|failed" || rc=1
                 done

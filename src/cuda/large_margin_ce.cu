@@ -135,7 +135,7 @@ static __device__ __forceinline__ float lm_grad(const LmCoef& k, float v) {
     const float d = v - k.mo;
     return fmaf(lm_exp(d), fmaf(k.gq, d + k.k1, k.gp), -k.gc);
 }
-/* V & 1 (FUSEDLOSS_LM_V, opt-in, s36): lm_grad with c0 = gq k1 + gp formed once a row, so an element
+/* V & 1 (part of FUSEDLOSS_LM_V=7, the default since s37): lm_grad with c0 = gq k1 + gp formed once a row, so an element
  * takes FADD, FMUL, MUFU, FFMA, FFMA (one FADD less); the extra rounding, u (|gq k1| + |gp|) e, is within the
  * terms the tests' slack already has for k1 and P (tests/test_large_margin_ce_cuda.c) */
 static __device__ __forceinline__ float lm_grad2(const LmCoef& k, float c0, float v) {
@@ -220,7 +220,7 @@ static __device__ __forceinline__ void lm_push_group(LmStat& t, const float* v, 
     for (int k = 0; k < VEC; k++) lm_acc(t, v[k]);
     t.n += (float)VEC;
 }
-/* V & 4 (FUSEDLOSS_LM_V=7, opt-in, s36, not yet run): lm_push_group with a LAZY reference, as distill.cu's
+/* V & 4 (FUSEDLOSS_LM_V=7, s36, the default since s37): lm_push_group with a LAZY reference, as distill.cu's
  * dc_acc_lz (the KL's default since s29): a group without the target takes its exponentials against the running
  * reference t.m as it is, with no maximum (lm_push_group's VEC - 1 FMNMX, FSETP and branch a group), summed
  * into the group's own sums first; the group is redone by lm_push_group (the maximum, the re-shift, the exponentials again) only when its
@@ -435,8 +435,8 @@ static __global__ void __launch_bounds__(LM_THREADS) lm_warp_kernel(LmArgs a) {
  * samples on pass 1's global loads (long scoreboard): two 16-byte loads a thread in flight at a time, four
  * round trips a row at 32000 bf16 columns, against one with every copy issued first, and no registers held
  * for them (3 CTAs an SM at 40 registers; PF's 58 registers took it to 2, which may be why it did not pay). */
-/* V (FUSEDLOSS_LM_V = 1, 3 or 7, opt-in, s36, not yet run; the staged AS kernels only): bit 0, the gradient loop
- * without the per-element target test (every column of a group takes lm_grad2; the target's owner overwrites
+/* V (FUSEDLOSS_LM_V: 7, the default since s37, or 0; the staged AS kernels only; instantiated at 0 and 7): bit 0,
+ * the gradient loop without the per-element target test (every column of a group takes lm_grad2; the target's owner overwrites
  * dx[y] with k.dy after its loop: the same thread, so in place and out of place alike the last store wins);
  * bit 1, lm_warp_merge_flat for both merges (one re-shift a lane instead of two a level on one chain); bit 2,
  * the lazy references of pass 1 (lm_push_group_lz). */
@@ -592,8 +592,8 @@ static __device__ __forceinline__ void lm_cta_body(LmArgs a) {
 }
 
 /* the kernels of lm_cta_body: lm_cta_kernel as before (its SASS unchanged), and PF with V = 7 held to 40 registers
- * (3 CTAs an SM; at its natural 56 an SM holds 2) with a 4-byte spill once a row, in lm_row's lane (s37, opt-in:
- * FUSEDLOSS_LM_PREFETCH=1 FUSEDLOSS_LM_V=7, not yet run) */
+ * (3 CTAs an SM; at its natural 56 an SM holds 2) with a 4-byte spill once a row, in lm_row's lane (s37:
+ * FUSEDLOSS_LM_PREFETCH=1, off: a tie with V = 7's AS kernel on the H200, s37 run 1) */
 template <typename T, bool VEC16, bool STAGE, bool PF = false, bool AS = false, int V = 0>
 static __global__ void __launch_bounds__(LM_CTA_THREADS) lm_cta_kernel(LmArgs a) {
     lm_cta_body<T, VEC16, STAGE, PF, AS, V>(a);
@@ -802,35 +802,30 @@ static int lm_prefetch(void) { return rp_env_flag("FUSEDLOSS_LM_PREFETCH", 0) !=
  * that run.) */
 static int lm_async(void) { return rp_env_flag("FUSEDLOSS_LM_ASYNC", 1) != 0; }
 
-/* FUSEDLOSS_LM_V (0 default; 1, 3 or 7, opt-in since s36, not yet run; other values: 0): the staged AS kernels'
- * variant V (lm_cta_kernel) */
-static int lm_variant(void) {
-    const int64_t v = rp_env_i64("FUSEDLOSS_LM_V", 0);
-    return v == 1 || v == 3 || v == 7 ? (int)v : 0;
-}
+/* FUSEDLOSS_LM_V (default 7 since session 37; 0: the s29-s36 staged AS kernels; other values: 7): the staged AS
+ * kernels' variant V (lm_cta_kernel / lm_cta_head_kernel; with FUSEDLOSS_LM_PREFETCH=1, lm_cta_pf7_kernel). H200 s37
+ * run 1 (bench_taylor lm_vocab, bf16, graph step x floor, two alternations), V = 0 / 1 / 3 / 7 / PREFETCH=1 with 7:
+ * 8192x32000 0.388, 0.390 / 0.369, 0.356 / 0.324, 0.325 / **0.319, 0.321** / 0.317, 0.320 ms (1.55-1.56x -> 1.28x);
+ * 8192x50257 (head kernel) 0.625 -> **0.538 ms** (1.59x -> 1.37x). V = 1 and 3 (the gradient loop alone, plus the
+ * flat merges) lost to 7 and were removed; the flat merges were worth the most (0.36 -> 0.32 ms). Tests at V = 7:
+ * 5199/0, memcheck 0 (also PREFETCH=1). */
+static int lm_variant(void) { return rp_env_i64("FUSEDLOSS_LM_V", 7) == 0 ? 0 : 7; }
 
 template <typename T>
 static lm_fn lm_pick_t(int64_t C, bool vec16, bool head, bool stage) {
     constexpr int VEC = 16 / (int)sizeof(T);
     const int64_t G = ((C + VEC - 1) / VEC + 31) / 32;   /* groups per lane */
-    const int lv = lm_variant();
+    const bool v7 = lm_variant() == 7;
     if (C > 1024 && head) {
-        if (stage && lm_async() && lv != 0)
-            return lv == 1   ? lm_cta_head_kernel<T, true, true, 1>
-                   : lv == 3 ? lm_cta_head_kernel<T, true, true, 3>
-                             : lm_cta_head_kernel<T, true, true, 7>;
+        if (stage && lm_async() && v7) return lm_cta_head_kernel<T, true, true, 7>;
         return stage ? (lm_async() ? lm_cta_head_kernel<T, true, true> : lm_cta_head_kernel<T, true>)
                      : lm_cta_head_kernel<T, false>;
     }
-    if (C > 1024 && stage && lm_prefetch() && lv == 7)   /* PF with V = 7 (s37, opt-in, not yet run) */
-        return lm_cta_pf7_kernel<T>;
-    if (C > 1024 && stage && !lm_prefetch() && lm_async() && lv != 0)
-        return lv == 1   ? lm_cta_kernel<T, true, true, false, true, 1>
-               : lv == 3 ? lm_cta_kernel<T, true, true, false, true, 3>
-                         : lm_cta_kernel<T, true, true, false, true, 7>;
-    if (C > 1024 && stage)
-        return lm_prefetch() ? lm_cta_kernel<T, true, true, true>
-                             : lm_async() ? lm_cta_kernel<T, true, true, false, true> : lm_cta_kernel<T, true, true>;
+    /* PREFETCH=1 with V = 7 (s37): a tie with V = 7's AS kernel (0.317, 0.320 against 0.319, 0.321 ms), stays off */
+    if (C > 1024 && stage && lm_prefetch()) return v7 ? lm_cta_pf7_kernel<T> : lm_cta_kernel<T, true, true, true>;
+    if (C > 1024 && stage && lm_async())
+        return v7 ? lm_cta_kernel<T, true, true, false, true, 7> : lm_cta_kernel<T, true, true, false, true>;
+    if (C > 1024 && stage) return lm_cta_kernel<T, true, true>;
     if (C > 1024) return vec16 ? lm_cta_kernel<T, true, false> : lm_cta_kernel<T, false, false>;
     if (G <= 1) return vec16 ? lm_warp_kernel<T, 1, true> : lm_warp_kernel<T, 1, false>;
     if (G <= 2) return vec16 ? lm_warp_kernel<T, 2, true> : lm_warp_kernel<T, 2, false>;
