@@ -807,7 +807,8 @@ static int lm_async(void) { return rp_env_flag("FUSEDLOSS_LM_ASYNC", 1) != 0; }
  * run 1 (bench_taylor lm_vocab, bf16, graph step x floor, two alternations), V = 0 / 1 / 3 / 7 / PREFETCH=1 with 7:
  * 8192x32000 0.388, 0.390 / 0.369, 0.356 / 0.324, 0.325 / **0.319, 0.321** / 0.317, 0.320 ms (1.55-1.56x -> 1.28x);
  * 8192x50257 (head kernel) 0.625 -> **0.538 ms** (1.59x -> 1.37x). V = 1 and 3 (the gradient loop alone, plus the
- * flat merges) lost to 7 and were removed; the flat merges were worth the most (0.36 -> 0.32 ms). Tests at V = 7:
+ * flat merges) lost to 7 and were removed; the flat merges (once a row) were worth as much as the per-element cut
+ * of V = 1 (-0.045 / -0.031 against -0.019 / -0.034 ms). Tests at V = 7:
  * 5199/0, memcheck 0 (also PREFETCH=1). */
 static int lm_variant(void) { return rp_env_i64("FUSEDLOSS_LM_V", 7) == 0 ? 0 : 7; }
 
