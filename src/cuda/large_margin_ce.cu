@@ -435,7 +435,7 @@ static __global__ void __launch_bounds__(LM_THREADS) lm_warp_kernel(LmArgs a) {
  * samples on pass 1's global loads (long scoreboard): two 16-byte loads a thread in flight at a time, four
  * round trips a row at 32000 bf16 columns, against one with every copy issued first, and no registers held
  * for them (3 CTAs an SM at 40 registers; PF's 58 registers took it to 2, which may be why it did not pay). */
-/* V (FUSEDLOSS_LM_V: 7, the default since s37, or 0; the staged AS kernels only; instantiated at 0 and 7): bit 0,
+/* V (FUSEDLOSS_LM_V: 7, the default since s37, or 0; the staged AS kernels and lm_cta_pf7_kernel; 0 and 7 only): bit 0,
  * the gradient loop without the per-element target test (every column of a group takes lm_grad2; the target's owner overwrites
  * dx[y] with k.dy after its loop: the same thread, so in place and out of place alike the last store wins);
  * bit 1, lm_warp_merge_flat for both merges (one re-shift a lane instead of two a level on one chain); bit 2,
@@ -486,7 +486,7 @@ static __device__ __forceinline__ void lm_cta_body(LmArgs a) {
          * plain `#pragma unroll 2` made ptxas spill on sm_80): the groups are still taken in the
          * order q, q + 512, q + 1024, ... */
         if constexpr (PF || AS) cp_wait(0);   /* this thread's copies of the row have landed */
-        if constexpr ((V & 4) != 0) {   /* (AS only) one group a step, the same order: two made ptxas keep 52
+        if constexpr ((V & 4) != 0) {   /* (AS or PF: the row in stage[]) one group a step, the same order: two made ptxas keep 52
                                            registers, 2 CTAs an SM instead of 3; 32-bit indices (a staged row
                                            has < 2^16 groups; y < C) */
             const int nv = (int)nvec, yv = (int)y;
