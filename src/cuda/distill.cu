@@ -955,7 +955,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
     if (tid == 0) {
         for (int k = 0; k < R; k++) {
             mbar_init(&full[k], 1u);
-            mbar_init(&empty[k], (uint32_t)ngw);
+            mbar_init(&empty[k], (uint32_t)(WX ? ngw * 32 : ngw));   // WX: counted in lanes (the release below)
         }
         // one arrival a phase (thread 0's, the expect_tx of the partials' bytes when cs > 1); WX: one a statistics
         // warp (each warp's own arrive orders its ring reads before the gradient warps' slot releases, also to
@@ -1168,9 +1168,19 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 }
                 if constexpr (NB) {
                     nbar_release(s, (ngw + 1) * 32);
+                } else if (WX && j == 0) {
+                    // WX: lane k alone read the row's partial k (above), so every lane releases its own reads on the
+                    // row's first position: the xslot's reuse by row + DP_XSLOTS is ordered after it through the
+                    // ring's refill chain (the reuse rule), an edge compute-sanitizer's racecheck sees; with lane 0's
+                    // arrival after __syncwarp it reported every such read (s34-s38: it takes no edge from
+                    // bar.warp.sync between lanes)
+                    mbar_arrive(&empty[s]);
                 } else {
                     __syncwarp();   // why: the warp's reads of slot s are done before its release
-                    if (lane == 0) mbar_arrive(&empty[s]);
+                    if (lane == 0) {
+                        if constexpr (WX) mbar_arrive_n(&empty[s], 32u);
+                        else mbar_arrive(&empty[s]);
+                    }
                 }
             }
             if (has_x) drow[xcol] = from_float<TS>(ign ? 0.0f : grad(xs_x, xt_x));
