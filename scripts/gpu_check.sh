@@ -27,7 +27,7 @@
 #   sanitize   compute-sanitizer memcheck (--small --stride 2), racecheck (--small --stride 6),
 #              memcheck with the staged kernel forced (--small --stride 3), racecheck of the refilled ring,
 #              memcheck / racecheck with FUSEDLOSS_CE_PIPE_DN=0 (--small --stride 4 / 8)
-#   bench      build/bench_cross_entropy --csv bench/results/<date>-h200.csv (copied to $OUT)
+#   bench      build/bench_cross_entropy --csv bench/results/<date>-<card>.csv (copied to $OUT)
 #   bench-ab   the benchmark on the headline shapes once per BENCH_AB variant (knob settings)
 #   peers      python3 bench/bench_peers.py --out $OUT/peers-<date>.json
 #   gelu       GeLU (issue 6): build/test_gelu_cuda (fast 16-bit formulas, the default; --small: the exact
@@ -327,12 +327,15 @@ if want sanitize && have build/test_cross_entropy_cuda sanitize; then
 fi
 
 # ---- C benchmark ---------------------------------------------------------------------------------
-CSV="bench/results/$DATE-h200.csv"
+# the card in the file name (it was always "h200", also for the H100s the device tool lends: s38 run 1)
+CARD=$( (nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || true) | head -1 | grep -oiE 'h[0-9]{3}' | head -1 | tr 'A-Z' 'a-z')
+CARD=${CARD:-gpu}
+CSV="bench/results/$DATE-$CARD.csv"
 if want bench && have build/bench_cross_entropy bench; then
     mkdir -p bench/results
     export CSV
     run_step bench 150 'build/bench_cross_entropy --csv "$CSV" ${BENCH_ARGS:-}'
-    [ -f "$CSV" ] && cp "$CSV" "$OUT/bench-$DATE-h200.csv"
+    [ -f "$CSV" ] && cp "$CSV" "$OUT/bench-$DATE-$CARD.csv"
     KEY[bench]=$(grep -m1 '^SUMMARY copy' "$OUT/bench.log" | sed 's/^SUMMARY //')
     k=$(grep -m1 '^SUMMARY 8192x128256 bf16 mean ' "$OUT/bench.log" | sed 's/^SUMMARY 8192x128256 bf16 mean *//')
     [ -n "$k" ] && KEY[bench]+="; 8192x128256 bf16: $k"
@@ -355,7 +358,7 @@ if want bench-ab && have build/bench_cross_entropy bench-ab; then
             env $v FL_COMMIT="$FL_COMMIT+${v// /+}" build/bench_cross_entropy --csv "$CSV" --reps 30 $BENCH_AB_CASES | grep -E "^SUMMARY|rror"
         done
     '
-    [ -f "$CSV" ] && cp "$CSV" "$OUT/bench-$DATE-h200.csv"
+    [ -f "$CSV" ] && cp "$CSV" "$OUT/bench-$DATE-$CARD.csv"
     KEY[bench-ab]="$(grep -c '^### variant' "$OUT/bench-ab.log") variants"
 fi
 
