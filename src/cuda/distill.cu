@@ -926,7 +926,7 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, b
 }
 
 template <typename TS, typename TT, int MODE, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false,
-          bool WX = false>
+          int WX = 0>
 __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a, int cs, int per, int nv, int sub,
                                                                           int R, int Ts,
                                                                           const __grid_constant__ FlTmaps2 tm) {
@@ -955,7 +955,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
     if (tid == 0) {
         for (int k = 0; k < R; k++) {
             mbar_init(&full[k], 1u);
-            mbar_init(&empty[k], (uint32_t)(WX ? ngw * 32 : ngw));   // WX: counted in lanes (the release below)
+            mbar_init(&empty[k], (uint32_t)(WX == 2 ? ngw * 32 : ngw));   // WX 2: counted in lanes (the release below)
         }
         // one arrival a phase (thread 0's, the expect_tx of the partials' bytes when cs > 1); WX: one a statistics
         // warp (each warp's own arrive orders its ring reads before the gradient warps' slot releases, also to
@@ -1168,17 +1168,18 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 }
                 if constexpr (NB) {
                     nbar_release(s, (ngw + 1) * 32);
-                } else if (WX && j == 0) {
-                    // WX: lane k alone read the row's partial k (above), so every lane releases its own reads on the
-                    // row's first position: the xslot's reuse by row + DP_XSLOTS is ordered after it through the
-                    // ring's refill chain (the reuse rule), an edge compute-sanitizer's racecheck sees; with lane 0's
-                    // arrival after __syncwarp it reported every such read (s34-s38: it takes no edge from
-                    // bar.warp.sync between lanes)
+                } else if (WX == 2 && j == 0) {
+                    // WX 2 (FUSEDLOSS_DISTILL_PIPE_WX=2, s38, not yet run): lane k alone read the row's partial k
+                    // (above), so every lane releases its own reads on the row's first position: the xslot's reuse by
+                    // row + DP_XSLOTS is ordered after it through the ring's refill chain (the reuse rule) by an edge
+                    // racecheck can see. With lane 0's arrival after __syncwarp (WX 1) racecheck reports every such
+                    // read (s38 run 1: 144 errors); the guess (NOTES s35) is that it takes no edge from
+                    // bar.warp.sync between lanes, which this variant tests.
                     mbar_arrive(&empty[s]);
                 } else {
                     __syncwarp();   // why: the warp's reads of slot s are done before its release
                     if (lane == 0) {
-                        if constexpr (WX) mbar_arrive_n(&empty[s], 32u);
+                        if constexpr (WX == 2) mbar_arrive_n(&empty[s], 32u);
                         else mbar_arrive(&empty[s]);
                     }
                 }
@@ -1361,7 +1362,7 @@ struct DpPlan {
     FlTmaps2 maps;   // tm: the student's and teacher's maps; else zero. The kernel's last argument.
 };
 
-template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false, bool WX = false>
+template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false, int WX = 0>
 static const void* pick_pipe3(int mode) {
     return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL, PST, HD, NB, TM, LZ, WX>
                                    : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_RKL, PST, HD, NB, TM, LZ, WX>;
@@ -1373,12 +1374,15 @@ static const void* pick_pipe3(int mode) {
 // (LZ, the lazy-reference statistics: the default-cached kernels without NB / TM, aligned or not; WX: with LZ, and
 // with TM, whose copies racecheck can follow, so that WX's exchange can be racechecked)
 template <typename TS, typename TT>
-static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, bool lz, bool wx) {
-    if (tm && wx) return pst && !hd && !nb ? pick_pipe3<TS, TT, true, false, false, true, false, true>(mode) : nullptr;
+static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, bool lz, int wx) {
+    if (tm && wx == 2) return pst && !hd && !nb ? pick_pipe3<TS, TT, true, false, false, true, false, 2>(mode) : nullptr;
+    if (tm && wx) return pst && !hd && !nb ? pick_pipe3<TS, TT, true, false, false, true, false, 1>(mode) : nullptr;
     if (tm) return pst && !hd && !nb ? pick_pipe3<TS, TT, true, false, false, true>(mode) : nullptr;
     if (nb) return pst && !hd ? pick_pipe3<TS, TT, true, false, true>(mode) : nullptr;
-    if (lz && pst && wx) return hd ? pick_pipe3<TS, TT, true, true, false, false, true, true>(mode)
-                                   : pick_pipe3<TS, TT, true, false, false, false, true, true>(mode);
+    if (lz && pst && wx == 2) return hd ? pick_pipe3<TS, TT, true, true, false, false, true, 2>(mode)
+                                        : pick_pipe3<TS, TT, true, false, false, false, true, 2>(mode);
+    if (lz && pst && wx) return hd ? pick_pipe3<TS, TT, true, true, false, false, true, 1>(mode)
+                                   : pick_pipe3<TS, TT, true, false, false, false, true, 1>(mode);
     if (lz && pst) return hd ? pick_pipe3<TS, TT, true, true, false, false, true>(mode)
                              : pick_pipe3<TS, TT, true, false, false, false, true>(mode);
     if (hd) return pst ? pick_pipe3<TS, TT, true, true>(mode) : nullptr;
@@ -1386,7 +1390,7 @@ static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, boo
 }
 
 static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst, bool hd, bool nb, bool tm, bool lz,
-                             bool wx = false) {
+                             int wx = 0) {
     const bool t32 = tdt == FL_DTYPE_F32;
     switch (sdt) {
         case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst, hd, nb, tm, lz, wx);
@@ -1492,9 +1496,12 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     // racecheck), where the cluster's statistics warps fit the merge's 32 lanes and the WX kernel fits the SM;
     // else the plain kernel. KL T=2 4096x128256 bf16 kernel GPU time (profile_zoo_step): H200 s35 run 1 1.093 ->
     // 0.950 ms (1.46x -> 1.24x of the floor), bench_distill graphed 1.50x -> 1.29x; H100 s34 run 3 with the teacher
-    // aliased 1.111 -> 0.967 ms. Racecheck through tensor maps reports the exchange's slot reuse (NOTES s34, s35).
-    const void* fn_wx = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_WX", 1) != 0 && (lz || tm)
-                            ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, true)
+    // aliased 1.111 -> 0.967 ms. Racecheck through tensor maps reports the exchange's slot reuse (NOTES s34, s35,
+    // s38). 2: the same with every lane releasing its own partial's read (s38, not yet run; opt-in until its tests,
+    // racecheck and cost are measured).
+    const int64_t wx = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_WX", 1);
+    const void* fn_wx = wx != 0 && (lz || tm)
+                            ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, wx == 2 ? 2 : 1)
                             : nullptr;
     out->nv = (int)nv;
     out->T = T;
