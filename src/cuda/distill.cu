@@ -1373,16 +1373,18 @@ static const void* pick_pipe3(int mode) {
 // (NB, TM: the aligned kernels with default-cached stores only)
 // (LZ, the lazy-reference statistics: the default-cached kernels without NB / TM, aligned or not; WX: with LZ, and
 // with TM, whose copies racecheck can follow, so that WX's exchange can be racechecked)
+// (WX 1 or 2, on the kernels that take it: PST, not NB)
+template <typename TS, typename TT, bool HD, bool TM, bool LZ>
+static const void* pick_pipe_wx(int mode, int wx) {
+    return wx == 2 ? pick_pipe3<TS, TT, true, HD, false, TM, LZ, 2>(mode) : pick_pipe3<TS, TT, true, HD, false, TM, LZ, 1>(mode);
+}
 template <typename TS, typename TT>
 static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, bool lz, int wx) {
-    if (tm && wx == 2) return pst && !hd && !nb ? pick_pipe3<TS, TT, true, false, false, true, false, 2>(mode) : nullptr;
-    if (tm && wx) return pst && !hd && !nb ? pick_pipe3<TS, TT, true, false, false, true, false, 1>(mode) : nullptr;
+    if (tm && wx) return pst && !hd && !nb ? pick_pipe_wx<TS, TT, false, true, false>(mode, wx) : nullptr;
     if (tm) return pst && !hd && !nb ? pick_pipe3<TS, TT, true, false, false, true>(mode) : nullptr;
     if (nb) return pst && !hd ? pick_pipe3<TS, TT, true, false, true>(mode) : nullptr;
-    if (lz && pst && wx == 2) return hd ? pick_pipe3<TS, TT, true, true, false, false, true, 2>(mode)
-                                        : pick_pipe3<TS, TT, true, false, false, false, true, 2>(mode);
-    if (lz && pst && wx) return hd ? pick_pipe3<TS, TT, true, true, false, false, true, 1>(mode)
-                                   : pick_pipe3<TS, TT, true, false, false, false, true, 1>(mode);
+    if (lz && pst && wx) return hd ? pick_pipe_wx<TS, TT, true, false, true>(mode, wx)
+                                   : pick_pipe_wx<TS, TT, false, false, true>(mode, wx);
     if (lz && pst) return hd ? pick_pipe3<TS, TT, true, true, false, false, true>(mode)
                              : pick_pipe3<TS, TT, true, false, false, false, true>(mode);
     if (hd) return pst ? pick_pipe3<TS, TT, true, true>(mode) : nullptr;
