@@ -941,6 +941,12 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
     // rank (index rank Ts / 32 + warp), [x][k][0] (ms, Ss, mt, St) for k < DP_WX_MAX, their u after them as floats
     __shared__ float4 sl[DP_XSLOTS][WX ? DP_WX_MAX + DP_WX_MAX / 4 : DC_MAX_CLUSTER][WX ? 1 : 2];
     __shared__ Stat1 sm1[DP_MAX_THREADS / 32];
+    // JSD (FUSEDLOSS_DISTILL_PIPE_JSD=1): the second sweep's sums, per gradient warp (jw) and per rank of the
+    // cluster by xslot (sl2, completing jbar[x]); one element for the KL instances, whose ring then keeps its room
+    constexpr bool JSD = MODE == FL__DISTILL_JSD;
+    __shared__ __align__(8) uint64_t jbar[JSD ? DP_XSLOTS : 1];
+    __shared__ float4 sl2[JSD ? DP_XSLOTS : 1][JSD ? DC_MAX_CLUSTER : 1];
+    __shared__ float2 jw[JSD ? DP_MAX_THREADS / 32 : 1];
     const int tid = (int)threadIdx.x;
     const int ngw = ((int)blockDim.x - Ts - 32) >> 5;   // gradient warps
     const int slot_vecs = sub * (1 + NT);
@@ -961,6 +967,8 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
         // warp (each warp's own arrive orders its ring reads before the gradient warps' slot releases, also to
         // racecheck, which does not see st.async's complete_tx as a release)
         for (int k = 0; k < DP_XSLOTS; k++) mbar_init(&xbar[k], WX ? (uint32_t)(Ts >> 5) : 1u);
+        if constexpr (JSD)
+            for (int k = 0; k < DP_XSLOTS; k++) mbar_init(&jbar[k], 1u);   // the gradient group's thread 0
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();   // why: barriers initialised before any copy is issued or waited on
@@ -1131,6 +1139,76 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 mg = dc_merge<MODE>(sl[x], cs);
             }
             float l = dc_kl<MODE>(mg, L2s, L2t);
+            const float beta = a.beta, omb = 1.0f - a.beta;
+            float sh = 0.0f;   // JSD: (1 - beta) sum q (log q - log m) over the row
+            if constexpr (JSD) {
+                // the JSD's second sweep (sum p (log p - log m) and q (log q - log m), the staged kernel's
+                // formulas), by the gradient warps over the vectors each later writes, from the ring: the row's
+                // positions are complete (the statistics group waited on them) and stay until this warp's
+                // releases below. Then the sums over the group (xor trees, the warps in order: named barrier 2,
+                // which the JSD instances, never NB, leave free) and over the cluster (thread gt 0 sends the CTA's
+                // to every rank; all merge them in rank order: the same bits in every thread and CTA). sl2 /
+                // jbar reuse by row it + DP_XSLOTS follows the statistics exchange's rule (one hop later).
+                float2 acc = make_float2(0.0f, 0.0f);
+                auto elem = [&](float xs, float xt) {
+                    const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);   // log2 q, log2 p
+                    const float q = fexp2(ls2), p = fexp2(lt2);
+                    const float lm = jsd_lm(beta, omb, p, q);   // p = q = 0: -126, and neither term is added
+                    if (p > 0.0f) acc.x = fmaf(p, lt2 - lm, acc.x);
+                    if (q > 0.0f) acc.y = fmaf(q, ls2 - lm, acc.y);
+                };
+                if (!ign) {
+                    int s2 = s;
+                    uint32_t ph2 = ph;
+                    int q2 = gt;
+                    for (int j = 0; j < nsub; j++) {
+                        const int v0 = j * sub;
+                        const int hi = (wn - v0 < sub ? wn - v0 : sub) + v0;
+                        if (hi > v0) {
+                            mbar_wait(&full[s2], ph2);
+                            const uint4* sb = dp_ring + (size_t)s2 * slot_vecs - v0;
+                            const uint4* tb = dp_ring + (size_t)s2 * slot_vecs + sub - (size_t)v0 * NT;
+#pragma unroll 2
+                            for (; q2 < hi; q2 += ng) {
+                                float xs[VEC], xt[VEC];
+                                dc_unpack<TS, TT>(sb, tb, q2, xs, xt);
+#pragma unroll
+                                for (int v = 0; v < VEC; v++) elem(xs[v], xt[v]);
+                            }
+                        }
+                        if (++s2 == R) { s2 = 0; ph2 ^= 1u; }
+                    }
+                    if (has_x) elem(xs_x, xt_x);
+                }
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) {
+                    acc.x += __shfl_xor_sync(0xffffffffu, acc.x, off);
+                    acc.y += __shfl_xor_sync(0xffffffffu, acc.y, off);
+                }
+                if (lane == 0) jw[gt >> 5] = acc;
+                dp_bar(2, ng);   // why: the warps' sums visible to thread gt 0
+                if (gt == 0) {
+                    float A = 0.0f, B = 0.0f;
+                    for (int k = 0; k < ngw; k++) { A += jw[k].x; B += jw[k].y; }
+                    const float4 v0 = make_float4(A * RP_LN2, B * RP_LN2, 0.0f, 0.0f);
+                    if (cs > 1) {
+                        // arm for the cs sums (a remote one may land first: the tx count then goes negative until
+                        // this expect_tx); jw is rewritten by the next row only after this phase completes
+                        mbar_arrive_tx(&jbar[x], (uint32_t)cs * 16u);
+                        const uint32_t ls = smem_addr(&sl2[x][rank]), lb = smem_addr(&jbar[x]);
+                        for (int cc = 0; cc < cs; cc++) st_async_f4(mapa_shared(ls, cc), v0, mapa_shared(lb, cc));
+                    } else {
+                        sl2[x][0] = v0;
+                        mbar_arrive(&jbar[x]);   // release: the store above (and the reads of jw) before the waiters
+                    }
+                }
+                if (cs > 1) mbar_wait_cluster(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
+                else mbar_wait(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
+                float A = 0.0f, B = 0.0f;
+                for (int cc = 0; cc < cs; cc++) { A += sl2[x][cc].x; B += sl2[x][cc].y; }   // rank order
+                l = beta * A + omb * B;
+                sh = omb * B;
+            }
             if (ign) l = 0.0f;
             if (rank == 0 && gt == 0) {
                 if (a.none) { if (a.loss) a.loss[r] = l * a.loss_scale; }
@@ -1140,7 +1218,10 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);
                 const float q = fexp2(ls2);
                 if (MODE == FL__DISTILL_FKL) return G * (q - fexp2(lt2));
-                return G * (q * (RP_LN2 * fmaxf(ls2 - lt2, DS_NEG_BIG) - l));
+                if (MODE == FL__DISTILL_RKL) return G * (q * (RP_LN2 * fmaxf(ls2 - lt2, DS_NEG_BIG) - l));
+                const float p = fexp2(lt2);
+                const float hq = q > 0.0f ? omb * q * (RP_LN2 * (ls2 - jsd_lm(beta, omb, p, q))) : 0.0f;
+                return G * (hq - q * sh);
             };
             int q = gt;   // this thread's next vector in chunk coordinates, carried across slots
             for (int j = 0; j < nsub; j++, next_pos()) {
@@ -1362,8 +1443,15 @@ struct DpPlan {
     FlTmaps2 maps;   // tm: the student's and teacher's maps; else zero. The kernel's last argument.
 };
 
+// JSD (FUSEDLOSS_DISTILL_PIPE_JSD=1): only with the WX exchange and the lazy statistics or tensor maps, default-cached
+// stores, not NB (its named barrier 2 is NB's first slot barrier); else no kernel (the staged / ticket kernels)
 template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false, int WX = 0>
 static const void* pick_pipe3(int mode) {
+    if (mode == FL__DISTILL_JSD) {
+        if constexpr (PST && !NB && (LZ || TM) && WX != 0)
+            return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX>;
+        return nullptr;
+    }
     return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL, PST, HD, NB, TM, LZ, WX>
                                    : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_RKL, PST, HD, NB, TM, LZ, WX>;
 }
@@ -1438,7 +1526,15 @@ static int64_t dp_slots(int64_t ring, int64_t sb, int64_t ns, bool nb) {
 }
 
 static int dp_plan(const fl__distill_params* p, const void* s, const void* t, const void* ds, bool fused, DpPlan* out) {
-    if (!fused || p->mode == FL__DISTILL_JSD || p->N <= 0) return 0;
+    // _PIPE_JSD=1 (s39, opt-in until measured): the fused JSD on the ring too, its second sweep (the KL-to-mixture sums)
+    // by the gradient warps from the ring and a second exchange (distill_pipe_kernel's JSD). Why: the staged / ticket
+    // kernels run the JSD's three sweeps as phases whose memory, SFU and issue times add (H200 s15: 0.74 + 1.04 + ...
+    // = 2.06 ms at 4096x128256 bf16, 2.78x the floor); the ring overlaps the copies with both groups' sweeps. The
+    // gradient warps carry 6 of the 8 MUFU an element, so the JSD's default split is 672 threads, 192 of them
+    // statistics (_PIPE_THREADS / _PIPE_STATS still override), and its ring 4 KB smaller (the second exchange's
+    // static shared memory).
+    const bool jsd = p->mode == FL__DISTILL_JSD;
+    if (!fused || p->N <= 0 || (jsd && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_JSD", 0) != 1)) return 0;
     if (rp_env_flag("FUSEDLOSS_DISTILL_PIPE", 1) != 1) return 0;
     DevInfo d;
     int64_t nv, NT;
@@ -1448,12 +1544,16 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         hd = true;
     }
     if (nv < 1024) return 0;
-    int T = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_THREADS", 544) / 32 * 32;
-    if (T < 128 || T > DP_MAX_THREADS) T = 544;
-    int Ts = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_STATS", (T - 32) / 64 * 32) / 32 * 32;
-    if (Ts < 32 || Ts > T - 64) Ts = (T - 32) / 64 * 32;
-    int ring_kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_RING", 220);
-    if (ring_kb < 16 || ring_kb > 220) ring_kb = 220;
+    const int T0 = jsd ? 672 : 544;
+    int T = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_THREADS", T0) / 32 * 32;
+    if (T < 128 || T > DP_MAX_THREADS) T = T0;
+    const int Ts0 = jsd ? ((T - 32) / 32 * 3 + 9) / 10 * 32   // JSD: ~30% of the non-producer warps (672: 192)
+                        : (T - 32) / 64 * 32;
+    int Ts = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_STATS", Ts0) / 32 * 32;
+    if (Ts < 32 || Ts > T - 64) Ts = Ts0;
+    const int ring_max = jsd ? 216 : 220;
+    int ring_kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_RING", ring_max);
+    if (ring_kb < 16 || ring_kb > ring_max) ring_kb = ring_max;
     /* the ring size that picks the cluster (the slack rule below), ring_kb then sizing the slots of that cluster.
      * Why (s22, not yet run as a pair): RING=220 alone was 1-6% faster at 4096x128256 bf16 (cluster 4, 7 slots
      * instead of 6) but 12% slower at 2048x256000, where it moved the cluster from 8 CTAs to 7 (15 clusters of 7
@@ -1491,8 +1591,8 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     // 4096x128256 bf16, kernel GPU time (profile_zoo_step, two alternations): 1.143 / 1.142 ms -> 1.105 / 1.104 ms
     // (1.07x -> 1.04x of that card's floor); tests --small --kl 2338/0, --kl --min-v 8192 3098/0, memcheck 0.
     const bool lz = !nb && !tm && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_LAZY", 1) != 0;
-    const void* fn_plain = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz);
-    if (!fn_plain) return 0;
+    const void* fn_plain = pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz);   // JSD: none
+    if (!fn_plain && !jsd) return 0;
     // _PIPE_WX (default 1 since s35; 0: the group reduction): the statistics warps' partials exchanged one a warp
     // and merged by the gradient warps (distill_pipe_kernel's WX), with the lazy statistics (or with _TMAP, for
     // racecheck), where the cluster's statistics warps fit the merge's 32 lanes and the WX kernel fits the SM;
@@ -1505,6 +1605,7 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     const void* fn_wx = wx != 0 && (lz || tm)
                             ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, wx == 2 ? 2 : 1)
                             : nullptr;
+    if (!fn_plain && !fn_wx) return 0;
     out->nv = (int)nv;
     out->T = T;
     out->Ts = Ts;
