@@ -526,6 +526,11 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                     echo "### $kv $t --small --kl"
                     env $kv timeout 90 build/$t --small --kl 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 done
+                # the fused JSD on the ring (opt-in since s39): every mode, at a small grid and through maps
+                for kv in "FUSEDLOSS_DISTILL_PIPE_JSD=1 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_JSD=1 FUSEDLOSS_DISTILL_PIPE_TMAP=1"; do
+                    echo "### $kv $t --small"
+                    env $kv timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
+                done
             fi
             if [ "$t" = test_taylor_ce_cuda ]; then   # the CTA kernels (the ring is the default for fused rows of > 1024 classes)
                 echo "### FUSEDLOSS_TC_PIPE=0 $t --small"
