@@ -522,12 +522,13 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                 FUSEDLOSS_DISTILL_PIPE=0 FUSEDLOSS_DISTILL_STAGED=0 timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 # the statistics with exact per-vector maxima (LAZY=0; lazy references are the default since s29); the rings of s18: rows not 16-byte aligned (HEAD, the default since s22: =0 the ticket kernel), the
                 # hardware-barrier slot release (NBAR, opt-in); the group reduction instead of the per-warp exchange (WX=0; WX is the default since s35), also through maps
-                for kv in "FUSEDLOSS_DISTILL_PIPE_LAZY=0" "FUSEDLOSS_DISTILL_PIPE_LAZY=0 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_HEAD=0" "FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_NBAR=1 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_TMAP=1" "FUSEDLOSS_DISTILL_PIPE_TMAP=1 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_WX=0 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_WX=0 FUSEDLOSS_DISTILL_PIPE_TMAP=1" "FUSEDLOSS_DISTILL_PIPE_WX=2 FUSEDLOSS_DISTILL_PIPE_TMAP=1"; do   # + the tensor-map producer of s19
+                for kv in "FUSEDLOSS_DISTILL_PIPE_LAZY=0" "FUSEDLOSS_DISTILL_PIPE_LAZY=0 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_HEAD=0" "FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_NBAR=1 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_TMAP=1" "FUSEDLOSS_DISTILL_PIPE_TMAP=1 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_WX=0 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_WX=0 FUSEDLOSS_DISTILL_PIPE_TMAP=1"; do   # + the tensor-map producer of s19
                     echo "### $kv $t --small --kl"
                     env $kv timeout 90 build/$t --small --kl 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 done
-                # the fused JSD on the ring (opt-in since s39): every mode, at a small grid and through maps
-                for kv in "FUSEDLOSS_DISTILL_PIPE_JSD=1 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_JSD=1 FUSEDLOSS_DISTILL_PIPE_TMAP=1"; do
+                # the fused JSD (on the ring by default since s39): the ring at a small grid and through maps, and the
+                # ticket kernel it replaced (_JSD=0); every mode
+                for kv in "FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_TMAP=1" "FUSEDLOSS_DISTILL_PIPE_JSD=0"; do
                     echo "### $kv $t --small"
                     env $kv timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
                 done
@@ -600,12 +601,12 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                     echo "### racecheck $t --small (--kl), the ring on 1 cluster, through tensor maps"
                     kl=""; [ "$t" = test_distill_cuda ] && kl="--kl"
                     # KL ring: gated with the group reduction (_WX=0) and the unaligned-row kernels off (_HEAD=0: their
-                    # raw copies have no tensor-map form); the default WX exchange is run after it, reported but not
-                    # gated: racecheck reports its xslot reuse, which the ring orders (NOTES "Session 35")
+                    # raw copies have no tensor-map form); then the default WX exchange (with its per-lane release since
+                    # s39: 0 hazards) and the JSD ring, gated too
                     FUSEDLOSS_DISTILL_PIPE_WX=0 FUSEDLOSS_DISTILL_PIPE_HEAD=0 FUSEDLOSS_DISTILL_PIPE_TMAP=1 FUSEDLOSS_DISTILL_PIPE_GRID=1 FUSEDLOSS_TC_PIPE_GRID=1 timeout 90 "$SANITIZER" --tool racecheck --print-limit 20 --error-exitcode 99 build/$t --small $kl | tail -3 || rc=1
                     if [ "$t" = test_distill_cuda ]; then
-                        echo "### racecheck $t --small --kl, WX (the default), reported only"
-                        FUSEDLOSS_DISTILL_PIPE_HEAD=0 FUSEDLOSS_DISTILL_PIPE_TMAP=1 FUSEDLOSS_DISTILL_PIPE_GRID=1 timeout 90 "$SANITIZER" --tool racecheck --print-limit 4 build/$t --small --kl | tail -3
+                        echo "### racecheck $t --small, WX and the JSD ring (the defaults)"
+                        FUSEDLOSS_DISTILL_PIPE_HEAD=0 FUSEDLOSS_DISTILL_PIPE_TMAP=1 FUSEDLOSS_DISTILL_PIPE_GRID=1 timeout 120 "$SANITIZER" --tool racecheck --print-limit 20 --error-exitcode 99 build/$t --small | tail -3 || rc=1
                     fi
                 fi
             fi

@@ -926,7 +926,7 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, b
 }
 
 template <typename TS, typename TT, int MODE, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false,
-          int WX = 0>
+          bool WX = false>
 __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a, int cs, int per, int nv, int sub,
                                                                           int R, int Ts,
                                                                           const __grid_constant__ FlTmaps2 tm) {
@@ -961,7 +961,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
     if (tid == 0) {
         for (int k = 0; k < R; k++) {
             mbar_init(&full[k], 1u);
-            mbar_init(&empty[k], (uint32_t)(WX == 2 ? ngw * 32 : ngw));   // WX 2: counted in lanes (the release below)
+            mbar_init(&empty[k], (uint32_t)(WX ? ngw * 32 : ngw));   // WX: counted in lanes (the release below)
         }
         // one arrival a phase (thread 0's, the expect_tx of the partials' bytes when cs > 1); WX: one a statistics
         // warp (each warp's own arrive orders its ring reads before the gradient warps' slot releases, also to
@@ -1249,18 +1249,17 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 }
                 if constexpr (NB) {
                     nbar_release(s, (ngw + 1) * 32);
-                } else if (WX == 2 && j == 0) {
-                    // WX 2 (FUSEDLOSS_DISTILL_PIPE_WX=2, s38, not yet run): lane k alone read the row's partial k
-                    // (above), so every lane releases its own reads on the row's first position: the xslot's reuse by
-                    // row + DP_XSLOTS is ordered after it through the ring's refill chain (the reuse rule) by an edge
-                    // racecheck can see. With lane 0's arrival after __syncwarp (WX 1) racecheck reports every such
-                    // read (s38 run 1: 144 errors); the guess (NOTES s35) is that it takes no edge from
-                    // bar.warp.sync between lanes, which this variant tests.
+                } else if (WX && j == 0) {
+                    // WX: lane k alone read the row's partial k (above), so every lane releases its own reads on the
+                    // row's first position: the xslot's reuse by row + DP_XSLOTS is ordered after it through the
+                    // ring's refill chain (the reuse rule) by an edge racecheck can see. With lane 0's arrival after
+                    // __syncwarp (s35-s38's WX) racecheck reported every such read (s38 run 1: 144 errors; it takes
+                    // no edge from bar.warp.sync between lanes); this per-lane release: 0 hazards (s39 run 1).
                     mbar_arrive(&empty[s]);
                 } else {
                     __syncwarp();   // why: the warp's reads of slot s are done before its release
                     if (lane == 0) {
-                        if constexpr (WX == 2) mbar_arrive_n(&empty[s], 32u);
+                        if constexpr (WX) mbar_arrive_n(&empty[s], 32u);
                         else mbar_arrive(&empty[s]);
                     }
                 }
@@ -1445,10 +1444,10 @@ struct DpPlan {
 
 // JSD (FUSEDLOSS_DISTILL_PIPE_JSD=1): only with the WX exchange and the lazy statistics or tensor maps, default-cached
 // stores, not NB (its named barrier 2 is NB's first slot barrier); else no kernel (the staged / ticket kernels)
-template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false, int WX = 0>
+template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false, bool WX = false>
 static const void* pick_pipe3(int mode) {
     if (mode == FL__DISTILL_JSD) {
-        if constexpr (PST && !NB && (LZ || TM) && WX != 0)
+        if constexpr (PST && !NB && (LZ || TM) && WX)
             return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX>;
         return nullptr;
     }
@@ -1461,18 +1460,18 @@ static const void* pick_pipe3(int mode) {
 // (NB, TM: the aligned kernels with default-cached stores only)
 // (LZ, the lazy-reference statistics: the default-cached kernels without NB / TM, aligned or not; WX: with LZ, and
 // with TM, whose copies racecheck can follow, so that WX's exchange can be racechecked)
-// (WX 1 or 2, on the kernels that take it: PST, not NB)
+// (WX on the kernels that take it: PST, not NB)
 template <typename TS, typename TT, bool HD, bool TM, bool LZ>
-static const void* pick_pipe_wx(int mode, int wx) {
-    return wx == 2 ? pick_pipe3<TS, TT, true, HD, false, TM, LZ, 2>(mode) : pick_pipe3<TS, TT, true, HD, false, TM, LZ, 1>(mode);
+static const void* pick_pipe_wx(int mode) {
+    return pick_pipe3<TS, TT, true, HD, false, TM, LZ, true>(mode);
 }
 template <typename TS, typename TT>
-static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, bool lz, int wx) {
-    if (tm && wx) return pst && !hd && !nb ? pick_pipe_wx<TS, TT, false, true, false>(mode, wx) : nullptr;
+static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, bool lz, bool wx) {
+    if (tm && wx) return pst && !hd && !nb ? pick_pipe_wx<TS, TT, false, true, false>(mode) : nullptr;
     if (tm) return pst && !hd && !nb ? pick_pipe3<TS, TT, true, false, false, true>(mode) : nullptr;
     if (nb) return pst && !hd ? pick_pipe3<TS, TT, true, false, true>(mode) : nullptr;
-    if (lz && pst && wx) return hd ? pick_pipe_wx<TS, TT, true, false, true>(mode, wx)
-                                   : pick_pipe_wx<TS, TT, false, false, true>(mode, wx);
+    if (lz && pst && wx) return hd ? pick_pipe_wx<TS, TT, true, false, true>(mode)
+                                   : pick_pipe_wx<TS, TT, false, false, true>(mode);
     if (lz && pst) return hd ? pick_pipe3<TS, TT, true, true, false, false, true>(mode)
                              : pick_pipe3<TS, TT, true, false, false, false, true>(mode);
     if (hd) return pst ? pick_pipe3<TS, TT, true, true>(mode) : nullptr;
@@ -1480,7 +1479,7 @@ static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, boo
 }
 
 static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst, bool hd, bool nb, bool tm, bool lz,
-                             int wx = 0) {
+                             bool wx = false) {
     const bool t32 = tdt == FL_DTYPE_F32;
     switch (sdt) {
         case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst, hd, nb, tm, lz, wx);
@@ -1526,15 +1525,17 @@ static int64_t dp_slots(int64_t ring, int64_t sb, int64_t ns, bool nb) {
 }
 
 static int dp_plan(const fl__distill_params* p, const void* s, const void* t, const void* ds, bool fused, DpPlan* out) {
-    // _PIPE_JSD=1 (s39, opt-in until measured): the fused JSD on the ring too, its second sweep (the KL-to-mixture sums)
-    // by the gradient warps from the ring and a second exchange (distill_pipe_kernel's JSD). Why: the staged / ticket
-    // kernels run the JSD's three sweeps as phases whose memory, SFU and issue times add (H200 s15: 0.74 + 1.04 + ...
-    // = 2.06 ms at 4096x128256 bf16, 2.78x the floor); the ring overlaps the copies with both groups' sweeps. The
-    // gradient warps carry 6 of the 8 MUFU an element, so the JSD's default split is 672 threads, 192 of them
-    // statistics (_PIPE_THREADS / _PIPE_STATS still override), and its ring 4 KB smaller (the second exchange's
-    // static shared memory).
+    // _PIPE_JSD (default 1 since s39; 0: the ticket kernel): the fused JSD on the ring too, its second sweep (the
+    // KL-to-mixture sums) by the gradient warps from the ring and a second exchange (distill_pipe_kernel's JSD). Why:
+    // the ticket / staged kernels run the JSD's three sweeps as phases whose memory, SFU and issue times add (2.78x
+    // the floor at 4096x128256 bf16 on the H200); the ring overlaps the copies with both groups' sweeps. H100 s39
+    // runs 1-2, JSD beta 0.5 T 1 4096x128256 bf16 kernel time (profile_zoo_step): ticket 2.52 ms (2.40x) -> ring
+    // 1.89-1.90 ms with 192 statistics threads, 1.79-1.81 ms (1.71-1.72x) with 256, 1.90 with 128; 768 threads
+    // with 256: 1.88. So 672 threads, 256 statistics (40% of the non-producer warps; fewer where the cluster's
+    // statistics warps would exceed the merge's 32 lanes), and a ring 4 KB smaller (the second exchange's static
+    // shared memory). _PIPE_THREADS / _PIPE_STATS still override.
     const bool jsd = p->mode == FL__DISTILL_JSD;
-    if (!fused || p->N <= 0 || (jsd && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_JSD", 0) != 1)) return 0;
+    if (!fused || p->N <= 0 || (jsd && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_JSD", 1) != 1)) return 0;
     if (rp_env_flag("FUSEDLOSS_DISTILL_PIPE", 1) != 1) return 0;
     DevInfo d;
     int64_t nv, NT;
@@ -1547,7 +1548,7 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     const int T0 = jsd ? 672 : 544;
     int T = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_THREADS", T0) / 32 * 32;
     if (T < 128 || T > DP_MAX_THREADS) T = T0;
-    const int Ts0 = jsd ? ((T - 32) / 32 * 3 + 9) / 10 * 32   // JSD: ~30% of the non-producer warps (672: 192)
+    const int Ts0 = jsd ? (T - 32) / 32 * 2 / 5 * 32   // JSD: 40% of the non-producer warps (672: 256)
                         : (T - 32) / 64 * 32;
     int Ts = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_STATS", Ts0) / 32 * 32;
     if (Ts < 32 || Ts > T - 64) Ts = Ts0;
@@ -1598,17 +1599,15 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     // racecheck), where the cluster's statistics warps fit the merge's 32 lanes and the WX kernel fits the SM;
     // else the plain kernel. KL T=2 4096x128256 bf16 kernel GPU time (profile_zoo_step): H200 s35 run 1 1.093 ->
     // 0.950 ms (1.46x -> 1.24x of the floor), bench_distill graphed 1.50x -> 1.29x; H100 s34 run 3 with the teacher
-    // aliased 1.111 -> 0.967 ms. Racecheck through tensor maps reports the exchange's slot reuse (NOTES s34, s35,
-    // s38). 2: the same with every lane releasing its own partial's read (s38, not yet run; opt-in until its tests,
-    // racecheck and cost are measured).
-    const int64_t wx = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_WX", 1);
-    const void* fn_wx = wx != 0 && (lz || tm)
-                            ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, wx == 2 ? 2 : 1)
-                            : nullptr;
+    // aliased 1.111 -> 0.967 ms. Since s39 every lane releases its own partial's read (the ring's first position of
+    // a row): racecheck through tensor maps 144 errors (s38, lane 0's release) -> 0 hazards, kernel time 1.058 /
+    // 1.059 -> 1.053 / 1.054 ms (H100 s39 run 1, alternated); the lane-0 release's instances were removed.
+    const bool wx = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_WX", 1) != 0;
+    const void* fn_wx = wx && (lz || tm) ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, true)
+                                         : nullptr;
     if (!fn_plain && !fn_wx) return 0;
     out->nv = (int)nv;
     out->T = T;
-    out->Ts = Ts;
     // the smallest cluster whose per-CTA chunk leaves the slack free and that the device can hold
     for (int cc = lo; cc <= hi; cc++) {
         const int64_t per = (nv + cc - 1) / cc;
@@ -1623,8 +1622,10 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         out->sub = (int)sb;
         out->R = (int)r;
         out->smem = (size_t)r * (size_t)sb * (size_t)vb;
+        // JSD (WX only): the statistics group cut to what the merge's 32 lanes hold at this cluster size
+        out->Ts = jsd && cc * (Ts >> 5) > DP_WX_MAX ? DP_WX_MAX / cc * 32 : Ts;
         // the WX kernel where its merge's lanes hold the cluster's statistics warps and it fits, else the plain one
-        const void* const fns[2] = {cc * (Ts >> 5) <= DP_WX_MAX ? fn_wx : nullptr, fn_plain};
+        const void* const fns[2] = {cc * (out->Ts >> 5) <= DP_WX_MAX ? fn_wx : nullptr, fn_plain};
         int n = 0;
         for (const void* f : fns) {
             if (!f) continue;
