@@ -799,9 +799,11 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
 #endif
 }
 
-// ---- the warp-specialised ring kernel (sm_90, fused forward / reverse KL) --------------------------
+// ---- the warp-specialised ring kernel (sm_90, fused forward / reverse KL and JSD) --------------------
 // The default for the fused KL since 2026-12-05 (FUSEDLOSS_DISTILL_PIPE=0: the staged kernel; s16 runs
-// 1-3: correct under every plan tried, memcheck 0, 1.52x against the staged kernel's 1.65x).
+// 1-3: correct under every plan tried, memcheck 0, 1.52x against the staged kernel's 1.65x), and for the
+// fused JSD since s39 (FUSEDLOSS_DISTILL_PIPE_JSD=0: the ticket kernel; the JSD's second sweep and exchange
+// are the gradient group's, see JSD below and dp_plan).
 // Why: the staged kernel above runs a row as phases (copy wait, statistics sweep, block reduction and
 // exchange, gradient sweep) in one group of warps, and its measured time is the SUM of its memory
 // and SFU times (KL T=2 4096x128256 bf16: 1.256 ms = 0.738 memory + 0.534 SFU; NOTES "Session 15").
