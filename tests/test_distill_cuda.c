@@ -8,7 +8,8 @@
  * grad_loss NULL / a device value / per row, in place) x shapes (N = 1 .. 300, V = 1 .. 128256, rows
  * crossing the 8192-column chunks, ld > V, odd ld: unaligned rows, a student one element off its
  * 16-byte phase: the scalar path; on sm_90 aligned rows of >= 1024 vectors take the ring kernel
- * for the fused KL (distill_pipe_kernel, default since 2026-12-05) and the staged cluster kernel for
+ * for the fused KL (distill_pipe_kernel, default since 2026-12-05) and the fused JSD (since s39;
+ * FUSEDLOSS_DISTILL_PIPE_JSD=0: the ticket kernel) and the staged cluster kernel for
  * the forward KL (FUSEDLOSS_DISTILL_STAGED=2: the JSD too); scripts/gpu_check.sh also runs this with
  * the ring on 3 clusters, with FUSEDLOSS_DISTILL_PIPE=0 and STAGED=2 + STAGED_GRID=3 (several rows per
  * cluster), and with PIPE=0 STAGED=0, the ticket kernel everywhere). Fresh random logits (normal, scale 3, some rows with a dominant

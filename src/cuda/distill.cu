@@ -820,8 +820,9 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
 //    every CTA of the cluster (st.async into xslot k % DP_XSLOTS; cs == 1: a local store + arrive).
 //    Masked columns (NaN sums) are redone from global memory, as in the staged kernel.
 //  - GRADIENT (threads [Ts, T - 32)): waits for row k's partials, merges them in rank order (the same
-//    bits in every thread and CTA), writes the row loss (rank 0) and sweeps the gradient from the ring,
-//    each warp releasing each slot.
+//    bits in every thread and CTA), [JSD: sweeps the KL-to-mixture sums from the ring and exchanges them
+//    over the cluster, one more phase of jbar[x] a row], writes the row loss (rank 0) and sweeps the
+//    gradient from the ring, each warp releasing each slot.
 // Every position of every row, ignored rows included, completes one phase of full[s] and one of
 // empty[s], and every row one phase of xbar[x]; the gradient group touches a row's positions only
 // after its exchange, which follows this CTA's statistics having waited on all of them (so no warp
@@ -943,8 +944,9 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
     // rank (index rank Ts / 32 + warp), [x][k][0] (ms, Ss, mt, St) for k < DP_WX_MAX, their u after them as floats
     __shared__ float4 sl[DP_XSLOTS][WX ? DP_WX_MAX + DP_WX_MAX / 4 : DC_MAX_CLUSTER][WX ? 1 : 2];
     __shared__ Stat1 sm1[DP_MAX_THREADS / 32];
-    // JSD (FUSEDLOSS_DISTILL_PIPE_JSD=1): the second sweep's sums, per gradient warp (jw) and per rank of the
-    // cluster by xslot (sl2, completing jbar[x]); one element for the KL instances, whose ring then keeps its room
+    // JSD (the fused JSD's ring, FUSEDLOSS_DISTILL_PIPE_JSD): the second sweep's sums, per gradient warp (jw) and
+    // per rank of the cluster by xslot (sl2, completing jbar[x]); one element for the KL instances (their ring keeps
+    // its room)
     constexpr bool JSD = MODE == FL__DISTILL_JSD;
     __shared__ __align__(8) uint64_t jbar[JSD ? DP_XSLOTS : 1];
     __shared__ float4 sl2[JSD ? DP_XSLOTS : 1][JSD ? DC_MAX_CLUSTER : 1];
@@ -1444,7 +1446,7 @@ struct DpPlan {
     FlTmaps2 maps;   // tm: the student's and teacher's maps; else zero. The kernel's last argument.
 };
 
-// JSD (FUSEDLOSS_DISTILL_PIPE_JSD=1): only with the WX exchange and the lazy statistics or tensor maps, default-cached
+// JSD (FUSEDLOSS_DISTILL_PIPE_JSD, default 1): only with the WX exchange and the lazy statistics or tensor maps, default-cached
 // stores, not NB (its named barrier 2 is NB's first slot barrier); else no kernel (the staged / ticket kernels)
 template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false, bool WX = false>
 static const void* pick_pipe3(int mode) {
