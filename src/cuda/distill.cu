@@ -928,8 +928,38 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, b
     }
 }
 
+// JS (the JSD's stash, FUSEDLOSS_DISTILL_PIPE_JST): the JSD's second sweep writes each element's d = log2 q - log2 m
+// over its teacher value in the ring (2-byte teachers: fp16; 4-byte: fp32, exact), and the gradient sweep takes q's
+// exponential alone (1 SFU operation an element instead of 3). Each thread rewrites only the vectors it later reads.
+template <typename TT, int VEC>
+__device__ __forceinline__ void dp_stash(uint4* tb, const float (&d)[VEC]) {
+    if constexpr (sizeof(TT) == 4) {
+#pragma unroll
+        for (int k = 0; k < VEC / 4; k++) tb[k] = make_uint4(__float_as_uint(d[4 * k]), __float_as_uint(d[4 * k + 1]),
+                                                             __float_as_uint(d[4 * k + 2]), __float_as_uint(d[4 * k + 3]));
+    } else {
+        static_assert(VEC == 8, "2-byte teachers pair 2-byte students");
+        unsigned w[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const __half2 h = __floats2half2_rn(d[2 * k], d[2 * k + 1]);
+            w[k] = *reinterpret_cast<const unsigned*>(&h);
+        }
+        tb[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+template <typename TT, int VEC>
+__device__ __forceinline__ void dp_unstash(const uint4* tb, float (&d)[VEC]) {
+    if constexpr (sizeof(TT) == 4) {
+#pragma unroll
+        for (int k = 0; k < VEC / 4; k++) rp_unpack<float>(tb[k], d + 4 * k);
+    } else {
+        rp_unpack<__half>(tb[0], d);
+    }
+}
+
 template <typename TS, typename TT, int MODE, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false,
-          bool WX = false>
+          bool WX = false, bool JS = false>
 __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a, int cs, int per, int nv, int sub,
                                                                           int R, int Ts,
                                                                           const __grid_constant__ FlTmaps2 tm) {
@@ -1154,12 +1184,13 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 // to every rank; all merge them in rank order: the same bits in every thread and CTA). sl2 /
                 // jbar reuse by row it + DP_XSLOTS follows the statistics exchange's rule (one hop later).
                 float2 acc = make_float2(0.0f, 0.0f);
-                auto elem = [&](float xs, float xt) {
+                auto elem = [&](float xs, float xt) -> float {   // returns d = log2 q - log2 m (JS's stash)
                     const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);   // log2 q, log2 p
                     const float q = fexp2(ls2), p = fexp2(lt2);
                     const float lm = jsd_lm(beta, omb, p, q);   // p = q = 0: -126, and neither term is added
                     if (p > 0.0f) acc.x = fmaf(p, lt2 - lm, acc.x);
                     if (q > 0.0f) acc.y = fmaf(q, ls2 - lm, acc.y);
+                    return ls2 - lm;
                 };
                 if (!ign) {
                     int s2 = s;
@@ -1176,12 +1207,24 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                             for (; q2 < hi; q2 += ng) {
                                 float xs[VEC], xt[VEC];
                                 dc_unpack<TS, TT>(sb, tb, q2, xs, xt);
+                                if constexpr (JS) {
+                                    // q > 0 (where the gradient reads d): -126 <= log2 q and log2 m <= 0, and
+                                    // log2 q - log2 m <= -log2(1 - beta): |d| < 2^8, fp16's relative 2^-11 holds
+                                    float d[VEC];
 #pragma unroll
-                                for (int v = 0; v < VEC; v++) elem(xs[v], xt[v]);
+                                    for (int v = 0; v < VEC; v++) d[v] = elem(xs[v], xt[v]);
+                                    dp_stash<TT, VEC>(const_cast<uint4*>(tb) + (size_t)q2 * NT, d);
+                                } else {
+#pragma unroll
+                                    for (int v = 0; v < VEC; v++) elem(xs[v], xt[v]);
+                                }
                             }
                         }
                         if (++s2 == R) { s2 = 0; ph2 ^= 1u; }
                     }
+                    // JS: this thread's generic-proxy writes of the ring before the async-proxy refills that follow
+                    // its releases (the producer fences too, after its acquire: mbar_wait_refill)
+                    if constexpr (JS) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
                     if (has_x) elem(xs_x, xt_x);
                 }
 #pragma unroll
@@ -1245,9 +1288,20 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
 #pragma unroll 2
                     for (; q < hi; q += ng) {
                         float xs[VEC], xt[VEC];
-                        dc_unpack<TS, TT>(sb, tb, q, xs, xt);
+                        if constexpr (JS) {   // xt: the stashed d (the JSD sweep above)
+                            rp_unpack<TS>(sb[q], xs);
+                            dp_unstash<TT, VEC>(tb + (size_t)q * NT, xt);
 #pragma unroll
-                        for (int v = 0; v < VEC; v++) xs[v] = grad(xs[v], xt[v]);
+                            for (int v = 0; v < VEC; v++) {
+                                const float q1 = fexp2(fmaf(xs[v], k2, -L2s));
+                                const float hq = q1 > 0.0f ? omb * q1 * (RP_LN2 * xt[v]) : 0.0f;
+                                xs[v] = G * (hq - q1 * sh);
+                            }
+                        } else {
+                            dc_unpack<TS, TT>(sb, tb, q, xs, xt);
+#pragma unroll
+                            for (int v = 0; v < VEC; v++) xs[v] = grad(xs[v], xt[v]);
+                        }
                         rp_vstore<TS, VEC, !PST>(drow + w.h + (int64_t)(lo + q) * VEC, xs);
                     }
                 }
@@ -1449,10 +1503,11 @@ struct DpPlan {
 // JSD (FUSEDLOSS_DISTILL_PIPE_JSD, default 1): only with the WX exchange and the lazy statistics or tensor maps, default-cached
 // stores, not NB (its named barrier 2 is NB's first slot barrier); else no kernel (the staged / ticket kernels)
 template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false, bool WX = false>
-static const void* pick_pipe3(int mode) {
+static const void* pick_pipe3(int mode, bool js = false) {
     if (mode == FL__DISTILL_JSD) {
         if constexpr (PST && !NB && (LZ || TM) && WX)
-            return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX>;
+            return js ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, true>
+                      : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX>;
         return nullptr;
     }
     return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL, PST, HD, NB, TM, LZ, WX>
@@ -1466,16 +1521,16 @@ static const void* pick_pipe3(int mode) {
 // with TM, whose copies racecheck can follow, so that WX's exchange can be racechecked)
 // (WX on the kernels that take it: PST, not NB)
 template <typename TS, typename TT, bool HD, bool TM, bool LZ>
-static const void* pick_pipe_wx(int mode) {
-    return pick_pipe3<TS, TT, true, HD, false, TM, LZ, true>(mode);
+static const void* pick_pipe_wx(int mode, bool js) {
+    return pick_pipe3<TS, TT, true, HD, false, TM, LZ, true>(mode, js);
 }
 template <typename TS, typename TT>
-static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, bool lz, bool wx) {
-    if (tm && wx) return pst && !hd && !nb ? pick_pipe_wx<TS, TT, false, true, false>(mode) : nullptr;
+static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, bool lz, bool wx, bool js) {
+    if (tm && wx) return pst && !hd && !nb ? pick_pipe_wx<TS, TT, false, true, false>(mode, js) : nullptr;
     if (tm) return pst && !hd && !nb ? pick_pipe3<TS, TT, true, false, false, true>(mode) : nullptr;
     if (nb) return pst && !hd ? pick_pipe3<TS, TT, true, false, true>(mode) : nullptr;
-    if (lz && pst && wx) return hd ? pick_pipe_wx<TS, TT, true, false, true>(mode)
-                                   : pick_pipe_wx<TS, TT, false, false, true>(mode);
+    if (lz && pst && wx) return hd ? pick_pipe_wx<TS, TT, true, false, true>(mode, js)
+                                   : pick_pipe_wx<TS, TT, false, false, true>(mode, js);
     if (lz && pst) return hd ? pick_pipe3<TS, TT, true, true, false, false, true>(mode)
                              : pick_pipe3<TS, TT, true, false, false, false, true>(mode);
     if (hd) return pst ? pick_pipe3<TS, TT, true, true>(mode) : nullptr;
@@ -1483,16 +1538,16 @@ static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, boo
 }
 
 static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst, bool hd, bool nb, bool tm, bool lz,
-                             bool wx = false) {
+                             bool wx = false, bool js = false) {
     const bool t32 = tdt == FL_DTYPE_F32;
     switch (sdt) {
-        case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst, hd, nb, tm, lz, wx);
+        case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst, hd, nb, tm, lz, wx, js);
         case FL_DTYPE_F16:
-            return t32 ? pick_pipe2<__half, float>(mode, pst, hd, nb, tm, lz, wx)
-                       : pick_pipe2<__half, __half>(mode, pst, hd, nb, tm, lz, wx);
+            return t32 ? pick_pipe2<__half, float>(mode, pst, hd, nb, tm, lz, wx, js)
+                       : pick_pipe2<__half, __half>(mode, pst, hd, nb, tm, lz, wx, js);
         default:
-            return t32 ? pick_pipe2<__nv_bfloat16, float>(mode, pst, hd, nb, tm, lz, wx)
-                       : pick_pipe2<__nv_bfloat16, __nv_bfloat16>(mode, pst, hd, nb, tm, lz, wx);
+            return t32 ? pick_pipe2<__nv_bfloat16, float>(mode, pst, hd, nb, tm, lz, wx, js)
+                       : pick_pipe2<__nv_bfloat16, __nv_bfloat16>(mode, pst, hd, nb, tm, lz, wx, js);
     }
 }
 
@@ -1607,8 +1662,15 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     // a row): racecheck through tensor maps 144 errors (s38, lane 0's release) -> 0 hazards, kernel time 1.058 /
     // 1.059 -> 1.053 / 1.054 ms (H100 s39 run 1, alternated); the lane-0 release's instances were removed.
     const bool wx = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_WX", 1) != 0;
-    const void* fn_wx = wx && (lz || tm) ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, true)
-                                         : nullptr;
+    // _PIPE_JST (session 40, off until run; JSD only): the JSD's stash (distill_pipe_kernel's JS): the second sweep
+    // keeps d = log2 q - log2 m in the ring over the teacher's value and the gradient sweep takes one exponential an
+    // element, not three. Why: H100 s40 run 1's ncu source counters of the ring at 4096x128256 bf16 (1.80 ms): the
+    // statistics warps wait for their slots 47% of their samples (the gradient warps, with 6 of the 8 SFU operations an
+    // element, hold the ring's slots through two sweeps), the gradient warps wait for the exchanges 17%.
+    const bool js = jsd && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_JST", 0) != 0;
+    const void* fn_wx = wx && (lz || tm)
+                            ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, true, js)
+                            : nullptr;
     if (!fn_plain && !fn_wx) return 0;
     out->nv = (int)nv;
     out->T = T;
