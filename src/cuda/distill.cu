@@ -839,6 +839,7 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
 #define DP_MAX_THREADS 768   // plans above 672 threads (FUSEDLOSS_DISTILL_PIPE_THREADS); 24 warps keep the 80-register cap (800 would cap at 72)
 #define DP_PIECE 256   // vectors per bulk copy (4 KB); the producer's lanes issue the pieces
 #define DP_WX_MAX 32   // WX: partials an xslot holds (cs Ts / 32 of them, one a lane of the gradient warps' merge)
+#define DP_WX_MAX_JSD 64   // the JSD's (s40): two a lane, so that cluster 8 keeps 8 statistics warps
 
 __device__ __forceinline__ void dp_bar(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 // NB (FUSEDLOSS_DISTILL_PIPE_NBAR=1; not yet run): slot s released through hardware barrier NB_BASE + s
@@ -928,7 +929,7 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, b
     }
 }
 
-// JS (the JSD's stash, FUSEDLOSS_DISTILL_PIPE_JST): the JSD's second sweep writes each element's d = log2 q - log2 m
+// JS (the JSD's stash, FUSEDLOSS_DISTILL_PIPE_JST, default 1 since s40): the JSD's second sweep writes each element's d = log2 q - log2 m
 // over its teacher value in the ring (2-byte teachers: fp16; 4-byte: fp32, exact), and the gradient sweep takes q's
 // exponential alone (1 SFU operation an element instead of 3). Each thread rewrites only the vectors it later reads.
 template <typename TT, int VEC>
@@ -971,13 +972,14 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
     __shared__ __align__(8) uint64_t empty[DP_MAX_SLOTS];        // every gradient warp is done with slot s
     __shared__ __align__(8) uint64_t xbar[DP_XSLOTS];            // xslot x's cs partials landed
     // the partials by rank, [x][rank][0] (ms, Ss, mt, St) and [1] (u, 0, 0, 0); WX: one a statistics warp of each
-    // rank (index rank Ts / 32 + warp), [x][k][0] (ms, Ss, mt, St) for k < DP_WX_MAX, their u after them as floats
-    __shared__ float4 sl[DP_XSLOTS][WX ? DP_WX_MAX + DP_WX_MAX / 4 : DC_MAX_CLUSTER][WX ? 1 : 2];
+    // rank (index rank Ts / 32 + warp), [x][k][0] (ms, Ss, mt, St) for k < WXM, their u after them as floats
+    constexpr bool JSD = MODE == FL__DISTILL_JSD;
+    constexpr int WXM = JSD ? DP_WX_MAX_JSD : DP_WX_MAX;
+    __shared__ float4 sl[DP_XSLOTS][WX ? WXM + WXM / 4 : DC_MAX_CLUSTER][WX ? 1 : 2];
     __shared__ Stat1 sm1[DP_MAX_THREADS / 32];
     // JSD (the fused JSD's ring, FUSEDLOSS_DISTILL_PIPE_JSD): the second sweep's sums, per gradient warp (jw) and
     // per rank of the cluster by xslot (sl2, completing jbar[x]); one element for the KL instances (their ring keeps
     // its room)
-    constexpr bool JSD = MODE == FL__DISTILL_JSD;
     __shared__ __align__(8) uint64_t jbar[JSD ? DP_XSLOTS : 1];
     __shared__ float4 sl2[JSD ? DP_XSLOTS : 1][JSD ? DC_MAX_CLUSTER : 1];
     __shared__ float2 jw[JSD ? DP_MAX_THREADS / 32 : 1];
@@ -1081,7 +1083,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 if ((tid & 31) == 0) {
                     const int x = (int)(it % DP_XSLOTS), k = rank * (Ts >> 5) + (tid >> 5);
                     const float4 v0 = make_float4(st.ms, st.Ss, st.mt, st.St);
-                    float* su = reinterpret_cast<float*>(&sl[x][DP_WX_MAX][0]);
+                    float* su = reinterpret_cast<float*>(&sl[x][WXM][0]);
                     if (cs > 1) {
                         // arm for every rank's partials (remote ones may land first: the tx count then goes negative
                         // until this expect_tx)
@@ -1162,11 +1164,18 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             else mbar_wait(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
             float L2s, L2t;
             Stat1 mg;
-            if constexpr (WX) {   // lane k takes partial k (cs Ts / 32 <= 32): every lane, warp and CTA the same bits
+            if constexpr (WX) {   // lane k takes partial k (cs Ts / 32 <= WXM): every lane, warp and CTA the same bits
                 Stat1 v = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
+                const float* su = reinterpret_cast<const float*>(&sl[x][WXM][0]);
                 if (lane < cs * (Ts >> 5)) {
                     const float4 p4 = sl[x][lane][0];
-                    v = Stat1{p4.x, p4.y, p4.z, p4.w, reinterpret_cast<const float*>(&sl[x][DP_WX_MAX][0])[lane]};
+                    v = Stat1{p4.x, p4.y, p4.z, p4.w, su[lane]};
+                }
+                if constexpr (JSD) {   // (JSD: up to 64, lane k also partial k + 32, combined first)
+                    if (lane + 32 < cs * (Ts >> 5)) {
+                        const float4 p4 = sl[x][lane + 32][0];
+                        v = combine1<MODE>(v, Stat1{p4.x, p4.y, p4.z, p4.w, su[lane + 32]});
+                    }
                 }
                 mg = dp_warp_reduce1<MODE>(v);
             } else {
@@ -1662,12 +1671,16 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     // a row): racecheck through tensor maps 144 errors (s38, lane 0's release) -> 0 hazards, kernel time 1.058 /
     // 1.059 -> 1.053 / 1.054 ms (H100 s39 run 1, alternated); the lane-0 release's instances were removed.
     const bool wx = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_WX", 1) != 0;
-    // _PIPE_JST (session 40, off until run; JSD only): the JSD's stash (distill_pipe_kernel's JS): the second sweep
-    // keeps d = log2 q - log2 m in the ring over the teacher's value and the gradient sweep takes one exponential an
-    // element, not three. Why: H100 s40 run 1's ncu source counters of the ring at 4096x128256 bf16 (1.80 ms): the
-    // statistics warps wait for their slots 47% of their samples (the gradient warps, with 6 of the 8 SFU operations an
-    // element, hold the ring's slots through two sweeps), the gradient warps wait for the exchanges 17%.
-    const bool js = jsd && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_JST", 0) != 0;
+    // _PIPE_JST (default 1 since s40; JSD only; 0: no stash): the JSD's stash (distill_pipe_kernel's JS): the second
+    // sweep keeps d = log2 q - log2 m in the ring over the teacher's value and the gradient sweep takes one exponential
+    // an element, not three (8 -> 6 SFU operations an element). Why: H100 s40 run 1's ncu source counters of the ring
+    // at 4096x128256 bf16 (1.80 ms): the statistics warps wait for their slots 47% of their samples (the gradient
+    // warps, with 6 of the 8 SFU operations an element, hold the ring's slots through two sweeps). H100 s40 run 2, JSD
+    // beta 0.5 kernel time (profile_zoo_step, alternated): 4096x128256 bf16 1.799 / 1.799 -> 1.678 / 1.676 ms (1.69x
+    // -> 1.60x), 8192x32000 0.798 -> 0.742, 2048x256000 1.921 -> 1.784, 8192x50257 (unaligned) 1.347 -> 1.193, fp32
+    // teacher 2.528 -> 2.429; tests --small 4668/0 in five plans, --min-v 8192 6188/0, memcheck 0, racecheck through
+    // tensor maps 0 hazards, pytest distill -k cuda 269 passed (the fp16 d within the existing tolerances).
+    const bool js = jsd && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_JST", 1) != 0;
     const void* fn_wx = wx && (lz || tm)
                             ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, true, js)
                             : nullptr;
@@ -1689,9 +1702,11 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         out->R = (int)r;
         out->smem = (size_t)r * (size_t)sb * (size_t)vb;
         // JSD (WX only): the statistics group cut to what the merge's 32 lanes hold at this cluster size
-        out->Ts = jsd && cc * (Ts >> 5) > DP_WX_MAX ? DP_WX_MAX / cc * 32 : Ts;
+        // (DP_WX_MAX_JSD since s40: two partials a lane, cluster 8 keeps 8 statistics warps)
+        const int wxm = jsd ? DP_WX_MAX_JSD : DP_WX_MAX;
+        out->Ts = jsd && cc * (Ts >> 5) > wxm ? wxm / cc * 32 : Ts;
         // the WX kernel where its merge's lanes hold the cluster's statistics warps and it fits, else the plain one
-        const void* const fns[2] = {cc * (out->Ts >> 5) <= DP_WX_MAX ? fn_wx : nullptr, fn_plain};
+        const void* const fns[2] = {cc * (out->Ts >> 5) <= wxm ? fn_wx : nullptr, fn_plain};
         int n = 0;
         for (const void* f : fns) {
             if (!f) continue;
