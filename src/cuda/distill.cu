@@ -1620,7 +1620,9 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
                         : (T - 32) / 64 * 32;
     int Ts = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_STATS", Ts0) / 32 * 32;
     if (Ts < 32 || Ts > T - 64) Ts = Ts0;
-    const int ring_max = jsd ? 216 : 220;
+    // (JSD: 211 KB since s40, the WX merge's 64 partials a xslot taking 5 KB more static shared memory; at 216 KB a
+    // forced cluster 8 failed cudaFuncSetAttribute, 4 API errors under memcheck in H100 s40 run 3)
+    const int ring_max = jsd ? 211 : 220;
     int ring_kb = (int)rp_env_i64("FUSEDLOSS_DISTILL_PIPE_RING", ring_max);
     if (ring_kb < 16 || ring_kb > ring_max) ring_kb = ring_max;
     /* the ring size that picks the cluster (the slack rule below), ring_kb then sizing the slots of that cluster.
