@@ -949,6 +949,40 @@ __device__ __forceinline__ void dp_stash(uint4* tb, const float (&d)[VEC]) {
         tb[0] = make_uint4(w[0], w[1], w[2], w[3]);
     }
 }
+// JS >= 3 (session 40, not yet run): the statistics group's slot waits and the gradient group's exchange waits back off
+// with nanosleep between tries. Why: in H100 s40 run 2's source counters (the stash, 1.67 ms) 21.7% of the executed
+// instructions were those waits' spin loops (~89 tries a statistics wait, ~16 ns each: try_wait barely suspends),
+// issue slots the gradient warps compete for. (try_wait's suspendTimeHint was tried first: sm_90 SASS identical to
+// the loop without it, CUDA 13.) The cost: up to ~2 DP_SLEEP_NS of latency a wait.
+#define DP_SLEEP_NS 128u
+__device__ __forceinline__ bool dp_try(uint64_t* bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+    return done != 0;
+}
+__device__ __forceinline__ bool dp_try_cluster(uint64_t* bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+    return done != 0;
+}
+__device__ __forceinline__ void dp_wait_hint(uint64_t* bar, uint32_t parity) {
+    while (!dp_try(bar, parity)) __nanosleep(DP_SLEEP_NS);
+}
+__device__ __forceinline__ void dp_wait_cluster_hint(uint64_t* bar, uint32_t parity) {
+    while (!dp_try_cluster(bar, parity)) __nanosleep(DP_SLEEP_NS);
+}
 template <typename TT, int VEC>
 __device__ __forceinline__ void dp_unstash(const uint4* tb, float (&d)[VEC]) {
     if constexpr (sizeof(TT) == 4) {
@@ -960,7 +994,7 @@ __device__ __forceinline__ void dp_unstash(const uint4* tb, float (&d)[VEC]) {
 }
 
 template <typename TS, typename TT, int MODE, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false,
-          bool WX = false, bool JS = false>
+          bool WX = false, int JS = 0>
 __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a, int cs, int per, int nv, int sub,
                                                                           int R, int Ts,
                                                                           const __grid_constant__ FlTmaps2 tm) {
@@ -1052,7 +1086,8 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             // c: this thread's next vector in chunk coordinates, carried across slots (balanced shares)
             int c = tid;
             for (int j = 0; j < nsub; j++, next_pos()) {
-                mbar_wait(&full[s], ph);
+                if constexpr (JS >= 3) dp_wait_hint(&full[s], ph);
+                else mbar_wait(&full[s], ph);
                 const int v0 = j * sub;
                 const int hi = ign ? 0 : (wn - v0 < sub ? wn - v0 : sub) + v0;   // chunk coordinates
                 if (hi <= v0) continue;
@@ -1160,8 +1195,13 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             const float xt_x = (has_x && !ign) ? rp_sload(trow + xcol) : 0.0f;
             const int x = (int)(it % DP_XSLOTS);
             // every row's exchange completes one phase (ignored rows send empty partials)
-            if (cs > 1) mbar_wait_cluster(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
-            else mbar_wait(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
+            if constexpr (JS >= 3) {
+                if (cs > 1) dp_wait_cluster_hint(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
+                else dp_wait_hint(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
+            } else {
+                if (cs > 1) mbar_wait_cluster(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
+                else mbar_wait(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
+            }
             float L2s, L2t;
             Stat1 mg;
             if constexpr (WX) {   // lane k takes partial k (cs Ts / 32 <= WXM): every lane, warp and CTA the same bits
@@ -1199,6 +1239,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                     const float lm = jsd_lm(beta, omb, p, q);   // p = q = 0: -126, and neither term is added
                     if (p > 0.0f) acc.x = fmaf(p, lt2 - lm, acc.x);
                     if (q > 0.0f) acc.y = fmaf(q, ls2 - lm, acc.y);
+                    if constexpr (JS >= 2) return q > 0.0f ? ls2 - lm : 0.0f;   // (the diet's: finite where q is 0)
                     return ls2 - lm;
                 };
                 if (!ign) {
@@ -1258,8 +1299,13 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                         mbar_arrive(&jbar[x]);   // release: the store above (and the reads of jw) before the waiters
                     }
                 }
-                if (cs > 1) mbar_wait_cluster(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
-                else mbar_wait(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
+                if constexpr (JS >= 3) {
+                    if (cs > 1) dp_wait_cluster_hint(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
+                    else dp_wait_hint(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
+                } else {
+                    if (cs > 1) mbar_wait_cluster(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
+                    else mbar_wait(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
+                }
                 float A = 0.0f, B = 0.0f;
                 for (int cc = 0; cc < cs; cc++) { A += sl2[x][cc].x; B += sl2[x][cc].y; }   // rank order
                 l = beta * A + omb * B;
@@ -1279,6 +1325,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 const float hq = q > 0.0f ? omb * q * (RP_LN2 * (ls2 - jsd_lm(beta, omb, p, q))) : 0.0f;
                 return G * (hq - q * sh);
             };
+            const float Gc = G * omb * RP_LN2, Gsh = G * sh;   // (JS >= 2)
             int q = gt;   // this thread's next vector in chunk coordinates, carried across slots
             for (int j = 0; j < nsub; j++, next_pos()) {
                 const int v0 = j * sub;
@@ -1297,7 +1344,12 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
 #pragma unroll 2
                     for (; q < hi; q += ng) {
                         float xs[VEC], xt[VEC];
-                        if constexpr (JS) {   // xt: the stashed d (the JSD sweep above)
+                        if constexpr (JS >= 2) {   // the diet: q (Gc d - G sh), d = 0 where q is 0 (the sweep above)
+                            rp_unpack<TS>(sb[q], xs);
+                            dp_unstash<TT, VEC>(tb + (size_t)q * NT, xt);
+#pragma unroll
+                            for (int v = 0; v < VEC; v++) xs[v] = fexp2(fmaf(xs[v], k2, -L2s)) * fmaf(Gc, xt[v], -Gsh);
+                        } else if constexpr (JS) {   // xt: the stashed d (the JSD sweep above)
                             rp_unpack<TS>(sb[q], xs);
                             dp_unstash<TT, VEC>(tb + (size_t)q * NT, xt);
 #pragma unroll
@@ -1512,11 +1564,16 @@ struct DpPlan {
 // JSD (FUSEDLOSS_DISTILL_PIPE_JSD, default 1): only with the WX exchange and the lazy statistics or tensor maps, default-cached
 // stores, not NB (its named barrier 2 is NB's first slot barrier); else no kernel (the staged / ticket kernels)
 template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM = false, bool LZ = false, bool WX = false>
-static const void* pick_pipe3(int mode, bool js = false) {
+static const void* pick_pipe3(int mode, int js = 0) {
     if (mode == FL__DISTILL_JSD) {
-        if constexpr (PST && !NB && (LZ || TM) && WX)
-            return js ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, true>
-                      : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX>;
+        if constexpr (PST && !NB && (LZ || TM) && WX) {
+            switch (js) {
+                case 0: return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX>;
+                case 2: return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 2>;
+                case 3: return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 3>;
+                default: return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 1>;
+            }
+        }
         return nullptr;
     }
     return mode == FL__DISTILL_FKL ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_FKL, PST, HD, NB, TM, LZ, WX>
@@ -1530,11 +1587,11 @@ static const void* pick_pipe3(int mode, bool js = false) {
 // with TM, whose copies racecheck can follow, so that WX's exchange can be racechecked)
 // (WX on the kernels that take it: PST, not NB)
 template <typename TS, typename TT, bool HD, bool TM, bool LZ>
-static const void* pick_pipe_wx(int mode, bool js) {
+static const void* pick_pipe_wx(int mode, int js) {
     return pick_pipe3<TS, TT, true, HD, false, TM, LZ, true>(mode, js);
 }
 template <typename TS, typename TT>
-static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, bool lz, bool wx, bool js) {
+static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, bool lz, bool wx, int js) {
     if (tm && wx) return pst && !hd && !nb ? pick_pipe_wx<TS, TT, false, true, false>(mode, js) : nullptr;
     if (tm) return pst && !hd && !nb ? pick_pipe3<TS, TT, true, false, false, true>(mode) : nullptr;
     if (nb) return pst && !hd ? pick_pipe3<TS, TT, true, false, true>(mode) : nullptr;
@@ -1547,7 +1604,7 @@ static const void* pick_pipe2(int mode, bool pst, bool hd, bool nb, bool tm, boo
 }
 
 static const void* pick_pipe(fl_dtype sdt, fl_dtype tdt, int mode, bool pst, bool hd, bool nb, bool tm, bool lz,
-                             bool wx = false, bool js = false) {
+                             bool wx = false, int js = 0) {
     const bool t32 = tdt == FL_DTYPE_F32;
     switch (sdt) {
         case FL_DTYPE_F32: return pick_pipe2<float, float>(mode, pst, hd, nb, tm, lz, wx, js);
@@ -1682,7 +1739,10 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     // -> 1.60x), 8192x32000 0.798 -> 0.742, 2048x256000 1.921 -> 1.784, 8192x50257 (unaligned) 1.347 -> 1.193, fp32
     // teacher 2.528 -> 2.429; tests --small 4668/0 in five plans, --min-v 8192 6188/0, memcheck 0, racecheck through
     // tensor maps 0 hazards, pytest distill -k cuda 269 passed (the fp16 d within the existing tolerances).
-    const bool js = jsd && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_JST", 1) != 0;
+    // _PIPE_JST=2 (s40, not yet run): + the gradient sweep's diet (q (Gc d - G sh), d stashed as 0 where q is 0: no
+    // q > 0 test, select or two multiplies an element); =3: + the waits backing off with nanosleep (dp_wait_hint).
+    int js = jsd ? (int)rp_env_flag("FUSEDLOSS_DISTILL_PIPE_JST", 1) : 0;
+    if (js < 0 || js > 3) js = 1;
     const void* fn_wx = wx && (lz || tm)
                             ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, true, js)
                             : nullptr;
