@@ -820,9 +820,10 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
 //    every CTA of the cluster (st.async into xslot k % DP_XSLOTS; cs == 1: a local store + arrive).
 //    Masked columns (NaN sums) are redone from global memory, as in the staged kernel.
 //  - GRADIENT (threads [Ts, T - 32)): waits for row k's partials, merges them in rank order (the same
-//    bits in every thread and CTA), [JSD: sweeps the KL-to-mixture sums from the ring and exchanges them
-//    over the cluster, one more phase of jbar[x] a row], writes the row loss (rank 0) and sweeps the
-//    gradient from the ring, each warp releasing each slot.
+//    bits in every thread and CTA), [JSD: sweeps the KL-to-mixture sums from the ring (JS, the default since
+//    s40: writing each element's log2 q - log2 m over its teacher value there) and exchanges them over the
+//    cluster, one more phase of jbar[x] a row], writes the row loss (rank 0) and sweeps the gradient from
+//    the ring, each warp releasing each slot.
 // Every position of every row, ignored rows included, completes one phase of full[s] and one of
 // empty[s], and every row one phase of xbar[x]; the gradient group touches a row's positions only
 // after its exchange, which follows this CTA's statistics having waited on all of them (so no warp
@@ -929,9 +930,10 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, b
     }
 }
 
-// JS (the JSD's stash, FUSEDLOSS_DISTILL_PIPE_JST, default 1 since s40): the JSD's second sweep writes each element's d = log2 q - log2 m
-// over its teacher value in the ring (2-byte teachers: fp16; 4-byte: fp32, exact), and the gradient sweep takes q's
-// exponential alone (1 SFU operation an element instead of 3). Each thread rewrites only the vectors it later reads.
+// JS (the JSD's stash, FUSEDLOSS_DISTILL_PIPE_JST, default 1 since s40): the JSD's second sweep writes each element's
+// d = log2 q - log2 m over its teacher value in the ring (2-byte teachers: fp16; 4-byte: fp32, exact), and the
+// gradient sweep takes q's exponential alone (1 SFU operation an element instead of 3). Each thread rewrites only the
+// vectors it later reads.
 template <typename TT, int VEC>
 __device__ __forceinline__ void dp_stash(uint4* tb, const float (&d)[VEC]) {
     if constexpr (sizeof(TT) == 4) {
