@@ -957,33 +957,26 @@ __device__ __forceinline__ void dp_stash(uint4* tb, const float (&d)[VEC]) {
 // issue slots the gradient warps compete for. (try_wait's suspendTimeHint was tried first: sm_90 SASS identical to
 // the loop without it, CUDA 13.) The cost: up to ~2 DP_SLEEP_NS of latency a wait.
 #define DP_SLEEP_NS 128u
-__device__ __forceinline__ bool dp_try(uint64_t* bar, uint32_t parity) {
-    uint32_t done;
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-    return done != 0;
+template <int JS>
+__device__ __forceinline__ void dp_wait(uint64_t* bar, uint32_t parity) {
+    if constexpr (JS >= 3) {
+        while (!mbar_try(bar, parity)) __nanosleep(DP_SLEEP_NS);
+    } else {
+        mbar_wait(bar, parity);
+    }
 }
-__device__ __forceinline__ bool dp_try_cluster(uint64_t* bar, uint32_t parity) {
-    uint32_t done;
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-    return done != 0;
-}
-__device__ __forceinline__ void dp_wait_hint(uint64_t* bar, uint32_t parity) {
-    while (!dp_try(bar, parity)) __nanosleep(DP_SLEEP_NS);
-}
-__device__ __forceinline__ void dp_wait_cluster_hint(uint64_t* bar, uint32_t parity) {
-    while (!dp_try_cluster(bar, parity)) __nanosleep(DP_SLEEP_NS);
+// an exchange barrier (xbar / jbar): completed by the cluster's CTAs when cs > 1
+template <int JS>
+__device__ __forceinline__ void dp_wait_x(uint64_t* bar, uint32_t parity, int cs) {
+    if (cs > 1) {
+        if constexpr (JS >= 3) {
+            while (!mbar_try_cluster(bar, parity)) __nanosleep(DP_SLEEP_NS);
+        } else {
+            mbar_wait_cluster(bar, parity);
+        }
+    } else {
+        dp_wait<JS>(bar, parity);
+    }
 }
 template <typename TT, int VEC>
 __device__ __forceinline__ void dp_unstash(const uint4* tb, float (&d)[VEC]) {
@@ -1088,8 +1081,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             // c: this thread's next vector in chunk coordinates, carried across slots (balanced shares)
             int c = tid;
             for (int j = 0; j < nsub; j++, next_pos()) {
-                if constexpr (JS >= 3) dp_wait_hint(&full[s], ph);
-                else mbar_wait(&full[s], ph);
+                dp_wait<JS>(&full[s], ph);
                 const int v0 = j * sub;
                 const int hi = ign ? 0 : (wn - v0 < sub ? wn - v0 : sub) + v0;   // chunk coordinates
                 if (hi <= v0) continue;
@@ -1197,13 +1189,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             const float xt_x = (has_x && !ign) ? rp_sload(trow + xcol) : 0.0f;
             const int x = (int)(it % DP_XSLOTS);
             // every row's exchange completes one phase (ignored rows send empty partials)
-            if constexpr (JS >= 3) {
-                if (cs > 1) dp_wait_cluster_hint(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
-                else dp_wait_hint(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
-            } else {
-                if (cs > 1) mbar_wait_cluster(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
-                else mbar_wait(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
-            }
+            dp_wait_x<JS>(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
             float L2s, L2t;
             Stat1 mg;
             if constexpr (WX) {   // lane k takes partial k (cs Ts / 32 <= WXM): every lane, warp and CTA the same bits
@@ -1301,13 +1287,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                         mbar_arrive(&jbar[x]);   // release: the store above (and the reads of jw) before the waiters
                     }
                 }
-                if constexpr (JS >= 3) {
-                    if (cs > 1) dp_wait_cluster_hint(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
-                    else dp_wait_hint(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
-                } else {
-                    if (cs > 1) mbar_wait_cluster(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
-                    else mbar_wait(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1));
-                }
+                dp_wait_x<JS>(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
                 float A = 0.0f, B = 0.0f;
                 for (int cc = 0; cc < cs; cc++) { A += sl2[x][cc].x; B += sl2[x][cc].y; }   // rank order
                 l = beta * A + omb * B;
@@ -1742,7 +1722,7 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     // teacher 2.528 -> 2.429; tests --small 4668/0 in five plans, --min-v 8192 6188/0, memcheck 0, racecheck through
     // tensor maps 0 hazards, pytest distill -k cuda 269 passed (the fp16 d within the existing tolerances).
     // _PIPE_JST=2 (s40, not yet run): + the gradient sweep's diet (q (Gc d - G sh), d stashed as 0 where q is 0: no
-    // q > 0 test, select or two multiplies an element); =3: + the waits backing off with nanosleep (dp_wait_hint).
+    // q > 0 test, select or two multiplies an element); =3: + the waits backing off with nanosleep (dp_wait).
     int js = jsd ? (int)rp_env_flag("FUSEDLOSS_DISTILL_PIPE_JST", 1) : 0;
     if (js < 0 || js > 3) js = 1;
     const void* fn_wx = wx && (lz || tm)
