@@ -934,24 +934,33 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, b
 // d = log2 q - log2 m over its teacher value in the ring (2-byte teachers: fp16; 4-byte: fp32, exact), and the
 // gradient sweep takes q's exponential alone (1 SFU operation an element instead of 3). Each thread rewrites only the
 // vectors it later reads.
-template <typename TT, int VEC>
+// SAT (JS 4): d saturated to the finite range (fp16: cvt's satfinite; fp32: clamped at -FLT_MAX; NaN stays NaN), so
+// that the gradient's q (Gc d - G sh) is 0, not NaN, where q is 0 and d is -inf (a -inf student logit).
+template <typename TT, int VEC, bool SAT = false>
 __device__ __forceinline__ void dp_stash(uint4* tb, const float (&d)[VEC]) {
     if constexpr (sizeof(TT) == 4) {
+        float c[VEC];
 #pragma unroll
-        for (int k = 0; k < VEC / 4; k++) tb[k] = make_uint4(__float_as_uint(d[4 * k]), __float_as_uint(d[4 * k + 1]),
-                                                             __float_as_uint(d[4 * k + 2]), __float_as_uint(d[4 * k + 3]));
+        for (int v = 0; v < VEC; v++) c[v] = SAT ? fmaxf(d[v], DS_NEG_BIG) : d[v];
+#pragma unroll
+        for (int k = 0; k < VEC / 4; k++) tb[k] = make_uint4(__float_as_uint(c[4 * k]), __float_as_uint(c[4 * k + 1]),
+                                                             __float_as_uint(c[4 * k + 2]), __float_as_uint(c[4 * k + 3]));
     } else {
         static_assert(VEC == 8, "2-byte teachers pair 2-byte students");
         unsigned w[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const __half2 h = __floats2half2_rn(d[2 * k], d[2 * k + 1]);
-            w[k] = *reinterpret_cast<const unsigned*>(&h);
+            if constexpr (SAT) {
+                asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(d[2 * k + 1]), "f"(d[2 * k]));
+            } else {
+                const __half2 h = __floats2half2_rn(d[2 * k], d[2 * k + 1]);
+                w[k] = *reinterpret_cast<const unsigned*>(&h);
+            }
         }
         tb[0] = make_uint4(w[0], w[1], w[2], w[3]);
     }
 }
-// JS >= 3 (session 40, not yet run): the statistics group's slot waits and the gradient group's exchange waits back off
+// JS == 3 (session 40, not yet run): the statistics group's slot waits and the gradient group's exchange waits back off
 // with nanosleep between tries. Why: in H100 s40 run 2's source counters (the stash, 1.67 ms) 21.7% of the executed
 // instructions were those waits' spin loops (~89 tries a statistics wait, ~16 ns each: try_wait barely suspends),
 // issue slots the gradient warps compete for. (try_wait's suspendTimeHint was tried first: sm_90 SASS identical to
@@ -959,7 +968,7 @@ __device__ __forceinline__ void dp_stash(uint4* tb, const float (&d)[VEC]) {
 #define DP_SLEEP_NS 128u
 template <int JS>
 __device__ __forceinline__ void dp_wait(uint64_t* bar, uint32_t parity) {
-    if constexpr (JS >= 3) {
+    if constexpr (JS == 3) {
         while (!mbar_try(bar, parity)) __nanosleep(DP_SLEEP_NS);
     } else {
         mbar_wait(bar, parity);
@@ -969,7 +978,7 @@ __device__ __forceinline__ void dp_wait(uint64_t* bar, uint32_t parity) {
 template <int JS>
 __device__ __forceinline__ void dp_wait_x(uint64_t* bar, uint32_t parity, int cs) {
     if (cs > 1) {
-        if constexpr (JS >= 3) {
+        if constexpr (JS == 3) {
             while (!mbar_try_cluster(bar, parity)) __nanosleep(DP_SLEEP_NS);
         } else {
             mbar_wait_cluster(bar, parity);
@@ -1230,6 +1239,14 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                     if constexpr (JS >= 2) return q > 0.0f ? ls2 - lm : 0.0f;   // (the diet's: finite where q is 0)
                     return ls2 - lm;
                 };
+                auto elem_f = [&](float xs, float xt) -> float {   // JS 4: free of the guards (see the redo below)
+                    const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);
+                    const float q = fexp2(ls2), p = fexp2(lt2);
+                    const float lm = jsd_lm(beta, omb, p, q);
+                    acc.x = fmaf(p, lt2 - lm, acc.x);
+                    acc.y = fmaf(q, ls2 - lm, acc.y);
+                    return ls2 - lm;
+                };
                 if (!ign) {
                     int s2 = s;
                     uint32_t ph2 = ph;
@@ -1250,8 +1267,11 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                                     // log2 q - log2 m <= -log2(1 - beta): |d| < 2^8, fp16's relative 2^-11 holds
                                     float d[VEC];
 #pragma unroll
-                                    for (int v = 0; v < VEC; v++) d[v] = elem(xs[v], xt[v]);
-                                    dp_stash<TT, VEC>(const_cast<uint4*>(tb) + (size_t)q2 * NT, d);
+                                    for (int v = 0; v < VEC; v++) {
+                                        if constexpr (JS == 4) d[v] = elem_f(xs[v], xt[v]);
+                                        else d[v] = elem(xs[v], xt[v]);
+                                    }
+                                    dp_stash<TT, VEC, JS == 4>(const_cast<uint4*>(tb) + (size_t)q2 * NT, d);
                                 } else {
 #pragma unroll
                                     for (int v = 0; v < VEC; v++) elem(xs[v], xt[v]);
@@ -1263,7 +1283,28 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                     // JS: this thread's generic-proxy writes of the ring before the async-proxy refills that follow
                     // its releases (the producer fences too, after its acquire: mbar_wait_refill)
                     if constexpr (JS) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                    if (has_x) elem(xs_x, xt_x);
+                    if constexpr (JS == 4) {
+                        if (has_x) elem_f(xs_x, xt_x);
+                        // JS 4 (s41, not yet run): the sweep above is free of the p > 0 / q > 0 guards (0 * finite =
+                        // 0 where an exponential underflows); a -inf logit (masked column) makes this thread's sums
+                        // NaN, and it then redoes them from global memory with the guards, as the statistics
+                        // group does (the stash needs no redo: satfinite keeps d finite, and q is 0 there). NaN
+                        // inputs give NaN again.
+                        if (isnan(acc.x) || isnan(acc.y)) {
+                            const uint4* gsb = reinterpret_cast<const uint4*>(srow + w.h) + lo;
+                            const uint4* gtb = reinterpret_cast<const uint4*>(trow + w.h) + (int64_t)lo * NT;
+                            acc = make_float2(0.0f, 0.0f);
+                            for (int qq = gt; qq < wn; qq += ng) {
+                                float xs[VEC], xt[VEC];
+                                dc_unpack<TS, TT>(gsb, gtb, qq, xs, xt);
+#pragma unroll
+                                for (int v = 0; v < VEC; v++) elem(xs[v], xt[v]);
+                            }
+                            if (has_x) elem(xs_x, xt_x);
+                        }
+                    } else {
+                        if (has_x) elem(xs_x, xt_x);
+                    }
                 }
 #pragma unroll
                 for (int off = 16; off > 0; off >>= 1) {
@@ -1553,6 +1594,7 @@ static const void* pick_pipe3(int mode, int js = 0) {
                 case 0: return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX>;
                 case 2: return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 2>;
                 case 3: return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 3>;
+                case 4: return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 4>;
                 default: return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 1>;
             }
         }
@@ -1722,9 +1764,10 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     // teacher 2.528 -> 2.429; tests --small 4668/0 in five plans, --min-v 8192 6188/0, memcheck 0, racecheck through
     // tensor maps 0 hazards, pytest distill -k cuda 269 passed (the fp16 d within the existing tolerances).
     // _PIPE_JST=2 (s40, not yet run): + the gradient sweep's diet (q (Gc d - G sh), d stashed as 0 where q is 0: no
-    // q > 0 test, select or two multiplies an element); =3: + the waits backing off with nanosleep (dp_wait).
+    // q > 0 test, select or two multiplies an element); =3: + the waits backing off with nanosleep (dp_wait); =4 (s41,
+    // not yet run): 2 + the second sweep free of its p > 0 / q > 0 guards (masked columns: the thread's sums redone).
     int js = jsd ? (int)rp_env_flag("FUSEDLOSS_DISTILL_PIPE_JST", 1) : 0;
-    if (js < 0 || js > 3) js = 1;
+    if (js < 0 || js > 4) js = 1;
     const void* fn_wx = wx && (lz || tm)
                             ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, true, js)
                             : nullptr;
