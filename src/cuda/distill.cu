@@ -1239,7 +1239,9 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                     if constexpr (JS >= 2) return q > 0.0f ? ls2 - lm : 0.0f;   // (the diet's: finite where q is 0)
                     return ls2 - lm;
                 };
-                auto elem_f = [&](float xs, float xt) -> float {   // JS 4: free of the guards (see the redo below)
+                // JS 4: elem free of the guards (see the redo below). A copy, not a flag on elem: one lambda with a
+                // compile-time flag changed the scheduling of the tested JS 1 instances (s41, sass_diff)
+                auto elem_f = [&](float xs, float xt) -> float {
                     const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);
                     const float q = fexp2(ls2), p = fexp2(lt2);
                     const float lm = jsd_lm(beta, omb, p, q);
