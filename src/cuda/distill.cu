@@ -821,7 +821,8 @@ __global__ void __launch_bounds__(NTH, NTH == DC_THREADS ? 3 : 1) distill_staged
 //    Masked columns (NaN sums) are redone from global memory, as in the staged kernel.
 //  - GRADIENT (threads [Ts, T - 32)): waits for row k's partials, merges them in rank order (the same
 //    bits in every thread and CTA), [JSD: sweeps the KL-to-mixture sums from the ring (JS, the default since
-//    s40: writing each element's log2 q - log2 m over its teacher value there) and exchanges them over the
+//    s40: writing each element's log2 q - log2 m over its teacher value there; since s43 free of the p > 0 /
+//    q > 0 guards, masked columns redone) and exchanges them over the
 //    cluster, one more phase of jbar[x] a row], writes the row loss (rank 0) and sweeps the gradient from
 //    the ring, each warp releasing each slot.
 // Every position of every row, ignored rows included, completes one phase of full[s] and one of
@@ -930,13 +931,13 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, b
     }
 }
 
-// JS (the JSD's stash, FUSEDLOSS_DISTILL_PIPE_JST, default 1 since s40): the JSD's second sweep writes each element's
+// JS (the JSD's stash, FUSEDLOSS_DISTILL_PIPE_JST, default 1): the JSD's second sweep writes each element's
 // d = log2 q - log2 m over its teacher value in the ring (2-byte teachers: fp16; 4-byte: fp32, exact), and the
-// gradient sweep takes q's exponential alone (1 SFU operation an element instead of 3). Each thread rewrites only the
-// vectors it later reads.
-// SAT (JS 4): d saturated to the finite range (fp16: cvt's satfinite; fp32: clamped at -FLT_MAX; NaN stays NaN), so
-// that the gradient's q (Gc d - G sh) is 0, not NaN, where q is 0 and d is -inf (a -inf student logit).
-template <typename TT, int VEC, bool SAT = false>
+// gradient sweep takes q's exponential alone (1 SFU operation an element instead of 3) and q (Gc d - G sh). Each
+// thread rewrites only the vectors it later reads.
+// SAT (always since s43): d saturated to the finite range (fp16: cvt's satfinite; fp32: clamped at -FLT_MAX; NaN
+// stays NaN), so that the gradient's q (Gc d - G sh) is 0, not NaN, where q is 0 and d is -inf (a -inf student logit).
+template <typename TT, int VEC, bool SAT = true>
 __device__ __forceinline__ void dp_stash(uint4* tb, const float (&d)[VEC]) {
     if constexpr (sizeof(TT) == 4) {
         float c[VEC];
@@ -960,31 +961,13 @@ __device__ __forceinline__ void dp_stash(uint4* tb, const float (&d)[VEC]) {
         tb[0] = make_uint4(w[0], w[1], w[2], w[3]);
     }
 }
-// JS == 3 (session 40, not yet run): the statistics group's slot waits and the gradient group's exchange waits back off
-// with nanosleep between tries. Why: in H100 s40 run 2's source counters (the stash, 1.67 ms) 21.7% of the executed
-// instructions were those waits' spin loops (~89 tries a statistics wait, ~16 ns each: try_wait barely suspends),
-// issue slots the gradient warps compete for. (try_wait's suspendTimeHint was tried first: sm_90 SASS identical to
-// the loop without it, CUDA 13.) The cost: up to ~2 DP_SLEEP_NS of latency a wait.
-#define DP_SLEEP_NS 128u
-template <int JS>
-__device__ __forceinline__ void dp_wait(uint64_t* bar, uint32_t parity) {
-    if constexpr (JS == 3) {
-        while (!mbar_try(bar, parity)) __nanosleep(DP_SLEEP_NS);
-    } else {
-        mbar_wait(bar, parity);
-    }
-}
-// an exchange barrier (xbar / jbar): completed by the cluster's CTAs when cs > 1
-template <int JS>
+// an exchange barrier (xbar / jbar): completed by the cluster's CTAs when cs > 1. (s40's nanosleep backoff of the
+// waits, JST=3, lost: H100 s43 run 1, 1.654 / 1.644 ms against 1.636 / 1.626 without it.)
 __device__ __forceinline__ void dp_wait_x(uint64_t* bar, uint32_t parity, int cs) {
     if (cs > 1) {
-        if constexpr (JS == 3) {
-            while (!mbar_try_cluster(bar, parity)) __nanosleep(DP_SLEEP_NS);
-        } else {
-            mbar_wait_cluster(bar, parity);
-        }
+        mbar_wait_cluster(bar, parity);
     } else {
-        dp_wait<JS>(bar, parity);
+        mbar_wait(bar, parity);
     }
 }
 template <typename TT, int VEC>
@@ -1090,7 +1073,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             // c: this thread's next vector in chunk coordinates, carried across slots (balanced shares)
             int c = tid;
             for (int j = 0; j < nsub; j++, next_pos()) {
-                dp_wait<JS>(&full[s], ph);
+                mbar_wait(&full[s], ph);
                 const int v0 = j * sub;
                 const int hi = ign ? 0 : (wn - v0 < sub ? wn - v0 : sub) + v0;   // chunk coordinates
                 if (hi <= v0) continue;
@@ -1198,7 +1181,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             const float xt_x = (has_x && !ign) ? rp_sload(trow + xcol) : 0.0f;
             const int x = (int)(it % DP_XSLOTS);
             // every row's exchange completes one phase (ignored rows send empty partials)
-            dp_wait_x<JS>(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
+            dp_wait_x(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
             float L2s, L2t;
             Stat1 mg;
             if constexpr (WX) {   // lane k takes partial k (cs Ts / 32 <= WXM): every lane, warp and CTA the same bits
@@ -1230,17 +1213,14 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 // to every rank; all merge them in rank order: the same bits in every thread and CTA). sl2 /
                 // jbar reuse by row it + DP_XSLOTS follows the statistics exchange's rule (one hop later).
                 float2 acc = make_float2(0.0f, 0.0f);
-                auto elem = [&](float xs, float xt) -> float {   // returns d = log2 q - log2 m (JS's stash)
+                auto elem = [&](float xs, float xt) {   // with the guards: JS 0, and JS's redo below
                     const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);   // log2 q, log2 p
                     const float q = fexp2(ls2), p = fexp2(lt2);
                     const float lm = jsd_lm(beta, omb, p, q);   // p = q = 0: -126, and neither term is added
                     if (p > 0.0f) acc.x = fmaf(p, lt2 - lm, acc.x);
                     if (q > 0.0f) acc.y = fmaf(q, ls2 - lm, acc.y);
-                    if constexpr (JS >= 2) return q > 0.0f ? ls2 - lm : 0.0f;   // (the diet's: finite where q is 0)
-                    return ls2 - lm;
                 };
-                // JS 4: elem free of the guards (see the redo below). A copy, not a flag on elem: one lambda with a
-                // compile-time flag changed the scheduling of the tested JS 1 instances (s41, sass_diff)
+                // JS: free of the guards (see the redo below); returns d = log2 q - log2 m, the stash
                 auto elem_f = [&](float xs, float xt) -> float {
                     const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);
                     const float q = fexp2(ls2), p = fexp2(lt2);
@@ -1269,11 +1249,8 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                                     // log2 q - log2 m <= -log2(1 - beta): |d| < 2^8, fp16's relative 2^-11 holds
                                     float d[VEC];
 #pragma unroll
-                                    for (int v = 0; v < VEC; v++) {
-                                        if constexpr (JS == 4) d[v] = elem_f(xs[v], xt[v]);
-                                        else d[v] = elem(xs[v], xt[v]);
-                                    }
-                                    dp_stash<TT, VEC, JS == 4>(const_cast<uint4*>(tb) + (size_t)q2 * NT, d);
+                                    for (int v = 0; v < VEC; v++) d[v] = elem_f(xs[v], xt[v]);
+                                    dp_stash<TT, VEC>(const_cast<uint4*>(tb) + (size_t)q2 * NT, d);
                                 } else {
 #pragma unroll
                                     for (int v = 0; v < VEC; v++) elem(xs[v], xt[v]);
@@ -1285,13 +1262,13 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                     // JS: this thread's generic-proxy writes of the ring before the async-proxy refills that follow
                     // its releases (the producer fences too, after its acquire: mbar_wait_refill)
                     if constexpr (JS) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                    if constexpr (JS == 4) {
+                    if constexpr (JS) {
                         if (has_x) elem_f(xs_x, xt_x);
-                        // JS 4 (s41, not yet run): the sweep above is free of the p > 0 / q > 0 guards (0 * finite =
-                        // 0 where an exponential underflows); a -inf logit (masked column) makes this thread's sums
-                        // NaN, and it then redoes them from global memory with the guards, as the statistics
-                        // group does (the stash needs no redo: satfinite keeps d finite, and q is 0 there). NaN
-                        // inputs give NaN again.
+                        // JS (s41; default since s43): the sweep above is free of the p > 0 / q > 0 guards (0 *
+                        // finite = 0 where an exponential underflows); a -inf logit (masked column) makes this
+                        // thread's sums NaN, and it then redoes them from global memory with the guards, as the
+                        // statistics group does (the stash needs no redo: satfinite keeps d finite, and q is 0
+                        // there). NaN inputs give NaN again.
                         if (isnan(acc.x) || isnan(acc.y)) {
                             const uint4* gsb = reinterpret_cast<const uint4*>(srow + w.h) + lo;
                             const uint4* gtb = reinterpret_cast<const uint4*>(trow + w.h) + (int64_t)lo * NT;
@@ -1330,7 +1307,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                         mbar_arrive(&jbar[x]);   // release: the store above (and the reads of jw) before the waiters
                     }
                 }
-                dp_wait_x<JS>(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
+                dp_wait_x(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
                 float A = 0.0f, B = 0.0f;
                 for (int cc = 0; cc < cs; cc++) { A += sl2[x][cc].x; B += sl2[x][cc].y; }   // rank order
                 l = beta * A + omb * B;
@@ -1350,7 +1327,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 const float hq = q > 0.0f ? omb * q * (RP_LN2 * (ls2 - jsd_lm(beta, omb, p, q))) : 0.0f;
                 return G * (hq - q * sh);
             };
-            const float Gc = G * omb * RP_LN2, Gsh = G * sh;   // (JS >= 2)
+            const float Gc = G * omb * RP_LN2, Gsh = G * sh;   // (JS)
             int q = gt;   // this thread's next vector in chunk coordinates, carried across slots
             for (int j = 0; j < nsub; j++, next_pos()) {
                 const int v0 = j * sub;
@@ -1369,20 +1346,11 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
 #pragma unroll 2
                     for (; q < hi; q += ng) {
                         float xs[VEC], xt[VEC];
-                        if constexpr (JS >= 2) {   // the diet: q (Gc d - G sh), d = 0 where q is 0 (the sweep above)
+                        if constexpr (JS) {   // q (Gc d - G sh), xt: the stashed d (finite: satfinite; the sweep above)
                             rp_unpack<TS>(sb[q], xs);
                             dp_unstash<TT, VEC>(tb + (size_t)q * NT, xt);
 #pragma unroll
                             for (int v = 0; v < VEC; v++) xs[v] = fexp2(fmaf(xs[v], k2, -L2s)) * fmaf(Gc, xt[v], -Gsh);
-                        } else if constexpr (JS) {   // xt: the stashed d (the JSD sweep above)
-                            rp_unpack<TS>(sb[q], xs);
-                            dp_unstash<TT, VEC>(tb + (size_t)q * NT, xt);
-#pragma unroll
-                            for (int v = 0; v < VEC; v++) {
-                                const float q1 = fexp2(fmaf(xs[v], k2, -L2s));
-                                const float hq = q1 > 0.0f ? omb * q1 * (RP_LN2 * xt[v]) : 0.0f;
-                                xs[v] = G * (hq - q1 * sh);
-                            }
                         } else {
                             dc_unpack<TS, TT>(sb, tb, q, xs, xt);
 #pragma unroll
@@ -1592,13 +1560,8 @@ template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM 
 static const void* pick_pipe3(int mode, int js = 0) {
     if (mode == FL__DISTILL_JSD) {
         if constexpr (PST && !NB && (LZ || TM) && WX) {
-            switch (js) {
-                case 0: return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX>;
-                case 2: return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 2>;
-                case 3: return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 3>;
-                case 4: return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 4>;
-                default: return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 1>;
-            }
+            return js ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 1>
+                      : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX>;
         }
         return nullptr;
     }
@@ -1765,11 +1728,16 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     // -> 1.60x), 8192x32000 0.798 -> 0.742, 2048x256000 1.921 -> 1.784, 8192x50257 (unaligned) 1.347 -> 1.193, fp32
     // teacher 2.528 -> 2.429; tests --small 4668/0 in five plans, --min-v 8192 6188/0, memcheck 0, racecheck through
     // tensor maps 0 hazards, pytest distill -k cuda 269 passed (the fp16 d within the existing tolerances).
-    // _PIPE_JST=2 (s40, not yet run): + the gradient sweep's diet (q (Gc d - G sh), d stashed as 0 where q is 0: no
-    // q > 0 test, select or two multiplies an element); =3: + the waits backing off with nanosleep (dp_wait); =4 (s41,
-    // not yet run): 2 + the second sweep free of its p > 0 / q > 0 guards (masked columns: the thread's sums redone).
+    // Since s43 the stash's kernel is s41's (then JST=4): the gradient sweep's diet (q (Gc d - G sh), d saturated to
+    // the finite range: no q > 0 test, select or two multiplies an element) and the second sweep free of its p > 0 /
+    // q > 0 guards (masked columns: the thread's sums redone with them). H100 s43 run 1, 4096x128256 bf16 kernel
+    // time (profile_zoo_step, two alternations): s40's stash 1.672 / 1.672 ms (1.58x) -> 1.628 / 1.617 (1.54x);
+    // 8192x32000 0.739 -> 0.715, 2048x256000 1.678 -> 1.639, 4096x32000 1.47x -> 1.42x / 1.40x; tests --small 4668/0
+    // (also with _CS=8 and _TMAP=1), the full grid 9228/0, --min-v 8192 6188/0, memcheck 0, racecheck through tensor
+    // maps 0 hazards, pytest distill/jsd/kl 797 passed. The diet alone (s40's JST=2) 1.636 / 1.626 ms; with the
+    // waits backing off with nanosleep (JST=3) 1.654 / 1.644: both removed.
     int js = jsd ? (int)rp_env_flag("FUSEDLOSS_DISTILL_PIPE_JST", 1) : 0;
-    if (js < 0 || js > 4) js = 1;
+    if (js != 0) js = 1;
     const void* fn_wx = wx && (lz || tm)
                             ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, true, js)
                             : nullptr;
