@@ -528,7 +528,7 @@ if want zoo && have build/test_elementwise_loss_cuda zoo; then
                 done
                 # the fused JSD (on the ring by default since s39): the ring at a small grid and through maps, and the
                 # ticket kernel it replaced (_JSD=0); the ring without the stash (_JST=0; the stash is the default since
-                # s40, s41's guard-free sweep + diet since s43) and at cluster 8 (two merged partials a lane, s40); every mode
+                # s40; the guard-free sweep + diet since s43) and at cluster 8 (two merged partials a lane, s40); every mode
                 for kv in "FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_TMAP=1" "FUSEDLOSS_DISTILL_PIPE_JSD=0" "FUSEDLOSS_DISTILL_PIPE_JST=0 FUSEDLOSS_DISTILL_PIPE_GRID=3" "FUSEDLOSS_DISTILL_PIPE_CS=8"; do
                     echo "### $kv $t --small"
                     env $kv timeout 90 build/$t --small 2>&1 | grep -E -m20 "FAIL|input of|passed" || rc=1
