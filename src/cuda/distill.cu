@@ -935,14 +935,14 @@ __device__ __forceinline__ void dp_issue(const DArgs& a, int64_t r, int64_t h, b
 // d = log2 q - log2 m over its teacher value in the ring (2-byte teachers: fp16; 4-byte: fp32, exact), and the
 // gradient sweep takes q's exponential alone (1 SFU operation an element instead of 3) and q (Gc d - G sh). Each
 // thread rewrites only the vectors it later reads.
-// SAT (always since s43): d saturated to the finite range (fp16: cvt's satfinite; fp32: clamped at -FLT_MAX; NaN
-// stays NaN), so that the gradient's q (Gc d - G sh) is 0, not NaN, where q is 0 and d is -inf (a -inf student logit).
-template <typename TT, int VEC, bool SAT = true>
+// d is saturated to the finite range (fp16: cvt's satfinite; fp32: clamped at -FLT_MAX; NaN stays NaN), so that the
+// gradient's q (Gc d - G sh) is 0, not NaN, where q is 0 and d is -inf (a -inf student logit).
+template <typename TT, int VEC>
 __device__ __forceinline__ void dp_stash(uint4* tb, const float (&d)[VEC]) {
     if constexpr (sizeof(TT) == 4) {
         float c[VEC];
 #pragma unroll
-        for (int v = 0; v < VEC; v++) c[v] = SAT ? fmaxf(d[v], DS_NEG_BIG) : d[v];
+        for (int v = 0; v < VEC; v++) c[v] = fmaxf(d[v], DS_NEG_BIG);
 #pragma unroll
         for (int k = 0; k < VEC / 4; k++) tb[k] = make_uint4(__float_as_uint(c[4 * k]), __float_as_uint(c[4 * k + 1]),
                                                              __float_as_uint(c[4 * k + 2]), __float_as_uint(c[4 * k + 3]));
@@ -950,14 +950,8 @@ __device__ __forceinline__ void dp_stash(uint4* tb, const float (&d)[VEC]) {
         static_assert(VEC == 8, "2-byte teachers pair 2-byte students");
         unsigned w[4];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            if constexpr (SAT) {
-                asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(d[2 * k + 1]), "f"(d[2 * k]));
-            } else {
-                const __half2 h = __floats2half2_rn(d[2 * k], d[2 * k + 1]);
-                w[k] = *reinterpret_cast<const unsigned*>(&h);
-            }
-        }
+        for (int k = 0; k < 4; k++)
+            asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(d[2 * k + 1]), "f"(d[2 * k]));
         tb[0] = make_uint4(w[0], w[1], w[2], w[3]);
     }
 }
@@ -1245,8 +1239,9 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                                 float xs[VEC], xt[VEC];
                                 dc_unpack<TS, TT>(sb, tb, q2, xs, xt);
                                 if constexpr (JS) {
-                                    // q > 0 (where the gradient reads d): -126 <= log2 q and log2 m <= 0, and
-                                    // log2 q - log2 m <= -log2(1 - beta): |d| < 2^8, fp16's relative 2^-11 holds
+                                    // where q > 0 (elsewhere the gradient multiplies d by q = 0): -126 <= log2 q
+                                    // and log2 m <= 0, and log2 q - log2 m <= -log2(1 - beta): |d| < 2^8, fp16's
+                                    // relative 2^-11 holds
                                     float d[VEC];
 #pragma unroll
                                     for (int v = 0; v < VEC; v++) d[v] = elem_f(xs[v], xt[v]);
