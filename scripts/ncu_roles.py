@@ -9,7 +9,8 @@ gradient), from the control flow of its SASS, so that a device run's profile say
 
 How: basic blocks from the branch targets, the control-flow graph's strongly connected components (Tarjan),
 and each role's row loop is one component holding its anchor: the producer's bulk copy (UBLKCP), the
-statistics group's named barrier 1 (BAR.SYNC ... 0x1), and for the gradient group the largest remaining
+statistics group's named barrier 1 (BAR.SYNC ... 0x1) or, with the WX exchange, its st.async sends (STAS) in a
+loop without global stores, and for the gradient group the largest remaining
 component with global stores (STG). Instructions outside those loops are 'setup' (before the first role
 loop) or 'other'. The s8 per-role profile of the CE ring was mapped by hand (bench/results/
 2026-12-03-h200-s8-run1/ncu-roles-*.txt); this does the same for any of the ring kernels (session 18,
@@ -160,6 +161,8 @@ def roles(ins):
             name[c] = "producer"
         elif any(re.search(r"\bBAR\.SYNC\S*\s+0x1\b", x) for x in t):
             name[c] = "stats"
+        elif any(re.search(r"\bSTAS\b", x) for x in t) and not any(re.search(r"\bSTG\b", x) for x in t):
+            name[c] = "stats"   # the WX exchange (s34 on): no named barrier 1, the partials sent by st.async
     rest = [c for c in loops if c not in name and any(x.startswith("STG") or " STG" in x for x in text(c))]
     if rest:
         name[max(rest, key=lambda c: sum(bl[k][1] - bl[k][0] + 1 for k in loops[c]))] = "gradient"
