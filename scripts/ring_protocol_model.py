@@ -24,6 +24,15 @@ A hardware barrier has no phases: it counts arrivals and completes at its count,
 for the next lap of a slot, made before the producer's sync of this lap, would complete the wrong
 lap; the model asserts that every arrival belongs to the barrier's current lap. --nbar --violate
 lets the producer bar.arrive instead of bar.sync (no wait): the slot checks must then fail.
+--gp models the JSD ring's gradient group pipelined over two rows (distill_pipe_kernel's JS 2,
+FUSEDLOSS_DISTILL_PIPE_GP, session 44): each gradient warp runs phase A of row k + 1 (the statistics
+exchange, the second sweep over the row's slots, its sums into jw[k & 1][warp], named barrier 2, then
+warp 0 reads the warps' sums and sends the CTA's to every rank's sums slot, completing jbar[x]) before
+phase B of row k (jbar, the gradient sweep, the releases), with R in [2 nsub, min(16, (XSLOTS / 2 + 1)
+nsub - 1)]. --gp --violate takes R = 2 nsub - 1, where phase A of row k + 1 waits for slots only phase
+B of row k frees: the check must find deadlocks (38 of 40 runs when written); --gp --single-jw keeps
+one jw buffer, which a fast warp's next row overwrites before warp 0 read it: failures expected (19 of
+60 runs when written).
 This models the protocol, not the kernels' code: it does not replace the GPU tests.
 SPDX-License-Identifier: MIT
 """
@@ -85,7 +94,7 @@ class HwBarrier:
             self.n = 0
 
 
-def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored, nbar=False, nowait=False):
+def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored, nbar=False, nowait=False, gp=False, single_jw=False):
     per = nsub * sub
     nv = per * cs - rng.randrange(0, per // 2 + 1) if cs > 1 else per
     ignored = [rng.random() < p_ignored for _ in range(rows)]
@@ -95,7 +104,11 @@ def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored, nbar=False, nowait=False):
         ctas.append(dict(rank=rank, n=n, full=[Barrier(1) for _ in range(R)], empty=[Barrier(ngw) for _ in range(R)],
                          hb=[HwBarrier(ngw + 1) for _ in range(R)],
                          xbar=[Barrier(1) for _ in range(XSLOTS)], slot=[None] * R,
-                         xs=[[None] * cs for _ in range(XSLOTS)]))
+                         xs=[[None] * cs for _ in range(XSLOTS)],
+                         # gp: the JSD's second exchange (jbar[x], the sums by rank js[x][r]), the gradient warps'
+                         # sums jw[buffer][warp] and named barrier 2 (n arrivals of this lap, gen laps completed)
+                         jbar=[Barrier(1) for _ in range(XSLOTS)], js=[[None] * cs for _ in range(XSLOTS)],
+                         jw=[[None] * ngw for _ in range(2)], nb2=dict(n=0, gen=0)))
     pending = []  # asynchronous completions not yet landed
 
     def count(c, row, j):
@@ -179,9 +192,87 @@ def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored, nbar=False, nowait=False):
                 P += 1
                 yield
 
+    def gradient_gp(c, w):
+        """distill_pipe_kernel's JS 2 (FUSEDLOSS_DISTILL_PIPE_GP): phase A of row k + 1 (the statistics exchange,
+        the second sweep over the row's slots, the warp sums jw, named barrier 2, warp 0 sending the CTA's sums
+        to every rank's js completing jbar) before phase B of row k (jbar, the gradient sweep, the releases)."""
+        def phase_a(row):
+            x = row % XSLOTS
+            while not c["xbar"][x].try_wait((row // XSLOTS) & 1, row // XSLOTS):
+                yield
+            for r in range(cs):
+                assert c["xs"][x][r] == row, f"gp: exchange slot {x} rank {r}: row {c['xs'][x][r]}, want {row}"
+            yield
+            for r in range(cs):
+                assert c["xs"][x][r] == row, f"gp: exchange slot {x} rank {r} (2): row {c['xs'][x][r]}, want {row}"
+            P = row * nsub
+            for j in range(nsub):
+                s, ph = P % R, (P // R) & 1
+                if count(c, row, j) > 0:
+                    while not c["full"][s].try_wait(ph, P // R):
+                        yield
+                    assert c["slot"][s] == (row, j), f"gp sweep read slot {s}: {c['slot'][s]}, want {(row, j)}"
+                    yield
+                    assert c["slot"][s] == (row, j), f"gp sweep read slot {s} (2): {c['slot'][s]}"
+                P += 1
+            b = 0 if single_jw else row & 1
+            c["jw"][b][w] = row
+            nb = c["nb2"]   # bar.sync 2 over the gradient warps
+            nb["n"] += 1
+            if nb["n"] == ngw:
+                nb["gen"] += 1
+                nb["n"] = 0
+            while nb["gen"] <= row:
+                yield
+            if w == 0:   # thread gt 0: the warps' sums, then the CTA's to every rank
+                for k in range(ngw):
+                    assert c["jw"][b][k] == row, f"gp: jw[{b}][{k}] holds row {c['jw'][b][k]}, want {row}"
+                yield
+                for k in range(ngw):
+                    assert c["jw"][b][k] == row, f"gp: jw[{b}][{k}] (2) holds row {c['jw'][b][k]}, want {row}"
+                if cs > 1:
+                    c["jbar"][x].arrive(cs)
+                    for d in ctas:
+                        def land(d=d, x=x, r=c["rank"], row=row):
+                            d["js"][x][r] = row
+                            d["jbar"][x].complete_tx(1)
+                        pending.append(land)
+                else:
+                    c["js"][x][0] = row
+                    c["jbar"][x].arrive()
+
+        def phase_b(row):
+            x = row % XSLOTS
+            while not c["jbar"][x].try_wait((row // XSLOTS) & 1, row // XSLOTS):
+                yield
+            for r in range(cs):
+                assert c["js"][x][r] == row, f"gp: sums slot {x} rank {r}: row {c['js'][x][r]}, want {row}"
+            yield
+            for r in range(cs):
+                assert c["js"][x][r] == row, f"gp: sums slot {x} rank {r} (2): row {c['js'][x][r]}, want {row}"
+            P = row * nsub
+            for j in range(nsub):
+                s, ph = P % R, (P // R) & 1
+                if count(c, row, j) > 0:
+                    while not c["full"][s].try_wait(ph, P // R):
+                        yield
+                    assert c["slot"][s] == (row, j), f"gp gradient read slot {s}: {c['slot'][s]}, want {(row, j)}"
+                    yield
+                    assert c["slot"][s] == (row, j), f"gp gradient read slot {s} (2): {c['slot'][s]}"
+                c["empty"][s].arrive()
+                P += 1
+                yield
+
+        for it in range(rows + 1):
+            if it < rows:
+                yield from phase_a(it)
+            if it > 0:
+                yield from phase_b(it - 1)
+
     actors = []
     for c in ctas:
-        actors += [producer(c), statistics(c)] + [gradient(c) for _ in range(ngw)]
+        grads = [gradient_gp(c, w) for w in range(ngw)] if gp else [gradient(c) for _ in range(ngw)]
+        actors += [producer(c), statistics(c)] + grads
     speed = {id(a): rng.choice([0.02, 0.2, 1.0, 5.0]) for a in actors}
     live, stall = list(actors), 0
     while live or pending:
@@ -207,6 +298,10 @@ def main():
     ap.add_argument("--violate", action="store_true", help="R one past the hosts' bound: failures expected")
     ap.add_argument("--nbar", action="store_true", help="the hardware-barrier release (NB); with --violate: "
                     "the producer does not wait")
+    ap.add_argument("--gp", action="store_true", help="the JSD ring's gradient group pipelined over two rows "
+                    "(JS 2, FUSEDLOSS_DISTILL_PIPE_GP), R >= 2 nsub; with --violate R = 2 nsub - 1: failures expected")
+    ap.add_argument("--single-jw", action="store_true", help="with --gp: one buffer of warp sums, not two by row "
+                    "parity: failures expected")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     bad = done = 0
@@ -214,7 +309,11 @@ def main():
         cs = rng.choice([1, 1, 2, 3, 4])
         nsub = rng.randint(1, 5)
         hi = min(14 if args.nbar else 16, (XSLOTS // 2 + 1) * nsub - 1)
-        if args.violate and args.nbar:
+        if args.gp:
+            if 2 * nsub > hi or (args.violate and nsub < 2):
+                continue
+            R = 2 * nsub - 1 if args.violate else rng.randint(2 * nsub, hi)
+        elif args.violate and args.nbar:
             R = rng.randint(nsub + 1, hi)
         elif args.violate:
             if (XSLOTS // 2 + 1) * nsub > 16:
@@ -224,7 +323,7 @@ def main():
             R = rng.randint(nsub + 1, hi)
         cfg = (cs, R, nsub, rng.randint(1, 4), rng.randint(1, 40), rng.randint(1, 3), rng.choice([0.0, 0.3, 1.0]))
         try:
-            r = run(rng, *cfg, nbar=args.nbar, nowait=args.violate and args.nbar)
+            r = run(rng, *cfg, nbar=args.nbar, nowait=args.violate and args.nbar, gp=args.gp, single_jw=args.single_jw)
         except AssertionError as e:
             r = f"assertion: {e}"
         done += 1
@@ -232,10 +331,14 @@ def main():
             bad += 1
             if bad <= 5:
                 print("cs R nsub sub rows ngw p_ignored =", cfg, "->", r)
-    what = (" (the producer does not wait: failures expected)" if args.nbar else " (R past the bound: failures expected)") \
-        if args.violate else ""
-    print(f"ring_protocol_model{' --nbar' if args.nbar else ''}: {done} runs, {bad} bad{what}")
-    ok = bad > 0 if args.violate else bad == 0
+    expect_bad = args.violate or (args.gp and args.single_jw)
+    what = (" (the producer does not wait: failures expected)" if args.nbar
+            else " (one jw buffer: failures expected)" if args.single_jw and not args.violate
+            else " (R = 2 nsub - 1: failures expected)" if args.gp
+            else " (R past the bound: failures expected)") if expect_bad else ""
+    flags = "".join(f" --{f}" for f, on in (("nbar", args.nbar), ("gp", args.gp), ("single-jw", args.single_jw)) if on)
+    print(f"ring_protocol_model{flags}: {done} runs, {bad} bad{what}")
+    ok = bad > 0 if expect_bad else bad == 0
     print("overall okay:", int(ok))
     return 0 if ok else 1
 

@@ -1161,9 +1161,10 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
         // leaves the next row's statistics no room to finish meanwhile. Here the gradient warps run row k + 1's
         // phase A (merge, second sweep with the stash, its sums sent) before row k's phase B (wait for row k's sums,
         // the gradient sweep, the releases): row k's second exchange completes behind row k + 1's sweep, and the
-        // statistics group runs ahead in the ring's third row. The ring must hold two rows' chunks and more (R >=
-        // 2 nsub + 1, the host's plan: cluster 8 at 4096x128256 bf16); else phase A of row k + 1 would wait for slots
-        // that only row k's phase B releases. jw is double-buffered by row parity: row k + 2's warp sums are written
+        // statistics group runs ahead in the ring's third row. The ring must hold two rows' chunks (R >= 2 nsub; at
+        // 2 nsub - 1 phase A of row k + 1 waits for a slot only row k's phase B frees: scripts/ring_protocol_model.py
+        // --gp --violate finds the deadlock), and the host's plan asks for the slack beyond them (cluster 8 at
+        // 4096x128256 bf16). jw is double-buffered by row parity (--gp --single-jw: the race): row k + 2's sums are written
         // after every warp passed row k's jbar wait, which thread gt 0's arrival (after it read row k's) completes.
         // The xslot / sl2 reuse by row k + DP_XSLOTS: as the other kernels (the reads of row k's come earlier here).
         static_assert(JSD && WX, "the pipelined gradient group is the JSD's, with the WX exchange");
@@ -1944,7 +1945,8 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
                             : nullptr;
     if (!fn_plain && !fn_wx) return 0;
     // _PIPE_GP=1 (JSD with the stash; s44, not yet run): distill_pipe_kernel's JS 2, the gradient group pipelined over
-    // two rows (phase A of row k + 1 before phase B of row k). Its ring must hold two rows' chunks besides the slack:
+    // two rows (phase A of row k + 1 before phase B of row k). Its ring must hold two rows' chunks (the kernel's bound,
+    // R >= 2 nsub) and, for speed, the slack beyond them:
     // the cluster is picked by that rule first (4096x128256 bf16: 8, 6 slots of 1002 vectors, 3 rows), and where no
     // cluster meets it the plan is JS 1's.
     const void* fn_gp = js == 1 && fn_wx && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_GP", 0) != 0
