@@ -8,11 +8,13 @@ For each task line "<seconds> <command>" of the given files (default: scripts/ta
     silently);
   - every build/<name> it runs has a source (tests/<name>.c*, bench/<name>.c*) or a Makefile rule, and every
     --flag given to it appears in that source;
-  - every bench/ or scripts/ Python script it runs exists and defines each --flag given to it.
+  - every bench/ or scripts/ Python script it runs exists and defines each --flag given to it, and each name
+    given to its --cases is in its module-level CASES.
 Also every FUSEDLOSS_* knob scripts/gpu_check.sh sets. Exit 1 with one line per problem; 0 when all is clean.
 
     python3 scripts/check_tasks.py [LIST ...]
 """
+import ast
 import glob
 import os
 import re
@@ -114,7 +116,31 @@ def program_problems(tokens):
             for fl in flags_after(tokens, k):
                 if f'"{fl}"' not in text and f"'{fl}'" not in text:
                     out.append(f"{m.group(1)} defines no option {fl}")
+            known = script_cases(text)
+            for j in range(k + 1, len(tokens) - 1):
+                if tokens[j] in SEPARATORS:
+                    break
+                if tokens[j] == "--cases" and known is not None:
+                    for c in tokens[j + 1].split(","):
+                        if c and c not in known:
+                            out.append(f"{m.group(1)} has no case {c} (its CASES: {', '.join(sorted(known))})")
     return out
+
+
+def script_cases(text):
+    """The names in a bench script's module-level CASES (a list / tuple of strings, or a dict's string keys), or
+    None. (s44 run 1 lost a task to `--cases kl,jsd` where bench_distill.py calls the KL case kl_t2.)"""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CASES" for t in node.targets):
+            v = node.value
+            items = v.keys if isinstance(v, ast.Dict) else v.elts if isinstance(v, (ast.List, ast.Tuple)) else []
+            names = {e.value for e in items if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+            return names or None
+    return None
 
 
 def main():
