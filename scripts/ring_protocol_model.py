@@ -196,25 +196,38 @@ def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored, nbar=False, nowait=False, g
         """distill_pipe_kernel's JS 2 (FUSEDLOSS_DISTILL_PIPE_GP): phase A of row k + 1 (the statistics exchange,
         the second sweep over the row's slots, the warp sums jw, named barrier 2, warp 0 sending the CTA's sums
         to every rank's js completing jbar) before phase B of row k (jbar, the gradient sweep, the releases)."""
-        def phase_a(row):
+        def exchange(bar, slots, row, what):   # wait for row's phase of bar, then read its cs slots (across a yield)
             x = row % XSLOTS
-            while not c["xbar"][x].try_wait((row // XSLOTS) & 1, row // XSLOTS):
+            while not c[bar][x].try_wait((row // XSLOTS) & 1, row // XSLOTS):
                 yield
-            for r in range(cs):
-                assert c["xs"][x][r] == row, f"gp: exchange slot {x} rank {r}: row {c['xs'][x][r]}, want {row}"
-            yield
-            for r in range(cs):
-                assert c["xs"][x][r] == row, f"gp: exchange slot {x} rank {r} (2): row {c['xs'][x][r]}, want {row}"
+            for again in ("", " (2)"):
+                for r in range(cs):
+                    got = c[slots][x][r]
+                    assert got == row, f"gp: {what} slot {x} rank {r}{again}: row {got}, want {row}"
+                if not again:
+                    yield
+
+        def sweep(row, what, release):   # the row's slots in order (and each released after its read)
             P = row * nsub
             for j in range(nsub):
                 s, ph = P % R, (P // R) & 1
                 if count(c, row, j) > 0:
                     while not c["full"][s].try_wait(ph, P // R):
                         yield
-                    assert c["slot"][s] == (row, j), f"gp sweep read slot {s}: {c['slot'][s]}, want {(row, j)}"
+                    for again in ("", " (2)"):
+                        got = c["slot"][s]
+                        assert got == (row, j), f"gp {what} read slot {s}{again}: {got}, want {(row, j)}"
+                        if not again:
+                            yield
+                if release:
+                    c["empty"][s].arrive()
                     yield
-                    assert c["slot"][s] == (row, j), f"gp sweep read slot {s} (2): {c['slot'][s]}"
                 P += 1
+
+        def phase_a(row):
+            x = row % XSLOTS
+            yield from exchange("xbar", "xs", row, "exchange")
+            yield from sweep(row, "sweep", False)
             b = 0 if single_jw else row & 1
             c["jw"][b][w] = row
             nb = c["nb2"]   # bar.sync 2 over the gradient warps
@@ -225,11 +238,11 @@ def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored, nbar=False, nowait=False, g
             while nb["gen"] <= row:
                 yield
             if w == 0:   # thread gt 0: the warps' sums, then the CTA's to every rank
-                for k in range(ngw):
-                    assert c["jw"][b][k] == row, f"gp: jw[{b}][{k}] holds row {c['jw'][b][k]}, want {row}"
-                yield
-                for k in range(ngw):
-                    assert c["jw"][b][k] == row, f"gp: jw[{b}][{k}] (2) holds row {c['jw'][b][k]}, want {row}"
+                for again in ("", " (2)"):
+                    for k in range(ngw):
+                        assert c["jw"][b][k] == row, f"gp: jw[{b}][{k}]{again} holds row {c['jw'][b][k]}, want {row}"
+                    if not again:
+                        yield
                 if cs > 1:
                     c["jbar"][x].arrive(cs)
                     for d in ctas:
@@ -242,26 +255,8 @@ def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored, nbar=False, nowait=False, g
                     c["jbar"][x].arrive()
 
         def phase_b(row):
-            x = row % XSLOTS
-            while not c["jbar"][x].try_wait((row // XSLOTS) & 1, row // XSLOTS):
-                yield
-            for r in range(cs):
-                assert c["js"][x][r] == row, f"gp: sums slot {x} rank {r}: row {c['js'][x][r]}, want {row}"
-            yield
-            for r in range(cs):
-                assert c["js"][x][r] == row, f"gp: sums slot {x} rank {r} (2): row {c['js'][x][r]}, want {row}"
-            P = row * nsub
-            for j in range(nsub):
-                s, ph = P % R, (P // R) & 1
-                if count(c, row, j) > 0:
-                    while not c["full"][s].try_wait(ph, P // R):
-                        yield
-                    assert c["slot"][s] == (row, j), f"gp gradient read slot {s}: {c['slot'][s]}, want {(row, j)}"
-                    yield
-                    assert c["slot"][s] == (row, j), f"gp gradient read slot {s} (2): {c['slot'][s]}"
-                c["empty"][s].arrive()
-                P += 1
-                yield
+            yield from exchange("jbar", "js", row, "sums")
+            yield from sweep(row, "gradient", True)
 
         for it in range(rows + 1):
             if it < rows:
