@@ -24,15 +24,6 @@ A hardware barrier has no phases: it counts arrivals and completes at its count,
 for the next lap of a slot, made before the producer's sync of this lap, would complete the wrong
 lap; the model asserts that every arrival belongs to the barrier's current lap. --nbar --violate
 lets the producer bar.arrive instead of bar.sync (no wait): the slot checks must then fail.
---gp models the JSD ring's gradient group pipelined over two rows (distill_pipe_kernel's JS 2,
-FUSEDLOSS_DISTILL_PIPE_GP, session 44): each gradient warp runs phase A of row k + 1 (the statistics
-exchange, the second sweep over the row's slots, its sums into jw[k & 1][warp], named barrier 2, then
-warp 0 reads the warps' sums and sends the CTA's to every rank's sums slot, completing jbar[x]) before
-phase B of row k (jbar, the gradient sweep, the releases), with R in [2 nsub, min(16, (XSLOTS / 2 + 1)
-nsub - 1)]. --gp --violate takes R = 2 nsub - 1, where phase A of row k + 1 waits for slots only phase
-B of row k frees: the check must find deadlocks (38 of 40 runs when written); --gp --single-jw keeps
-one jw buffer, which a fast warp's next row overwrites before warp 0 read it: failures expected (19 of
-60 runs when written).
 This models the protocol, not the kernels' code: it does not replace the GPU tests.
 SPDX-License-Identifier: MIT
 """
@@ -94,7 +85,7 @@ class HwBarrier:
             self.n = 0
 
 
-def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored, nbar=False, nowait=False, gp=False, single_jw=False):
+def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored, nbar=False, nowait=False):
     per = nsub * sub
     nv = per * cs - rng.randrange(0, per // 2 + 1) if cs > 1 else per
     ignored = [rng.random() < p_ignored for _ in range(rows)]
@@ -104,11 +95,7 @@ def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored, nbar=False, nowait=False, g
         ctas.append(dict(rank=rank, n=n, full=[Barrier(1) for _ in range(R)], empty=[Barrier(ngw) for _ in range(R)],
                          hb=[HwBarrier(ngw + 1) for _ in range(R)],
                          xbar=[Barrier(1) for _ in range(XSLOTS)], slot=[None] * R,
-                         xs=[[None] * cs for _ in range(XSLOTS)],
-                         # gp: the JSD's second exchange (jbar[x], the sums by rank js[x][r]), the gradient warps'
-                         # sums jw[buffer][warp] and named barrier 2 (n arrivals of this lap, gen laps completed)
-                         jbar=[Barrier(1) for _ in range(XSLOTS)], js=[[None] * cs for _ in range(XSLOTS)],
-                         jw=[[None] * ngw for _ in range(2)], nb2=dict(n=0, gen=0)))
+                         xs=[[None] * cs for _ in range(XSLOTS)]))
     pending = []  # asynchronous completions not yet landed
 
     def count(c, row, j):
@@ -192,82 +179,9 @@ def run(rng, cs, R, nsub, sub, rows, ngw, p_ignored, nbar=False, nowait=False, g
                 P += 1
                 yield
 
-    def gradient_gp(c, w):
-        """distill_pipe_kernel's JS 2 (FUSEDLOSS_DISTILL_PIPE_GP): phase A of row k + 1 (the statistics exchange,
-        the second sweep over the row's slots, the warp sums jw, named barrier 2, warp 0 sending the CTA's sums
-        to every rank's js completing jbar) before phase B of row k (jbar, the gradient sweep, the releases)."""
-        def exchange(bar, slots, row, what):   # wait for row's phase of bar, then read its cs slots (across a yield)
-            x = row % XSLOTS
-            while not c[bar][x].try_wait((row // XSLOTS) & 1, row // XSLOTS):
-                yield
-            for again in ("", " (2)"):
-                for r in range(cs):
-                    got = c[slots][x][r]
-                    assert got == row, f"gp: {what} slot {x} rank {r}{again}: row {got}, want {row}"
-                if not again:
-                    yield
-
-        def sweep(row, what, release):   # the row's slots in order (and each released after its read)
-            P = row * nsub
-            for j in range(nsub):
-                s, ph = P % R, (P // R) & 1
-                if count(c, row, j) > 0:
-                    while not c["full"][s].try_wait(ph, P // R):
-                        yield
-                    for again in ("", " (2)"):
-                        got = c["slot"][s]
-                        assert got == (row, j), f"gp {what} read slot {s}{again}: {got}, want {(row, j)}"
-                        if not again:
-                            yield
-                if release:
-                    c["empty"][s].arrive()
-                    yield
-                P += 1
-
-        def phase_a(row):
-            x = row % XSLOTS
-            yield from exchange("xbar", "xs", row, "exchange")
-            yield from sweep(row, "sweep", False)
-            b = 0 if single_jw else row & 1
-            c["jw"][b][w] = row
-            nb = c["nb2"]   # bar.sync 2 over the gradient warps
-            nb["n"] += 1
-            if nb["n"] == ngw:
-                nb["gen"] += 1
-                nb["n"] = 0
-            while nb["gen"] <= row:
-                yield
-            if w == 0:   # thread gt 0: the warps' sums, then the CTA's to every rank
-                for again in ("", " (2)"):
-                    for k in range(ngw):
-                        assert c["jw"][b][k] == row, f"gp: jw[{b}][{k}]{again} holds row {c['jw'][b][k]}, want {row}"
-                    if not again:
-                        yield
-                if cs > 1:
-                    c["jbar"][x].arrive(cs)
-                    for d in ctas:
-                        def land(d=d, x=x, r=c["rank"], row=row):
-                            d["js"][x][r] = row
-                            d["jbar"][x].complete_tx(1)
-                        pending.append(land)
-                else:
-                    c["js"][x][0] = row
-                    c["jbar"][x].arrive()
-
-        def phase_b(row):
-            yield from exchange("jbar", "js", row, "sums")
-            yield from sweep(row, "gradient", True)
-
-        for it in range(rows + 1):
-            if it < rows:
-                yield from phase_a(it)
-            if it > 0:
-                yield from phase_b(it - 1)
-
     actors = []
     for c in ctas:
-        grads = [gradient_gp(c, w) for w in range(ngw)] if gp else [gradient(c) for _ in range(ngw)]
-        actors += [producer(c), statistics(c)] + grads
+        actors += [producer(c), statistics(c)] + [gradient(c) for _ in range(ngw)]
     speed = {id(a): rng.choice([0.02, 0.2, 1.0, 5.0]) for a in actors}
     live, stall = list(actors), 0
     while live or pending:
@@ -293,10 +207,6 @@ def main():
     ap.add_argument("--violate", action="store_true", help="R one past the hosts' bound: failures expected")
     ap.add_argument("--nbar", action="store_true", help="the hardware-barrier release (NB); with --violate: "
                     "the producer does not wait")
-    ap.add_argument("--gp", action="store_true", help="the JSD ring's gradient group pipelined over two rows "
-                    "(JS 2, FUSEDLOSS_DISTILL_PIPE_GP), R >= 2 nsub; with --violate R = 2 nsub - 1: failures expected")
-    ap.add_argument("--single-jw", action="store_true", help="with --gp: one buffer of warp sums, not two by row "
-                    "parity: failures expected")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     bad = done = 0
@@ -304,11 +214,7 @@ def main():
         cs = rng.choice([1, 1, 2, 3, 4])
         nsub = rng.randint(1, 5)
         hi = min(14 if args.nbar else 16, (XSLOTS // 2 + 1) * nsub - 1)
-        if args.gp:
-            if 2 * nsub > hi or (args.violate and nsub < 2):
-                continue
-            R = 2 * nsub - 1 if args.violate else rng.randint(2 * nsub, hi)
-        elif args.violate and args.nbar:
+        if args.violate and args.nbar:
             R = rng.randint(nsub + 1, hi)
         elif args.violate:
             if (XSLOTS // 2 + 1) * nsub > 16:
@@ -318,7 +224,7 @@ def main():
             R = rng.randint(nsub + 1, hi)
         cfg = (cs, R, nsub, rng.randint(1, 4), rng.randint(1, 40), rng.randint(1, 3), rng.choice([0.0, 0.3, 1.0]))
         try:
-            r = run(rng, *cfg, nbar=args.nbar, nowait=args.violate and args.nbar, gp=args.gp, single_jw=args.single_jw)
+            r = run(rng, *cfg, nbar=args.nbar, nowait=args.violate and args.nbar)
         except AssertionError as e:
             r = f"assertion: {e}"
         done += 1
@@ -326,14 +232,10 @@ def main():
             bad += 1
             if bad <= 5:
                 print("cs R nsub sub rows ngw p_ignored =", cfg, "->", r)
-    expect_bad = args.violate or (args.gp and args.single_jw)
-    what = (" (the producer does not wait: failures expected)" if args.nbar
-            else " (one jw buffer: failures expected)" if args.single_jw and not args.violate
-            else " (R = 2 nsub - 1: failures expected)" if args.gp
-            else " (R past the bound: failures expected)") if expect_bad else ""
-    flags = "".join(f" --{f}" for f, on in (("nbar", args.nbar), ("gp", args.gp), ("single-jw", args.single_jw)) if on)
-    print(f"ring_protocol_model{flags}: {done} runs, {bad} bad{what}")
-    ok = bad > 0 if expect_bad else bad == 0
+    what = (" (the producer does not wait: failures expected)" if args.nbar else " (R past the bound: failures expected)") \
+        if args.violate else ""
+    print(f"ring_protocol_model{' --nbar' if args.nbar else ''}: {done} runs, {bad} bad{what}")
+    ok = bad > 0 if args.violate else bad == 0
     print("overall okay:", int(ok))
     return 0 if ok else 1
 

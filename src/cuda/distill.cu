@@ -167,6 +167,26 @@ __device__ __forceinline__ float jsd_lm(float beta, float omb, float p, float q)
     return flog2(fmaxf(fmaf(beta, p, omb * q), 1.17549435e-38f));
 }
 
+// 2^y on the FMA pipe instead of the SFU (distill_pipe_kernel's JS bits 2 / 4, FUSEDLOSS_DISTILL_PIPE_PX; s45,
+// opt-in): the JSD ring issues ~6.4 SFU operations an element (H100 s44 ncu: XU pipe 55%, and 10% of all stall
+// samples are MUFU waiting in the MIO queue), FMA 26%. y is rounded to the integer j by the 1.5 * 2^23 shift, 2^f
+// for f = y - j in [-1/2, 1/2] is a degree-5 polynomial (weighted least squares, relative error <= 1.8e-7 in fp32
+// Horner, about ex2.approx's 2^-22), and j is added to its exponent field with one IMAD. y is clamped at -127
+// first: y <= -127 (-inf: a masked column) gives +0 exactly (p(0) = 1.0 and j = -127), y in (-127, -126) a
+// subnormal >= 0 (ex2.approx.ftz: 0). NaN y gives 0 (fmaxf): the callers' y is NaN only where the row's log-sum-exp
+// is, and their other factor is NaN there too. y <= ~0 at every caller (a log-probability), so no overflow guard.
+__device__ __forceinline__ float fexp2_fma(float y) {
+    y = fmaxf(y, -127.0f);
+    const float t = y + 12582912.0f;         // 1.5 * 2^23: t's low mantissa bits hold j (round to nearest)
+    const float f = y - (t - 12582912.0f);   // [-1/2, 1/2]
+    float p = fmaf(1.330220839008689e-3f, f, 9.672928601503372e-3f);
+    p = fmaf(p, f, 5.55061511695385e-2f);
+    p = fmaf(p, f, 2.4022217094898224e-1f);
+    p = fmaf(p, f, 6.931470632553101e-1f);
+    p = fmaf(p, f, 1.0f);
+    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));   // (0x4B400000 + j) << 23 = j << 23
+}
+
 // the row's upstream gradient times loss_scale / T
 __device__ __forceinline__ float row_upstream(const DArgs& a, int64_t r) {   // before / D
     return a.gscale * (a.gl ? __ldg(a.gl + (a.none ? r : 0)) : 1.0f);
@@ -997,7 +1017,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
     // its room)
     __shared__ __align__(8) uint64_t jbar[JSD ? DP_XSLOTS : 1];
     __shared__ float4 sl2[JSD ? DP_XSLOTS : 1][JSD ? DC_MAX_CLUSTER : 1];
-    __shared__ float2 jw[(JSD ? DP_MAX_THREADS / 32 : 1) * (JS == 2 ? 2 : 1)];   // JS 2: two rows' (by parity)
+    __shared__ float2 jw[JSD ? DP_MAX_THREADS / 32 : 1];
     const int tid = (int)threadIdx.x;
     const int ngw = ((int)blockDim.x - Ts - 32) >> 5;   // gradient warps
     const int slot_vecs = sub * (1 + NT);
@@ -1152,212 +1172,6 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 dp_issue<TS, TT, TM>(a, r, w.h, ign, lo, wn, sub, j, dp_ring + (size_t)s * slot_vecs, &full[s], &tm);
             }
         }
-    } else if constexpr (JS == 2) {
-        // ---------------- gradient group pipelined over two rows (JS 2: FUSEDLOSS_DISTILL_PIPE_GP=1, s44) ----------------
-        // Why: H100 s44 run 1's ncu source counters of the default JSD ring (4096x128256 bf16, 1.63 ms): the gradient
-        // warps wait for the row's statistics exchange (xbar) ~24% of their samples and for the second exchange (jbar)
-        // ~4%; the statistics warps wait for their slots ~48% of theirs; DRAM 57%, the SFU pipe 55%. A row passes
-        // statistics -> exchange -> second sweep -> exchange -> gradient in series, and the ring (1.5 rows at cluster 4)
-        // leaves the next row's statistics no room to finish meanwhile. Here the gradient warps run row k + 1's
-        // phase A (merge, second sweep with the stash, its sums sent) before row k's phase B (wait for row k's sums,
-        // the gradient sweep, the releases): row k's second exchange completes behind row k + 1's sweep, and the
-        // statistics group runs ahead in the ring's third row. The ring must hold two rows' chunks (R >= 2 nsub; at
-        // 2 nsub - 1 phase A of row k + 1 waits for a slot only row k's phase B frees: scripts/ring_protocol_model.py
-        // --gp --violate finds the deadlock), and the host's plan asks for the slack beyond them (cluster 8 at
-        // 4096x128256 bf16). jw is double-buffered by row parity (--gp --single-jw: the race): row k + 2's sums are written
-        // after every warp passed row k's jbar wait, which thread gt 0's arrival (after it read row k's) completes.
-        // The xslot / sl2 reuse by row k + DP_XSLOTS: as the other kernels (the reads of row k's come earlier here).
-        static_assert(JSD && WX, "the pipelined gradient group is the JSD's, with the WX exchange");
-        const int gt = tid - Ts, ng = ngw * 32, lane = tid & 31;
-        const float Dd = a.Ddev ? __ldcg(a.Ddev) : a.Dhost;   // row_grad's denominator
-        const float beta = a.beta, omb = 1.0f - a.beta;
-        // phase A of row r (it: its index among this cluster's rows): L2s / L2t out
-        auto phase_a = [&](int64_t r, int64_t it, bool ign, float& L2s, float& L2t) {
-            const TS* srow = (const TS*)a.s + r * a.lds;
-            const TT* trow = (const TT*)a.t + r * a.ldt;
-            const RrRow w = row_layout(srow);
-            const int wn = cta_vecs(w);
-            const bool has_x = rank == 0 && gt < w.nex;
-            const int64_t xcol = HD ? w.extra(gt) : w.t0 + gt;
-            const float xs_x = (has_x && !ign) ? rp_sload(srow + xcol) : 0.0f;
-            const float xt_x = (has_x && !ign) ? rp_sload(trow + xcol) : 0.0f;
-            const int x = (int)(it % DP_XSLOTS);
-            dp_wait_x(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
-            // lane k takes partials k and k + 32 (the JSD's WX merge): every lane, warp and CTA the same bits
-            Stat1 v = {-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
-            const float* su = reinterpret_cast<const float*>(&sl[x][WXM][0]);
-            if (lane < cs * (Ts >> 5)) {
-                const float4 p4 = sl[x][lane][0];
-                v = Stat1{p4.x, p4.y, p4.z, p4.w, su[lane]};
-            }
-            if (lane + 32 < cs * (Ts >> 5)) {
-                const float4 p4 = sl[x][lane + 32][0];
-                v = combine1<MODE>(v, Stat1{p4.x, p4.y, p4.z, p4.w, su[lane + 32]});
-            }
-            (void)dc_kl<MODE>(dp_warp_reduce1<MODE>(v), L2s, L2t);
-            const float l2s = L2s, l2t = L2t;
-            float2 acc = make_float2(0.0f, 0.0f);
-            auto elem = [&](float xs, float xt) {   // with the guards (the redo below)
-                const float ls2 = fmaf(xs, k2, -l2s), lt2 = fmaf(xt, k2, -l2t);   // log2 q, log2 p
-                const float q = fexp2(ls2), p = fexp2(lt2);
-                const float lm = jsd_lm(beta, omb, p, q);   // p = q = 0: -126, and neither term is added
-                if (p > 0.0f) acc.x = fmaf(p, lt2 - lm, acc.x);
-                if (q > 0.0f) acc.y = fmaf(q, ls2 - lm, acc.y);
-            };
-            auto elem_f = [&](float xs, float xt) -> float {   // free of the guards; d = log2 q - log2 m, the stash
-                const float ls2 = fmaf(xs, k2, -l2s), lt2 = fmaf(xt, k2, -l2t);
-                const float q = fexp2(ls2), p = fexp2(lt2);
-                const float lm = jsd_lm(beta, omb, p, q);
-                acc.x = fmaf(p, lt2 - lm, acc.x);
-                acc.y = fmaf(q, ls2 - lm, acc.y);
-                return ls2 - lm;
-            };
-            if (!ign) {
-                const int64_t P0 = it * (int64_t)nsub;   // the row's first position
-                int s2 = (int)(P0 % R);
-                uint32_t ph2 = (uint32_t)((P0 / R) & 1);
-                int q2 = gt;
-                for (int j = 0; j < nsub; j++) {
-                    const int v0 = j * sub;
-                    const int hi = (wn - v0 < sub ? wn - v0 : sub) + v0;
-                    if (hi > v0) {
-                        mbar_wait(&full[s2], ph2);
-                        const uint4* sb = dp_ring + (size_t)s2 * slot_vecs - v0;
-                        const uint4* tb = dp_ring + (size_t)s2 * slot_vecs + sub - (size_t)v0 * NT;
-#pragma unroll 2
-                        for (; q2 < hi; q2 += ng) {
-                            float xs[VEC], xt[VEC], d[VEC];
-                            dc_unpack<TS, TT>(sb, tb, q2, xs, xt);
-#pragma unroll
-                            for (int v = 0; v < VEC; v++) d[v] = elem_f(xs[v], xt[v]);
-                            dp_stash<TT, VEC>(const_cast<uint4*>(tb) + (size_t)q2 * NT, d);
-                        }
-                    }
-                    if (++s2 == R) { s2 = 0; ph2 ^= 1u; }
-                }
-                // the stash's generic-proxy writes before the async-proxy refills that follow this thread's releases
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                if (has_x) elem_f(xs_x, xt_x);
-                if (isnan(acc.x) || isnan(acc.y)) {   // a masked column: this thread's sums redone with the guards
-                    const uint4* gsb = reinterpret_cast<const uint4*>(srow + w.h) + lo;
-                    const uint4* gtb = reinterpret_cast<const uint4*>(trow + w.h) + (int64_t)lo * NT;
-                    acc = make_float2(0.0f, 0.0f);
-                    for (int qq = gt; qq < wn; qq += ng) {
-                        float xs[VEC], xt[VEC];
-                        dc_unpack<TS, TT>(gsb, gtb, qq, xs, xt);
-#pragma unroll
-                        for (int v = 0; v < VEC; v++) elem(xs[v], xt[v]);
-                    }
-                    if (has_x) elem(xs_x, xt_x);
-                }
-            }
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) {
-                acc.x += __shfl_xor_sync(0xffffffffu, acc.x, off);
-                acc.y += __shfl_xor_sync(0xffffffffu, acc.y, off);
-            }
-            float2* jwb = jw + (it & 1) * (DP_MAX_THREADS / 32);
-            if (lane == 0) jwb[gt >> 5] = acc;
-            dp_bar(2, ng);   // why: the warps' sums visible to thread gt 0
-            if (gt == 0) {
-                float A = 0.0f, B = 0.0f;
-                for (int k = 0; k < ngw; k++) { A += jwb[k].x; B += jwb[k].y; }
-                const float4 v0 = make_float4(A * RP_LN2, B * RP_LN2, 0.0f, 0.0f);
-                if (cs > 1) {
-                    mbar_arrive_tx(&jbar[x], (uint32_t)cs * 16u);   // (a remote sum may land first)
-                    const uint32_t ls = smem_addr(&sl2[x][rank]), lb = smem_addr(&jbar[x]);
-                    for (int cc = 0; cc < cs; cc++) st_async_f4(mapa_shared(ls, cc), v0, mapa_shared(lb, cc));
-                } else {
-                    sl2[x][0] = v0;
-                    mbar_arrive(&jbar[x]);   // release: the store above (and the reads of jwb) before the waiters
-                }
-            }
-        };
-        // phase B of row r: its loss and gradient, the ring's releases
-        auto phase_b = [&](int64_t r, int64_t it, bool ign, float L2s, float L2t) {
-            float G = row_upstream(a, r);
-            if (!a.none) G = G / Dd;
-            G = ign ? 0.0f : G * a.loss_scale * a.inv_T;
-            const TS* srow = (const TS*)a.s + r * a.lds;
-            const TT* trow = (const TT*)a.t + r * a.ldt;
-            TS* drow = (TS*)a.ds + r * a.lds;
-            const RrRow w = row_layout(srow);
-            const int wn = cta_vecs(w);
-            const bool has_x = rank == 0 && gt < w.nex;
-            const int64_t xcol = HD ? w.extra(gt) : w.t0 + gt;
-            const float xs_x = (has_x && !ign) ? rp_sload(srow + xcol) : 0.0f;
-            const float xt_x = (has_x && !ign) ? rp_sload(trow + xcol) : 0.0f;
-            const int x = (int)(it % DP_XSLOTS);
-            dp_wait_x(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
-            float A = 0.0f, B = 0.0f;
-            for (int cc = 0; cc < cs; cc++) { A += sl2[x][cc].x; B += sl2[x][cc].y; }   // rank order
-            const float l = ign ? 0.0f : beta * A + omb * B, sh = omb * B;
-            if (rank == 0 && gt == 0) {
-                if (a.none) { if (a.loss) a.loss[r] = l * a.loss_scale; }
-                else a.rowloss[r] = l * a.loss_scale;
-            }
-            const float Gc = G * omb * RP_LN2, Gsh = G * sh;
-            const int64_t P0 = it * (int64_t)nsub;
-            int sg = (int)(P0 % R);
-            uint32_t pg = (uint32_t)((P0 / R) & 1);
-            int q = gt;
-            for (int j = 0; j < nsub; j++) {
-                const int v0 = j * sub;
-                const int hi = (wn - v0 < sub ? wn - v0 : sub) + v0;
-                if (ign) {
-                    float z[VEC];
-#pragma unroll
-                    for (int v = 0; v < VEC; v++) z[v] = 0.0f;
-                    for (; q < hi; q += ng) rp_vstore<TS, VEC, !PST>(drow + w.h + (int64_t)(lo + q) * VEC, z);
-                } else if (hi > v0) {
-                    mbar_wait(&full[sg], pg);   // complete (phase A waited); the acquire for the copy's bytes
-                    const uint4* sb = dp_ring + (size_t)sg * slot_vecs - v0;
-                    const uint4* tb = dp_ring + (size_t)sg * slot_vecs + sub - (size_t)v0 * NT;
-#pragma unroll 2
-                    for (; q < hi; q += ng) {
-                        float xs[VEC], xt[VEC];
-                        rp_unpack<TS>(sb[q], xs);
-                        dp_unstash<TT, VEC>(tb + (size_t)q * NT, xt);
-#pragma unroll
-                        for (int v = 0; v < VEC; v++) xs[v] = fexp2(fmaf(xs[v], k2, -L2s)) * fmaf(Gc, xt[v], -Gsh);
-                        rp_vstore<TS, VEC, !PST>(drow + w.h + (int64_t)(lo + q) * VEC, xs);
-                    }
-                }
-                if (j == 0) {
-                    mbar_arrive(&empty[sg]);   // every lane its own (WX: lane k read partial k of the row, phase A)
-                } else {
-                    __syncwarp();   // why: the warp's reads of slot sg are done before its release
-                    if (lane == 0) mbar_arrive_n(&empty[sg], 32u);
-                }
-                if (++sg == R) { sg = 0; pg ^= 1u; }
-            }
-            if (has_x) {
-                float g = 0.0f;
-                if (!ign) {   // the guarded formula (the stash holds no tail column)
-                    const float ls2 = fmaf(xs_x, k2, -L2s), lt2 = fmaf(xt_x, k2, -L2t);
-                    const float qx = fexp2(ls2), px = fexp2(lt2);
-                    const float hq = qx > 0.0f ? omb * qx * (RP_LN2 * (ls2 - jsd_lm(beta, omb, px, qx))) : 0.0f;
-                    g = G * (hq - qx * sh);
-                }
-                drow[xcol] = from_float<TS>(g);
-            }
-        };
-        bool ign_a = a.labels && cid < a.sc.N && rp_label(a.labels, a.lab64, cid) == a.ignore;
-        float cL2s = 0.0f, cL2t = 0.0f;   // the row in hand: phase A done, phase B next
-        bool cign = false;
-        int64_t it = 0;
-        for (int64_t r = cid;; r += ncl, it++) {
-            const bool more = r < a.sc.N;
-            const bool ign = ign_a;
-            if (a.labels && r + ncl < a.sc.N) ign_a = rp_label(a.labels, a.lab64, r + ncl) == a.ignore;
-            float nL2s = 0.0f, nL2t = 0.0f;
-            if (more) phase_a(r, it, ign, nL2s, nL2t);
-            if (it > 0) phase_b(r - ncl, it - 1, cign, cL2s, cL2t);
-            if (!more) break;
-            cL2s = nL2s;
-            cL2t = nL2t;
-            cign = ign;
-        }
     } else {
         // ---------------- gradient group ----------------
         const int gt = tid - Ts, ng = ngw * 32, lane = tid & 31;
@@ -1423,7 +1237,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 // JS: free of the guards (see the redo below); returns d = log2 q - log2 m, the stash
                 auto elem_f = [&](float xs, float xt) -> float {
                     const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);
-                    const float q = fexp2(ls2), p = fexp2(lt2);
+                    const float q = fexp2(ls2), p = (JS & 4) ? fexp2_fma(lt2) : fexp2(lt2);   // JS 4: see fexp2_fma
                     const float lm = jsd_lm(beta, omb, p, q);
                     acc.x = fmaf(p, lt2 - lm, acc.x);
                     acc.y = fmaf(q, ls2 - lm, acc.y);
@@ -1551,7 +1365,10 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                             rp_unpack<TS>(sb[q], xs);
                             dp_unstash<TT, VEC>(tb + (size_t)q * NT, xt);
 #pragma unroll
-                            for (int v = 0; v < VEC; v++) xs[v] = fexp2(fmaf(xs[v], k2, -L2s)) * fmaf(Gc, xt[v], -Gsh);
+                            for (int v = 0; v < VEC; v++) {
+                                const float y = fmaf(xs[v], k2, -L2s);   // JS 2: 2^y on the FMA pipe (fexp2_fma)
+                                xs[v] = ((JS & 2) ? fexp2_fma(y) : fexp2(y)) * fmaf(Gc, xt[v], -Gsh);
+                            }
                         } else {
                             dc_unpack<TS, TT>(sb, tb, q, xs, xt);
 #pragma unroll
@@ -1761,7 +1578,8 @@ template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM 
 static const void* pick_pipe3(int mode, int js = 0) {
     if (mode == FL__DISTILL_JSD) {
         if constexpr (PST && !NB && (LZ || TM) && WX) {
-            if (js == 2) return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 2>;
+            if (js == 3) return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 3>;
+            if (js == 7) return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 7>;
             return js ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 1>
                       : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX>;
         }
@@ -1940,63 +1758,59 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     // waits backing off with nanosleep (JST=3) 1.654 / 1.644: both removed.
     int js = jsd ? (int)rp_env_flag("FUSEDLOSS_DISTILL_PIPE_JST", 1) : 0;
     if (js != 0) js = 1;
+    // _PIPE_PX (s45, opt-in, not yet run; JSD with the stash): some of the ring's exponentials on the FMA pipe
+    // (fexp2_fma): 1, the gradient sweep's (JS 3: 6 -> 5 SFU operations an element); 2, also the second sweep's p
+    // (JS 7: -> 4). Why: the XU pipe at 55% with MUFU stalls in the MIO queue and the FMA pipe at 26% (H100 s44 ncu);
+    // on the H200 the SFU time (~0.75 ms at 4096x128256 bf16) is about the memory floor (0.74 ms).
+    if (js != 0) {
+        const long px = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_PX", 0);
+        js = px == 1 ? 3 : px == 2 ? 7 : 1;
+    }
     const void* fn_wx = wx && (lz || tm)
                             ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, true, js)
                             : nullptr;
     if (!fn_plain && !fn_wx) return 0;
-    // _PIPE_GP=1 (JSD with the stash; s44, not yet run): distill_pipe_kernel's JS 2, the gradient group pipelined over
-    // two rows (phase A of row k + 1 before phase B of row k). Its ring must hold two rows' chunks (the kernel's bound,
-    // R >= 2 nsub) and, for speed, the slack beyond them:
-    // the cluster is picked by that rule first (4096x128256 bf16: 8, 6 slots of 1002 vectors, 3 rows), and where no
-    // cluster meets it the plan is JS 1's.
-    const void* fn_gp = js == 1 && fn_wx && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_GP", 0) != 0
-                            ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, true, 2)
-                            : nullptr;
     out->nv = (int)nv;
     out->T = T;
-    // the smallest cluster whose per-CTA chunk leaves the slack free (beyond `held` rows' chunks) and that the device
-    // can hold
-    for (int pass = fn_gp ? 0 : 1; pass < 2; pass++) {
-        const int held = pass == 0 ? 2 : 1;
-        const void* fwx = pass == 0 ? fn_gp : fn_wx;
-        for (int cc = lo; cc <= hi; cc++) {
-            const int64_t per = (nv + cc - 1) / cc;
-            int64_t ns = (per + subv - 1) / subv;
-            int64_t sb = (per + ns - 1) / ns;
-            if (tm) fl__tmap_round(per, &sb, &ns);   // TM (cluster.cuh)
-            const int64_t rp = dp_slots(ring_pick, sb, ns, nb);   // the picking ring's slots: the slack rule
-            if (rp - held * ns < 1 || (rp - held * ns) * sb * vb < slack) continue;
-            const int64_t r = dp_slots(ring, sb, ns, nb);   // >= rp (ring >= ring_pick)
-            out->cs = cc;
-            out->per = (int)per;
-            out->sub = (int)sb;
-            out->R = (int)r;
-            out->smem = (size_t)r * (size_t)sb * (size_t)vb;
-            // JSD (WX only): the statistics group cut to what the merge's 32 lanes hold at this cluster size
-            // (DP_WX_MAX_JSD since s40: two partials a lane, cluster 8 keeps 8 statistics warps)
-            const int wxm = jsd ? DP_WX_MAX_JSD : DP_WX_MAX;
-            out->Ts = jsd && cc * (Ts >> 5) > wxm ? wxm / cc * 32 : Ts;
-            // the WX kernel where its merge's lanes hold the cluster's statistics warps and it fits, else the plain one
-            const void* const fns[2] = {cc * (out->Ts >> 5) <= wxm ? fwx : nullptr, pass == 0 ? nullptr : fn_plain};
-            int n = 0;
-            for (const void* f : fns) {
-                if (!f) continue;
-                if (fl__cluster_occupancy(f, cc, T, out->smem, d.sms, debug,
-                                          f == fn_gp ? "pipelined distillation kernel (WX, GP)"
-                                          : f == fn_wx ? "pipelined distillation kernel (WX)"
-                                          : hd       ? "pipelined distillation kernel (unaligned rows)"
-                                                     : "pipelined distillation kernel",
-                                          &n) == cudaSuccess && n > 0) {
-                    out->fn = f;
-                    break;
-                }
-                (void)cudaGetLastError();
-                n = 0;
+    // the smallest cluster whose per-CTA chunk leaves the slack free and that the device can hold
+    for (int cc = lo; cc <= hi; cc++) {
+        const int64_t per = (nv + cc - 1) / cc;
+        int64_t ns = (per + subv - 1) / subv;
+        int64_t sb = (per + ns - 1) / ns;
+        if (tm) fl__tmap_round(per, &sb, &ns);   // TM (cluster.cuh)
+        const int64_t rp = dp_slots(ring_pick, sb, ns, nb);   // the picking ring's slots: the slack rule
+        if (rp - ns < 1 || (rp - ns) * sb * vb < slack) continue;
+        const int64_t r = dp_slots(ring, sb, ns, nb);   // >= rp (ring >= ring_pick)
+        out->cs = cc;
+        out->per = (int)per;
+        out->sub = (int)sb;
+        out->R = (int)r;
+        out->smem = (size_t)r * (size_t)sb * (size_t)vb;
+        // JSD (WX only): the statistics group cut to what the merge's 32 lanes hold at this cluster size
+        // (DP_WX_MAX_JSD since s40: two partials a lane, cluster 8 keeps 8 statistics warps)
+        const int wxm = jsd ? DP_WX_MAX_JSD : DP_WX_MAX;
+        out->Ts = jsd && cc * (Ts >> 5) > wxm ? wxm / cc * 32 : Ts;
+        // the WX kernel where its merge's lanes hold the cluster's statistics warps and it fits, else the plain one
+        const void* const fns[2] = {cc * (out->Ts >> 5) <= wxm ? fn_wx : nullptr, fn_plain};
+        int n = 0;
+        for (const void* f : fns) {
+            if (!f) continue;
+            if (fl__cluster_occupancy(f, cc, T, out->smem, d.sms, debug,
+                                      f == fn_wx ? (js == 3   ? "pipelined distillation kernel (WX, PX 1)"
+                                                    : js == 7 ? "pipelined distillation kernel (WX, PX 2)"
+                                                              : "pipelined distillation kernel (WX)")
+                                      : hd       ? "pipelined distillation kernel (unaligned rows)"
+                                                 : "pipelined distillation kernel",
+                                      &n) == cudaSuccess && n > 0) {
+                out->fn = f;
+                break;
             }
-            if (n <= 0) continue;   // e.g. a cluster wider than the device schedules: try the next size
-            if (gcap > 0 && n > gcap) n = gcap;
-            return n;   // resident clusters
+            (void)cudaGetLastError();
+            n = 0;
         }
+        if (n <= 0) continue;   // e.g. a cluster wider than the device schedules: try the next size
+        if (gcap > 0 && n > gcap) n = gcap;
+        return n;   // resident clusters
     }
     return 0;
 }
