@@ -977,12 +977,32 @@ __device__ __forceinline__ void dp_stash(uint4* tb, const float (&d)[VEC]) {
 }
 // an exchange barrier (xbar / jbar): completed by the cluster's CTAs when cs > 1. (s40's nanosleep backoff of the
 // waits, JST=3, lost: H100 s43 run 1, 1.654 / 1.644 ms against 1.636 / 1.626 without it.)
+// (JS bit 8, FUSEDLOSS_DISTILL_PIPE_SUSP=1, s45 opt-in: the waits with a suspend-time hint, cluster.cuh)
+template <int JS = 0>
 __device__ __forceinline__ void dp_wait_x(uint64_t* bar, uint32_t parity, int cs) {
     if (cs > 1) {
-        mbar_wait_cluster(bar, parity);
+        if constexpr (JS & 8) mbar_wait_cluster_hint(bar, parity);
+        else mbar_wait_cluster(bar, parity);
     } else {
-        mbar_wait(bar, parity);
+        if constexpr (JS & 8) mbar_wait_hint(bar, parity);
+        else mbar_wait(bar, parity);
     }
+}
+// the producer's refill wait (mbar_wait_refill; JS bit 8: with the hint)
+template <int JS>
+__device__ __forceinline__ void dp_wait_refill(uint64_t* bar, uint32_t parity) {
+    if constexpr (JS & 8) {
+        mbar_wait_hint(bar, parity);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    } else {
+        mbar_wait_refill(bar, parity);
+    }
+}
+// a ring slot's wait (JS bit 8: with the hint)
+template <int JS>
+__device__ __forceinline__ void dp_wait(uint64_t* bar, uint32_t parity) {
+    if constexpr (JS & 8) mbar_wait_hint(bar, parity);
+    else mbar_wait(bar, parity);
 }
 template <typename TT, int VEC>
 __device__ __forceinline__ void dp_unstash(const uint4* tb, float (&d)[VEC]) {
@@ -1087,7 +1107,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             // c: this thread's next vector in chunk coordinates, carried across slots (balanced shares)
             int c = tid;
             for (int j = 0; j < nsub; j++, next_pos()) {
-                mbar_wait(&full[s], ph);
+                dp_wait<JS>(&full[s], ph);
                 const int v0 = j * sub;
                 const int hi = ign ? 0 : (wn - v0 < sub ? wn - v0 : sub) + v0;   // chunk coordinates
                 if (hi <= v0) continue;
@@ -1167,7 +1187,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             for (int j = 0; j < nsub; j++, P++, next_pos()) {
                 if (P >= R) {   // position P - R released
                     if constexpr (NB) nbar_wait_refill(s, (ngw + 1) * 32);   // (cluster.cuh)
-                    else mbar_wait_refill(&empty[s], ph ^ 1u);
+                    else dp_wait_refill<JS>(&empty[s], ph ^ 1u);
                 }
                 dp_issue<TS, TT, TM>(a, r, w.h, ign, lo, wn, sub, j, dp_ring + (size_t)s * slot_vecs, &full[s], &tm);
             }
@@ -1195,7 +1215,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             const float xt_x = (has_x && !ign) ? rp_sload(trow + xcol) : 0.0f;
             const int x = (int)(it % DP_XSLOTS);
             // every row's exchange completes one phase (ignored rows send empty partials)
-            dp_wait_x(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
+            dp_wait_x<JS>(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
             float L2s, L2t;
             Stat1 mg;
             if constexpr (WX) {   // lane k takes partial k (cs Ts / 32 <= WXM): every lane, warp and CTA the same bits
@@ -1251,7 +1271,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                         const int v0 = j * sub;
                         const int hi = (wn - v0 < sub ? wn - v0 : sub) + v0;
                         if (hi > v0) {
-                            mbar_wait(&full[s2], ph2);
+                            dp_wait<JS>(&full[s2], ph2);
                             const uint4* sb = dp_ring + (size_t)s2 * slot_vecs - v0;
                             const uint4* tb = dp_ring + (size_t)s2 * slot_vecs + sub - (size_t)v0 * NT;
 #pragma unroll 2
@@ -1322,7 +1342,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                         mbar_arrive(&jbar[x]);   // release: the store above (and the reads of jw) before the waiters
                     }
                 }
-                dp_wait_x(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
+                dp_wait_x<JS>(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
                 float A = 0.0f, B = 0.0f;
                 for (int cc = 0; cc < cs; cc++) { A += sl2[x][cc].x; B += sl2[x][cc].y; }   // rank order
                 l = beta * A + omb * B;
@@ -1355,7 +1375,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 } else if (hi > v0) {
                     // already complete (the statistics group waited on it; it cannot be refilled before
                     // this warp's release): the acquire makes the bulk copy's bytes visible here
-                    mbar_wait(&full[s], ph);
+                    dp_wait<JS>(&full[s], ph);
                     const uint4* sb = dp_ring + (size_t)s * slot_vecs - v0;
                     const uint4* tb = dp_ring + (size_t)s * slot_vecs + sub - (size_t)v0 * NT;
 #pragma unroll 2
@@ -1578,6 +1598,8 @@ template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM 
 static const void* pick_pipe3(int mode, int js = 0) {
     if (mode == FL__DISTILL_JSD) {
         if constexpr (PST && !NB && (LZ || TM) && WX) {
+            if (js == 9) return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 9>;
+            if (js == 11) return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 11>;
             if (js == 3) return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 3>;
             if (js == 7) return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 7>;
             return js ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 1>
@@ -1765,6 +1787,9 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     if (js != 0) {
         const long px = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_PX", 0);
         js = px == 1 ? 3 : px == 2 ? 7 : 1;
+        // _PIPE_SUSP=1 (s45, opt-in, not yet run; with PX 0 or 1): the ring's waits with a suspend-time hint
+        // (dp_wait, cluster.cuh's mbar_wait_hint): JS 9 / 11
+        if (js != 7 && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_SUSP", 0) == 1) js |= 8;
     }
     const void* fn_wx = wx && (lz || tm)
                             ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, true, js)
@@ -1796,9 +1821,11 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         for (const void* f : fns) {
             if (!f) continue;
             if (fl__cluster_occupancy(f, cc, T, out->smem, d.sms, debug,
-                                      f == fn_wx ? (js == 3   ? "pipelined distillation kernel (WX, PX 1)"
-                                                    : js == 7 ? "pipelined distillation kernel (WX, PX 2)"
-                                                              : "pipelined distillation kernel (WX)")
+                                      f == fn_wx ? (js == 3    ? "pipelined distillation kernel (WX, PX 1)"
+                                                    : js == 7  ? "pipelined distillation kernel (WX, PX 2)"
+                                                    : js == 9  ? "pipelined distillation kernel (WX, SUSP)"
+                                                    : js == 11 ? "pipelined distillation kernel (WX, PX 1, SUSP)"
+                                                               : "pipelined distillation kernel (WX)")
                                       : hd       ? "pipelined distillation kernel (unaligned rows)"
                                                  : "pipelined distillation kernel",
                                       &n) == cudaSuccess && n > 0) {
