@@ -48,26 +48,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
     while (!mbar_try(bar, parity)) {
     }
 }
-// The waits with a suspend-time hint (the distillation ring's opt-in FUSEDLOSS_DISTILL_PIPE_SUSP, s45): the thread
-// sleeps in the barrier until the phase completes or the hint's time (ns) passes, instead of the short
-// system-dependent suspension of the plain form and another trip round the loop (SYNCS + BRA + YIELD: ~23% of the
-// JSD ring's issued instructions in H100 s44's ncu counters). Completion wakes it, unlike s40's nanosleep back-off.
-#define FL_MBAR_SUSPEND_NS 1000000u
-__device__ __forceinline__ bool mbar_try_hint(uint64_t* bar, uint32_t parity) {
-    uint32_t done;
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity), "r"(FL_MBAR_SUSPEND_NS)
-        : "memory");
-    return done != 0;
-}
-__device__ __forceinline__ void mbar_wait_hint(uint64_t* bar, uint32_t parity) {
-    while (!mbar_try_hint(bar, parity)) {
-    }
-}
 // The ring producers' wait before refilling a slot: the consumers' generic-proxy reads of the slot
 // are ordered before this thread's async-proxy bulk copies into it by the mbarrier's release/acquire
 // and, explicitly, by the proxy fence (the cross-proxy write-after-read order; without it
@@ -210,20 +190,6 @@ __device__ __forceinline__ bool mbar_try_cluster(uint64_t* bar, uint32_t parity)
 }
 __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
     while (!mbar_try_cluster(bar, parity)) {
-    }
-}
-// mbar_try_cluster with mbar_try_hint's suspend-time hint
-__device__ __forceinline__ void mbar_wait_cluster_hint(uint64_t* bar, uint32_t parity) {
-    for (;;) {
-        uint32_t done;
-        asm volatile(
-            "{\n\t.reg .pred p;\n\t"
-            "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2, %3;\n\t"
-            "selp.u32 %0, 1, 0, p;\n\t}"
-            : "=r"(done)
-            : "r"(smem_addr(bar)), "r"(parity), "r"(FL_MBAR_SUSPEND_NS)
-            : "memory");
-        if (done) return;
     }
 }
 

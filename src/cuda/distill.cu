@@ -167,26 +167,6 @@ __device__ __forceinline__ float jsd_lm(float beta, float omb, float p, float q)
     return flog2(fmaxf(fmaf(beta, p, omb * q), 1.17549435e-38f));
 }
 
-// 2^y on the FMA pipe instead of the SFU (distill_pipe_kernel's JS bits 2 / 4, FUSEDLOSS_DISTILL_PIPE_PX; s45,
-// opt-in): the JSD ring issues ~6.4 SFU operations an element (H100 s44 ncu: XU pipe 55%, and 10% of all stall
-// samples are MUFU waiting in the MIO queue), FMA 26%. y is rounded to the integer j by the 1.5 * 2^23 shift, 2^f
-// for f = y - j in [-1/2, 1/2] is a degree-5 polynomial (weighted least squares, relative error <= 1.8e-7 in fp32
-// Horner, about ex2.approx's 2^-22), and j is added to its exponent field with one IMAD. y is clamped at -127
-// first: y <= -127 (-inf: a masked column) gives +0 exactly (p(0) = 1.0 and j = -127), y in (-127, -126) a
-// subnormal >= 0 (ex2.approx.ftz: 0). NaN y gives 0 (fmaxf): the callers' y is NaN only where the row's log-sum-exp
-// is, and their other factor is NaN there too. y <= ~0 at every caller (a log-probability), so no overflow guard.
-__device__ __forceinline__ float fexp2_fma(float y) {
-    y = fmaxf(y, -127.0f);
-    const float t = y + 12582912.0f;         // 1.5 * 2^23: t's low mantissa bits hold j (round to nearest)
-    const float f = y - (t - 12582912.0f);   // [-1/2, 1/2]
-    float p = fmaf(1.330220839008689e-3f, f, 9.672928601503372e-3f);
-    p = fmaf(p, f, 5.55061511695385e-2f);
-    p = fmaf(p, f, 2.4022217094898224e-1f);
-    p = fmaf(p, f, 6.931470632553101e-1f);
-    p = fmaf(p, f, 1.0f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));   // (0x4B400000 + j) << 23 = j << 23
-}
-
 // the row's upstream gradient times loss_scale / T
 __device__ __forceinline__ float row_upstream(const DArgs& a, int64_t r) {   // before / D
     return a.gscale * (a.gl ? __ldg(a.gl + (a.none ? r : 0)) : 1.0f);
@@ -977,32 +957,12 @@ __device__ __forceinline__ void dp_stash(uint4* tb, const float (&d)[VEC]) {
 }
 // an exchange barrier (xbar / jbar): completed by the cluster's CTAs when cs > 1. (s40's nanosleep backoff of the
 // waits, JST=3, lost: H100 s43 run 1, 1.654 / 1.644 ms against 1.636 / 1.626 without it.)
-// (JS bit 8, FUSEDLOSS_DISTILL_PIPE_SUSP=1, s45 opt-in: the waits with a suspend-time hint, cluster.cuh)
-template <int JS = 0>
 __device__ __forceinline__ void dp_wait_x(uint64_t* bar, uint32_t parity, int cs) {
     if (cs > 1) {
-        if constexpr (JS & 8) mbar_wait_cluster_hint(bar, parity);
-        else mbar_wait_cluster(bar, parity);
+        mbar_wait_cluster(bar, parity);
     } else {
-        if constexpr (JS & 8) mbar_wait_hint(bar, parity);
-        else mbar_wait(bar, parity);
+        mbar_wait(bar, parity);
     }
-}
-// the producer's refill wait (mbar_wait_refill; JS bit 8: with the hint)
-template <int JS>
-__device__ __forceinline__ void dp_wait_refill(uint64_t* bar, uint32_t parity) {
-    if constexpr (JS & 8) {
-        mbar_wait_hint(bar, parity);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    } else {
-        mbar_wait_refill(bar, parity);
-    }
-}
-// a ring slot's wait (JS bit 8: with the hint)
-template <int JS>
-__device__ __forceinline__ void dp_wait(uint64_t* bar, uint32_t parity) {
-    if constexpr (JS & 8) mbar_wait_hint(bar, parity);
-    else mbar_wait(bar, parity);
 }
 template <typename TT, int VEC>
 __device__ __forceinline__ void dp_unstash(const uint4* tb, float (&d)[VEC]) {
@@ -1107,7 +1067,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             // c: this thread's next vector in chunk coordinates, carried across slots (balanced shares)
             int c = tid;
             for (int j = 0; j < nsub; j++, next_pos()) {
-                dp_wait<JS>(&full[s], ph);
+                mbar_wait(&full[s], ph);
                 const int v0 = j * sub;
                 const int hi = ign ? 0 : (wn - v0 < sub ? wn - v0 : sub) + v0;   // chunk coordinates
                 if (hi <= v0) continue;
@@ -1187,7 +1147,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             for (int j = 0; j < nsub; j++, P++, next_pos()) {
                 if (P >= R) {   // position P - R released
                     if constexpr (NB) nbar_wait_refill(s, (ngw + 1) * 32);   // (cluster.cuh)
-                    else dp_wait_refill<JS>(&empty[s], ph ^ 1u);
+                    else mbar_wait_refill(&empty[s], ph ^ 1u);
                 }
                 dp_issue<TS, TT, TM>(a, r, w.h, ign, lo, wn, sub, j, dp_ring + (size_t)s * slot_vecs, &full[s], &tm);
             }
@@ -1215,7 +1175,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
             const float xt_x = (has_x && !ign) ? rp_sload(trow + xcol) : 0.0f;
             const int x = (int)(it % DP_XSLOTS);
             // every row's exchange completes one phase (ignored rows send empty partials)
-            dp_wait_x<JS>(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
+            dp_wait_x(&xbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
             float L2s, L2t;
             Stat1 mg;
             if constexpr (WX) {   // lane k takes partial k (cs Ts / 32 <= WXM): every lane, warp and CTA the same bits
@@ -1257,7 +1217,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 // JS: free of the guards (see the redo below); returns d = log2 q - log2 m, the stash
                 auto elem_f = [&](float xs, float xt) -> float {
                     const float ls2 = fmaf(xs, k2, -L2s), lt2 = fmaf(xt, k2, -L2t);
-                    const float q = fexp2(ls2), p = (JS & 4) ? fexp2_fma(lt2) : fexp2(lt2);   // JS 4: see fexp2_fma
+                    const float q = fexp2(ls2), p = fexp2(lt2);
                     const float lm = jsd_lm(beta, omb, p, q);
                     acc.x = fmaf(p, lt2 - lm, acc.x);
                     acc.y = fmaf(q, ls2 - lm, acc.y);
@@ -1271,7 +1231,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                         const int v0 = j * sub;
                         const int hi = (wn - v0 < sub ? wn - v0 : sub) + v0;
                         if (hi > v0) {
-                            dp_wait<JS>(&full[s2], ph2);
+                            mbar_wait(&full[s2], ph2);
                             const uint4* sb = dp_ring + (size_t)s2 * slot_vecs - v0;
                             const uint4* tb = dp_ring + (size_t)s2 * slot_vecs + sub - (size_t)v0 * NT;
 #pragma unroll 2
@@ -1342,7 +1302,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                         mbar_arrive(&jbar[x]);   // release: the store above (and the reads of jw) before the waiters
                     }
                 }
-                dp_wait_x<JS>(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
+                dp_wait_x(&jbar[x], (uint32_t)((it / DP_XSLOTS) & 1), cs);
                 float A = 0.0f, B = 0.0f;
                 for (int cc = 0; cc < cs; cc++) { A += sl2[x][cc].x; B += sl2[x][cc].y; }   // rank order
                 l = beta * A + omb * B;
@@ -1375,7 +1335,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                 } else if (hi > v0) {
                     // already complete (the statistics group waited on it; it cannot be refilled before
                     // this warp's release): the acquire makes the bulk copy's bytes visible here
-                    dp_wait<JS>(&full[s], ph);
+                    mbar_wait(&full[s], ph);
                     const uint4* sb = dp_ring + (size_t)s * slot_vecs - v0;
                     const uint4* tb = dp_ring + (size_t)s * slot_vecs + sub - (size_t)v0 * NT;
 #pragma unroll 2
@@ -1385,10 +1345,7 @@ __global__ void __launch_bounds__(DP_MAX_THREADS, 1) distill_pipe_kernel(DArgs a
                             rp_unpack<TS>(sb[q], xs);
                             dp_unstash<TT, VEC>(tb + (size_t)q * NT, xt);
 #pragma unroll
-                            for (int v = 0; v < VEC; v++) {
-                                const float y = fmaf(xs[v], k2, -L2s);   // JS 2: 2^y on the FMA pipe (fexp2_fma)
-                                xs[v] = ((JS & 2) ? fexp2_fma(y) : fexp2(y)) * fmaf(Gc, xt[v], -Gsh);
-                            }
+                            for (int v = 0; v < VEC; v++) xs[v] = fexp2(fmaf(xs[v], k2, -L2s)) * fmaf(Gc, xt[v], -Gsh);
                         } else {
                             dc_unpack<TS, TT>(sb, tb, q, xs, xt);
 #pragma unroll
@@ -1598,10 +1555,6 @@ template <typename TS, typename TT, bool PST, bool HD, bool NB = false, bool TM 
 static const void* pick_pipe3(int mode, int js = 0) {
     if (mode == FL__DISTILL_JSD) {
         if constexpr (PST && !NB && (LZ || TM) && WX) {
-            if (js == 9) return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 9>;
-            if (js == 11) return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 11>;
-            if (js == 3) return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 3>;
-            if (js == 7) return (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 7>;
             return js ? (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX, 1>
                       : (const void*)distill_pipe_kernel<TS, TT, FL__DISTILL_JSD, PST, HD, NB, TM, LZ, WX>;
         }
@@ -1780,17 +1733,6 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
     // waits backing off with nanosleep (JST=3) 1.654 / 1.644: both removed.
     int js = jsd ? (int)rp_env_flag("FUSEDLOSS_DISTILL_PIPE_JST", 1) : 0;
     if (js != 0) js = 1;
-    // _PIPE_PX (s45, opt-in, not yet run; JSD with the stash): some of the ring's exponentials on the FMA pipe
-    // (fexp2_fma): 1, the gradient sweep's (JS 3: 6 -> 5 SFU operations an element); 2, also the second sweep's p
-    // (JS 7: -> 4). Why: the XU pipe at 55% with MUFU stalls in the MIO queue and the FMA pipe at 26% (H100 s44 ncu);
-    // on the H200 the SFU time (~0.75 ms at 4096x128256 bf16) is about the memory floor (0.74 ms).
-    if (js != 0) {
-        const long px = rp_env_flag("FUSEDLOSS_DISTILL_PIPE_PX", 0);
-        js = px == 1 ? 3 : px == 2 ? 7 : 1;
-        // _PIPE_SUSP=1 (s45, opt-in, not yet run; with PX 0 or 1): the ring's waits with a suspend-time hint
-        // (dp_wait, cluster.cuh's mbar_wait_hint): JS 9 / 11
-        if (js != 7 && rp_env_flag("FUSEDLOSS_DISTILL_PIPE_SUSP", 0) == 1) js |= 8;
-    }
     const void* fn_wx = wx && (lz || tm)
                             ? pick_pipe(p->dtype, p->teacher_dtype, (int)p->mode, pst, hd, nb, tm, lz, true, js)
                             : nullptr;
@@ -1821,11 +1763,7 @@ static int dp_plan(const fl__distill_params* p, const void* s, const void* t, co
         for (const void* f : fns) {
             if (!f) continue;
             if (fl__cluster_occupancy(f, cc, T, out->smem, d.sms, debug,
-                                      f == fn_wx ? (js == 3    ? "pipelined distillation kernel (WX, PX 1)"
-                                                    : js == 7  ? "pipelined distillation kernel (WX, PX 2)"
-                                                    : js == 9  ? "pipelined distillation kernel (WX, SUSP)"
-                                                    : js == 11 ? "pipelined distillation kernel (WX, PX 1, SUSP)"
-                                                               : "pipelined distillation kernel (WX)")
+                                      f == fn_wx ? "pipelined distillation kernel (WX)"
                                       : hd       ? "pipelined distillation kernel (unaligned rows)"
                                                  : "pipelined distillation kernel",
                                       &n) == cudaSuccess && n > 0) {
