@@ -20,6 +20,7 @@ SPDX-License-Identifier: MIT
 """
 import argparse
 import csv
+import gzip
 import re
 import sys
 from collections import defaultdict
@@ -39,10 +40,14 @@ def parse_sass(path):
     return out
 
 
+EXEC = "Instructions Executed"
+
+
 def parse_csv(path):
     """[(addr, text, {column: samples}), ...] from ncu's source page (SASS, --csv). Addresses and branch
     targets may be absolute: both are made relative to the first instruction."""
-    rows = list(csv.reader(open(path, newline="")))
+    f = gzip.open(path, "rt", newline="") if path.endswith(".gz") else open(path, newline="")
+    rows = list(csv.reader(f))
     head = None
     for i, r in enumerate(rows):
         if any(c.strip().strip("#").strip() == "Address" for c in r) and any(c.strip() == "Source" for c in r):
@@ -52,7 +57,9 @@ def parse_csv(path):
         sys.exit(f"{path}: no header with 'Address' and 'Source' (ncu --page source --print-source sass --csv?)")
     cols = [c.strip().strip("#").strip() for c in rows[head]]
     ia, isrc = cols.index("Address"), cols.index("Source")
-    samp = [j for j, c in enumerate(cols) if "Sampl" in c or c.lower().startswith("stall")]
+    # the stall samples, and the warp instructions each line executed (where the page has them: where a role's
+    # issue goes, beside where its time goes)
+    samp = [j for j, c in enumerate(cols) if "Sampl" in c or c.lower().startswith("stall") or c == EXEC]
     out = []
     for r in rows[head + 1:]:
         if len(r) <= max(ia, isrc):
@@ -183,7 +190,8 @@ def main():
     ap.add_argument("path")
     ap.add_argument("--top", type=int, default=12)
     a = ap.parse_args()
-    ins = parse_csv(a.path) if a.path.endswith(".csv") else parse_sass(a.path)
+    # the task lists keep the source page gzipped (*_source.csv.gz): read as it is
+    ins = parse_csv(a.path) if a.path.endswith((".csv", ".csv.gz")) else parse_sass(a.path)
     rl = roles(ins)
     tot = defaultdict(float)
     per = defaultdict(lambda: defaultdict(float))
@@ -199,14 +207,18 @@ def main():
         for r in per:
             tot[r] = per[r][main_col]
     allt = sum(tot.values()) or 1.0
+    alle = sum(per[r].get(EXEC, 0.0) for r in per) or 1.0
     for r in ("setup", "producer", "stats", "gradient", "other"):
         if r not in count:
             continue
         line = f"{r:9s} {count[r]:6d} instructions"
         if main_col:
-            reasons = sorted(((v, c) for c, v in per[r].items() if c != main_col and "Not-issued" not in c and v > 0),
-                             reverse=True)[:8]
+            reasons = sorted(((v, c) for c, v in per[r].items()
+                              if c not in (main_col, EXEC) and "Not-issued" not in c and v > 0), reverse=True)[:8]
             rs = " ".join(f"{c.replace('stall_', '')}={100 * v / (tot[r] or 1):.0f}%" for v, c in reasons)
+            ex = per[r].get(EXEC, 0.0)
+            if ex:
+                line += f"   executed {ex / 1e6:8.1f} M ({100 * ex / alle:4.1f}%)"
             line += f"   samples {tot[r]:10.0f} ({100 * tot[r] / allt:4.1f}%)   {rs}"
         print(line)
     if main_col:
